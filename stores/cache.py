@@ -1,0 +1,290 @@
+"""Write-back cache of one store table, holding *deserialised* values.
+
+The processor loop's per-record state access goes through ``CachedTable``:
+``get`` is one dict lookup on a hit, ``__setitem__`` is one dict store plus one
+set add.  Nothing is serialised and RocksDB is not touched until the
+checkpoint, when :meth:`CachedTable.pending` serialises each dirty key once
+(however often it was updated) and the runtime commits all tables together
+with the checkpoint::
+
+    changes = {t.table: t.pending() for t in tables}
+    store.commit(changes, checkpoint)        # atomic
+    for t in tables: t.mark_clean()          # (or commit_cached(store, tables, cp))
+
+Misses are cached too (a negative entry), so a key that is looked up again and
+again and does not exist costs one store read per residency, not one per call.
+
+Rules for callers:
+
+- Keys must be hashable and the key serde canonical: equal keys must
+  serialise to equal bytes (beware ``1 == True`` with JSON).
+- Values are returned *live*: after mutating one in place, assign it back
+  (``t[k] = v``) or the change is not marked dirty and will not be committed.
+- If ``store.commit`` fails nothing was written (commits are atomic): call
+  :meth:`discard` to drop the uncommitted updates (then reprocess from the
+  store's checkpoint), or keep them and retry the commit.
+- If the store is changed by anything other than this table's own commits
+  (a restore, another ``CachedTable`` on the same table), call
+  :meth:`invalidate`.
+
+Memory bound.  ``max_cached`` is enforced in :meth:`mark_clean` (between
+checkpoints only dirty entries are pinned, and they must stay).  Eviction is
+LRU by *write*: entries are kept in dict insertion order, the keys written
+during the last interval are moved to the back, and the oldest entries are
+dropped until ``max_cached`` remain.  Keys that are only read drift to the
+front and are evicted first; a read-hot key evicted this way costs one store
+read to come back.  Reads do not reorder entries because that would put a
+dict delete + insert on the hottest path.
+
+Measured on the reference machine (2 shared cores; ``python
+tests/stores/bench_cache.py``): see docs/architecture.md, stores section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from .base import Checkpoint, Store, StoreError
+from .serde import Serde, serde_for
+
+__all__ = ["CachedTable", "commit_cached"]
+
+
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+#: Cache value of a key known not to exist (a miss, or a pending delete).
+_ABSENT: Any = _Absent()
+_MISSING: Any = object()
+
+
+class CachedTable:
+    """A dict-like view of ``store``'s table ``table`` with a write-back cache."""
+
+    __slots__ = (
+        "store",
+        "table",
+        "key_serde",
+        "value_serde",
+        "max_cached",
+        "_cache",
+        "_dirty",
+        "_kdumps",
+        "_kloads",
+        "_vdumps",
+        "_vloads",
+    )
+
+    def __init__(
+        self,
+        store: Store,
+        table: str,
+        key_serde: Serde | str | None = "json",
+        value_serde: Serde | str | None = "json",
+        *,
+        max_cached: int = 100_000,
+    ) -> None:
+        if table not in store.tables:
+            raise StoreError(f"unknown table {table!r} in store {store.name} (tables: {', '.join(store.tables)})")
+        if max_cached < 0:
+            raise ValueError(f"max_cached must be >= 0, got {max_cached}")
+        self.store = store
+        self.table = table
+        self.key_serde = serde_for(key_serde)
+        self.value_serde = serde_for(value_serde)
+        self.max_cached = max_cached
+        self._cache: dict[Any, Any] = {}
+        self._dirty: set[Any] = set()
+        self._kdumps = self.key_serde.dumps
+        self._kloads = self.key_serde.loads
+        self._vdumps = self.value_serde.dumps
+        self._vloads = self.value_serde.loads
+
+    # -- the hot path ----------------------------------------------------------
+
+    def _load(self, key: Any) -> Any:
+        data = self.store.get(self.table, self._kdumps(key))
+        value = _ABSENT if data is None else self._vloads(data)
+        self._cache[key] = value
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        return default if value is _ABSENT else value
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        if value is _ABSENT:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._cache[key] = value
+        self._dirty.add(key)
+
+    def __delitem__(self, key: Any) -> None:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        if value is _ABSENT:
+            raise KeyError(key)
+        self._cache[key] = _ABSENT
+        self._dirty.add(key)
+
+    def __contains__(self, key: Any) -> bool:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        return value is not _ABSENT
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        if value is _ABSENT:
+            self._cache[key] = default
+            self._dirty.add(key)
+            return default
+        return value
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        try:
+            value = self._cache[key]
+        except KeyError:
+            value = self._load(key)
+        if value is _ABSENT:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        self._cache[key] = _ABSENT
+        self._dirty.add(key)
+        return value
+
+    # -- checkpoint support ----------------------------------------------------
+
+    def pending(self) -> dict[bytes, bytes | None]:
+        """The uncommitted changes, serialised: ``{key_bytes: value_bytes or None (delete)}``.
+        Does not change the cache; call :meth:`mark_clean` once they are committed."""
+        cache = self._cache
+        kdumps = self._kdumps
+        vdumps = self._vdumps
+        return {kdumps(k): (None if (v := cache[k]) is _ABSENT else vdumps(v)) for k in self._dirty}
+
+    @property
+    def dirty_count(self) -> int:
+        """Keys changed since the last :meth:`mark_clean` (a checkpoint trigger)."""
+        return len(self._dirty)
+
+    @property
+    def cached_count(self) -> int:
+        """Entries in the cache, negative ones included."""
+        return len(self._cache)
+
+    def mark_clean(self) -> None:
+        """The pending changes are committed: forget they are dirty and
+        enforce ``max_cached`` (see module doc)."""
+        cache = self._cache
+        dirty = self._dirty
+        excess = len(cache) - self.max_cached
+        if excess > 0:
+            for k in dirty:
+                cache[k] = cache.pop(k)  # most recently written go to the back
+            for k in list(islice(cache, excess)):
+                del cache[k]
+        dirty.clear()
+
+    def discard(self) -> None:
+        """Drop every uncommitted change; the next reads see the store's committed state."""
+        cache = self._cache
+        for k in self._dirty:
+            cache.pop(k, None)
+        self._dirty.clear()
+
+    def invalidate(self) -> None:
+        """Drop the whole cache, uncommitted changes included."""
+        self._cache.clear()
+        self._dirty.clear()
+
+    # -- iteration ---------------------------------------------------------------
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` of the merged view (store overlaid with uncommitted
+        changes), in the store's key order (ascending serialised key).  The
+        uncommitted changes are captured when this is called."""
+        cache = self._cache
+        kdumps = self._kdumps
+        overlay = sorted(((kdumps(k), k, cache[k]) for k in self._dirty), key=_first)
+        return self._merge(overlay, self.store.items(self.table))
+
+    def _merge(self, overlay: list[tuple[bytes, Any, Any]], stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Any, Any]]:
+        cache = self._cache
+        kloads = self._kloads
+        vloads = self._vloads
+        i, n = 0, len(overlay)
+        for kb, vb in stored:
+            while i < n and overlay[i][0] < kb:
+                _, k, v = overlay[i]
+                i += 1
+                if v is not _ABSENT:
+                    yield k, v
+            if i < n and overlay[i][0] == kb:
+                _, k, v = overlay[i]
+                i += 1
+                if v is not _ABSENT:
+                    yield k, v
+                continue
+            k = kloads(kb)
+            try:
+                v = cache.get(k, _MISSING)  # a clean cached entry: hand out the same object
+            except TypeError:  # unhashable key: cannot be cached anyway
+                v = _MISSING
+            yield k, (vloads(vb) if v is _MISSING or v is _ABSENT else v)
+        for _, k, v in overlay[i:]:
+            if v is not _ABSENT:
+                yield k, v
+
+    def keys(self) -> Iterator[Any]:
+        for k, _ in self.items():
+            yield k
+
+    def __repr__(self) -> str:
+        return (
+            f"<CachedTable {self.table!r} of {self.store.name!r}: "
+            f"{len(self._cache)} cached, {len(self._dirty)} dirty>"
+        )
+
+
+def _first(t: tuple[bytes, Any, Any]) -> bytes:
+    return t[0]
+
+
+def commit_cached(store: Store, tables: Iterable[CachedTable], checkpoint: Checkpoint) -> None:
+    """Commit the pending changes of ``tables`` (all on ``store``) with
+    ``checkpoint`` in one atomic commit, then mark them clean.  If the commit
+    raises, the tables keep their dirty state (see :meth:`CachedTable.discard`)."""
+    tables = list(tables)
+    changes: dict[str, dict[bytes, bytes | None]] = {}
+    for t in tables:
+        if t.store is not store:
+            raise StoreError(f"CachedTable {t.table!r} belongs to store {t.store.name!r}, not {store.name!r}")
+        if t.table in changes:
+            raise StoreError(f"two CachedTables for table {t.table!r}: their changes would overwrite each other")
+        changes[t.table] = t.pending()
+    store.commit(changes, checkpoint)
+    for t in tables:
+        t.mark_clean()

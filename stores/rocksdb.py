@@ -1,0 +1,461 @@
+"""RocksDB store on rocksdict, in raw mode (bytes in, bytes out, no pickling).
+
+Layout on disk (one directory per store)::
+
+    <path>/              the RocksDB database
+        column family "t:<table>"   one per table
+        column family "default"     reserved keys: the checkpoint and the format
+        streamkit.lock              holder pid, flock()ed while open
+
+Atomicity.  ``commit`` puts every change of every table and the checkpoint
+into one ``WriteBatch`` (with the column-family handles) and writes it with
+one ``DB::Write``.  A write batch is a single record in the write-ahead log,
+protected by a checksum, and recovery (point-in-time mode, the default)
+replays whole records only: after a crash the store holds a commit entirely
+or not at all.  Multi-column-family atomicity needs the WAL (or
+``atomic_flush`` without it); the WAL is always on here.
+
+Sync policy.  ``sync=False`` (default): ``DB::Write`` hands the WAL record to
+the kernel (``write(2)``) before it returns, because RocksDB's
+``manual_wal_flush`` is off.  A record in the page cache survives the death
+of the *process* (SIGKILL, segfault, OOM kill): the crash test in
+``tests/stores`` kills writers at random instants and checks exactly that.
+Only a kernel crash or power loss can lose it, and then point-in-time recovery
+drops a *suffix* of commits, never part of one, so the store is consistent but
+older and the processor simply re-reads from that older position.
+``sync=True`` adds an fsync of the WAL per commit (milliseconds on real disks)
+for callers that want commits to survive power loss too.
+
+Locking.  ``open`` takes ``flock(LOCK_EX | LOCK_NB)`` on ``streamkit.lock``
+*before* opening RocksDB and writes its pid there.  A second opener, in
+another process or in this one (flock locks belong to open file descriptions,
+so a second ``open`` in the same process conflicts too), fails at once with
+``StoreLockedError`` naming the path and the holder's pid.  The kernel drops
+the lock when the holder dies, so a SIGKILLed processor never blocks its
+restart.  The lock file descriptor is closed in forked children so that a
+child does not keep the lock alive.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from rocksdict import IngestExternalFileOptions, Options, ReadOptions, Rdict, SstFileWriter, WriteBatch, WriteOptions
+
+from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_changes
+from .serde import short_repr
+
+__all__ = ["LOCK_FILE", "RocksDBStore", "store_options", "write_sst"]
+
+LOCK_FILE = "streamkit.lock"
+CHECKPOINT_KEY = b"streamkit/checkpoint"
+FORMAT_KEY = b"streamkit/format"
+FORMAT = b"1"
+CF_PREFIX = "t:"
+
+#: A hook that tunes the store's rocksdict ``Options`` (already raw mode).
+Configure = Callable[[Options], None]
+
+
+def store_options(configure: Configure | None = None) -> Options:
+    """The raw-mode ``Options`` every store (and every SST for it) uses."""
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    # Many small stores share a 2-core box: keep background work and logs small.
+    opts.set_max_background_jobs(2)
+    opts.set_keep_log_file_num(2)
+    opts.set_max_log_file_size(1 << 20)
+    if configure is not None:
+        configure(opts)
+    return opts
+
+
+# --------------------------------------------------------------------------- lock
+
+
+_LIVE_LOCK_FDS: set[int] = set()
+_LIVE_LOCK_FDS_MUTEX = threading.Lock()
+
+
+def _close_lock_fds_in_child() -> None:
+    # Closing (not unlocking) our copy leaves the parent's lock in place.
+    for fd in list(_LIVE_LOCK_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LIVE_LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_lock_fds_in_child)
+
+
+class _PidLock:
+    """An exclusive, non-blocking flock on a file that names the holder's pid."""
+
+    def __init__(self, lock_path: str, store_path: str) -> None:
+        self.lock_path = lock_path
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise StoreLockedError(store_path, _read_holder_pid(fd)) from None
+                raise StoreError(f"cannot lock store {store_path}: {exc}") from exc
+            finally:
+                os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd: int | None = fd
+        with _LIVE_LOCK_FDS_MUTEX:
+            _LIVE_LOCK_FDS.add(fd)
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        with _LIVE_LOCK_FDS_MUTEX:
+            _LIVE_LOCK_FDS.discard(fd)
+        os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _read_holder_pid(fd: int) -> int | None:
+    """The pid in the lock file; the holder writes it right after locking, so
+    an empty file is retried for a few milliseconds (never more)."""
+    for _ in range(20):
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+        time.sleep(0.001)
+    return None
+
+
+# --------------------------------------------------------------------------- store
+
+
+class RocksDBStore(Store):
+    """A :class:`~stores.base.Store` in one RocksDB directory.  Use :meth:`open`."""
+
+    def __init__(self) -> None:  # pragma: no cover - guidance only
+        raise TypeError("use RocksDBStore.open(path, tables) or RocksDBStore.create_from_sst(...)")
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        tables: Sequence[str] = (),
+        *,
+        create: bool = True,
+        sync: bool = False,
+        configure: Configure | None = None,
+        name: str | None = None,
+    ) -> RocksDBStore:
+        """Open the store at ``path``, creating it (``create=True``) and any table
+        of ``tables`` it lacks.  Tables created earlier and not listed stay
+        available.  ``sync``: fsync the WAL at every commit (see module doc).
+        ``configure`` may tune the raw-mode ``Options`` before the open."""
+        path = os.path.abspath(os.fspath(path))
+        for table in tables:
+            if not isinstance(table, str) or not table:
+                raise StoreError(f"table names must be non-empty str, got {table!r}")
+        exists = os.path.exists(os.path.join(path, "CURRENT"))
+        if not exists:
+            if not create:
+                raise StoreError(f"store {path} does not exist (create=False)")
+            os.makedirs(path, exist_ok=True)
+        lock = _PidLock(os.path.join(path, LOCK_FILE), path)
+        try:
+            opts = store_options(configure)
+            cf_names = set(Rdict.list_cf(path, opts)) if exists else set()
+            cf_names.update(CF_PREFIX + t for t in tables)
+            cf_names.discard("default")
+            try:
+                db = Rdict(path, opts, column_families={n: opts for n in sorted(cf_names)})
+            except Exception as exc:  # rocksdict raises bare Exception
+                if "lock" in str(exc).lower():
+                    # RocksDB's own LOCK: still held inside this process (e.g. an
+                    # iterator of a closed handle keeps the DB alive).
+                    raise StoreLockedError(path, os.getpid()) from exc
+                raise StoreError(f"cannot open store {path}: {exc}") from exc
+        except BaseException:
+            lock.release()
+            raise
+        self = cls.__new__(cls)
+        try:
+            self._setup(db, opts, lock, path, name, sync, cf_names)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _setup(
+        self, db: Rdict, opts: Options, lock: _PidLock, path: str, name: str | None, sync: bool, cf_names: set[str]
+    ) -> None:
+        self.path = path
+        self.name = name or os.path.basename(path) or path
+        self.sync = sync
+        self._db: Rdict | None = db
+        self._opts = opts
+        self._lock = lock
+        self._cfs: dict[str, Rdict] = {}
+        self._handles: dict[str, Any] = {}
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+        for cf in sorted(cf_names):
+            if cf.startswith(CF_PREFIX):
+                table = cf[len(CF_PREFIX) :]
+                self._cfs[table] = db.get_column_family(cf)
+                self._handles[table] = db.get_column_family_handle(cf)
+        fmt = db.get(FORMAT_KEY)
+        if fmt is None:
+            db.put(FORMAT_KEY, FORMAT)
+        elif fmt != FORMAT:
+            raise StoreError(f"store {path} has format {fmt!r}, this code reads {FORMAT!r}")
+        cp = db.get(CHECKPOINT_KEY)
+        if cp is not None:
+            Checkpoint.from_bytes(cp)  # fail at open, not at first use, if corrupt
+        self._checkpoint_bytes: bytes = cp if cp is not None else Checkpoint.empty().to_bytes()
+
+    # -- reads ---------------------------------------------------------------
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(sorted(self._cfs))
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def _missing(self, table: str) -> StoreError:
+        if self._db is None:
+            return StoreClosedError(f"store {self.path} is closed")
+        known = ", ".join(sorted(self._cfs)) or "none"
+        return StoreError(f"unknown table {table!r} in store {self.path} (tables: {known})")
+
+    def get(self, table: str, key: bytes) -> bytes | None:
+        try:
+            cf = self._cfs[table]
+        except KeyError:
+            raise self._missing(table) from None
+        try:
+            return cf.get(key)
+        except KeyError:  # rocksdict's complaint about a non-bytes key
+            raise TypeError(f"table {table!r}: keys must be bytes, got {type(key).__name__}") from None
+
+    def get_many(self, table: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        try:
+            cf = self._cfs[table]
+        except KeyError:
+            raise self._missing(table) from None
+        if not keys:
+            return []
+        try:
+            return cf.get(list(keys))
+        except KeyError:
+            raise TypeError(f"table {table!r}: keys must be bytes") from None
+
+    def items(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            cf = self._cfs[table]
+        except KeyError:
+            raise self._missing(table) from None
+        read_opts = ReadOptions()
+        if end is not None:
+            read_opts.set_iterate_upper_bound(end)
+        # The RocksDB iterator is created here, so it sees the store as of this call.
+        return iter(cf.items(from_key=start, read_opt=read_opts))
+
+    def checkpoint(self) -> Checkpoint:
+        if self._db is None:
+            raise StoreClosedError(f"store {self.path} is closed")
+        return Checkpoint.from_bytes(self._checkpoint_bytes)
+
+    # -- the one write -------------------------------------------------------
+
+    def commit(self, changes: Changes, checkpoint: Checkpoint) -> None:
+        db = self._db
+        if db is None:
+            raise StoreClosedError(f"store {self.path} is closed")
+        check_changes(changes, self._handles)
+        cp = checkpoint.to_bytes()
+        batch = WriteBatch(raw_mode=True)
+        put = batch.put
+        delete = batch.delete
+        for table, kv in changes.items():
+            handle = self._handles[table]
+            try:
+                for k, v in kv.items():
+                    if v is None:
+                        delete(k, handle)
+                    else:
+                        put(k, v, handle)
+            except (KeyError, ValueError) as exc:  # rocksdict: non-bytes key / value
+                raise TypeError(
+                    f"table {table!r}: keys must be bytes and values bytes or None ({exc}); nothing was written"
+                ) from None
+        put(CHECKPOINT_KEY, cp)  # default column family
+        try:
+            db.write(batch, self._write_opts)
+        except Exception as exc:
+            raise StoreError(f"commit to store {self.path} failed: {exc}") from exc
+        self._checkpoint_bytes = cp
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        db = self._db
+        if db is None:
+            return
+        self._db = None
+        self._cfs.clear()
+        self._handles.clear()
+        try:
+            db.close()
+        finally:
+            del db
+            self._lock.release()
+
+    def __del__(self) -> None:
+        # Best effort; a dying process releases the lock anyway.
+        try:
+            if getattr(self, "_db", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+    # -- bulk load ---------------------------------------------------------------
+
+    @classmethod
+    def create_from_sst(
+        cls,
+        path: str | os.PathLike[str],
+        tables: Sequence[str],
+        sst_files: Mapping[str, Sequence[str | os.PathLike[str]]],
+        checkpoint: Checkpoint,
+        *,
+        move: bool = False,
+        sync: bool = False,
+        configure: Configure | None = None,
+    ) -> RocksDBStore:
+        """Build a new store at ``path`` from SST files and return it open.
+
+        ``sst_files[table]`` are files written by :func:`write_sst`; keys may
+        appear in only one file of a table.  The store is built in a sibling
+        temporary directory and renamed into place once complete (tables
+        ingested, ``checkpoint`` stamped, RocksDB closed), so ``path`` never
+        holds a half-built store: after a crash it is absent (a stale
+        ``<path>.building-*`` directory may remain and can be deleted).
+        ``move=True`` moves (hard-links) the files instead of copying them.
+        """
+        path = os.path.abspath(os.fspath(path))
+        if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise StoreError(f"cannot create store {path} from SST files: it already exists")
+        unknown = set(sst_files) - set(tables)
+        if unknown:
+            raise StoreError(f"SST files given for tables not in {sorted(tables)}: {sorted(unknown)}")
+        for table, files in sst_files.items():
+            for f in files:
+                if not os.path.isfile(f):
+                    raise StoreError(f"SST file for table {table!r} not found: {os.fspath(f)}")
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        store = cls.open(tmp, tables, create=True, sync=True, configure=configure)
+        try:
+            ingest_opts = IngestExternalFileOptions()
+            ingest_opts.set_move_files(move)
+            for table, files in sst_files.items():
+                if files:
+                    try:
+                        store._cfs[table].ingest_external_file([os.fspath(f) for f in files], ingest_opts)
+                    except Exception as exc:
+                        raise StoreError(f"ingesting SST files into table {table!r} failed: {exc}") from exc
+            store.commit({}, checkpoint)
+            store.close()
+            os.rename(tmp, path)  # atomic; replaces an empty directory at path
+            _fsync_dir(parent)
+        except BaseException:
+            store.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls.open(path, tables, create=False, sync=sync, configure=configure)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_sst(
+    path: str | os.PathLike[str],
+    sorted_items: Iterable[tuple[bytes, bytes]],
+    options: Options | None = None,
+) -> int:
+    """Write ``(key, value)`` pairs, in strictly ascending key order, to an SST
+    file for :meth:`RocksDBStore.create_from_sst`; returns the number written.
+
+    ``options`` must be raw mode (default: :func:`store_options`); an SST
+    written without raw mode would carry rocksdict's type-tagged encoding and
+    its keys would not match the store's.  RocksDB cannot write an empty SST:
+    with no items no file is left behind and 0 is returned.
+    """
+    path = os.fspath(path)
+    writer: SstFileWriter | None = SstFileWriter(options if options is not None else store_options())
+    writer.open(path)
+    n = 0
+    last: bytes | None = None
+    try:
+        for key, value in sorted_items:
+            try:
+                writer[key] = value
+            except KeyError:
+                raise TypeError(f"write_sst {path}: keys must be bytes, got {type(key).__name__}") from None
+            except ValueError:
+                raise TypeError(f"write_sst {path}: values must be bytes, got {type(value).__name__}") from None
+            except Exception as exc:
+                raise StoreError(
+                    f"write_sst {path}: key {short_repr(key)} after {short_repr(last)}: {exc} "
+                    "(keys must be strictly ascending bytes)"
+                ) from None
+            last = key
+            n += 1
+        if n == 0:
+            writer = None  # RocksDB refuses to finish an empty SST
+            _remove_quietly(path)
+            return 0
+        writer.finish()
+    except BaseException:
+        writer = None
+        _remove_quietly(path)
+        raise
+    return n
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
