@@ -1,0 +1,153 @@
+"""The consumer-group assignor: processors onto members, partitions onto processors.
+
+Runs on the group leader (aiokafka calls `assign`). Kept here, apart from the runtime,
+like Kafka Streams keeps its assignor apart from its stream threads: the runtime only
+supplies what each member knows (`MemberInfo`) and reads back `ProcessorAssignment`.
+
+Two steps, both linear hashing:
+1. logical processors 0..p-1 are spread over the live members, sticky to the ids each
+   member hosted before (`assign_processors_to_members`);
+2. every (topic, partition) goes to the processor(s) that linear hashing over the job's
+   initial processor count p0 maps its keys to (`assign_partitions`), so key -> processor
+   does not change when partitions are added.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from assignors.placement import KeyFilter, assign_partitions, assign_processors_to_members
+
+log = logging.getLogger(__name__)
+
+PartitionSlot = tuple[str, int, "KeyFilter | None"]
+
+
+@dataclass
+class MemberInfo:
+    """What a member tells the leader when it joins."""
+
+    p0: int
+    p: int
+    hosted: list[int] = field(default_factory=list)
+    # per topic (n0, n): the layout this member follows; empty: physical partition count
+    layouts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    epochs: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"p0": self.p0, "p": self.p, "hosted": self.hosted,
+             "layouts": self.layouts, "epochs": self.epochs}
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> "MemberInfo | None":
+        if not data:
+            return None
+        d = orjson.loads(data)
+        return cls(d["p0"], d["p"], list(d["hosted"]),
+                   {t: (v[0], v[1]) for t, v in d.get("layouts", {}).items()},
+                   dict(d.get("epochs", {})))
+
+
+@dataclass
+class ProcessorAssignment:
+    """What a member receives: the processors it hosts and each one's partitions."""
+
+    generation_hint: int
+    p0: int
+    p: int
+    processors: dict[int, list[PartitionSlot]]
+    epochs: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "p0": self.p0, "p": self.p, "g": self.generation_hint, "epochs": self.epochs,
+            "processors": {
+                str(pid): [[t, part, None if f is None else [f.modulus, sorted(f.residues)]]
+                           for t, part, f in slots]
+                for pid, slots in self.processors.items()
+            },
+        })
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ProcessorAssignment":
+        d = orjson.loads(data)
+        procs: dict[int, list[PartitionSlot]] = {}
+        for pid, slots in d["processors"].items():
+            procs[int(pid)] = [
+                (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1])))
+                for t, part, f in slots
+            ]
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})))
+
+
+class StreamkitAssignor(AbstractPartitionAssignor):
+    """One instance per consumer: `info` is sent on join, `assignment` is set on sync."""
+
+    name = "streamkit-lh"
+    version = 0
+
+    def __init__(self, info: MemberInfo) -> None:
+        self.info = info
+        self.assignment: ProcessorAssignment | None = None
+        self._rounds = 0
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+        return ConsumerProtocolMemberMetadata(self.version, sorted(topics), self.info.encode())
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+        self.assignment = ProcessorAssignment.decode(assignment.user_data)
+        self.info.hosted = sorted(self.assignment.processors)
+
+    def assign(  # type: ignore[override]
+        self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        self._rounds += 1
+        infos: dict[str, MemberInfo] = {}
+        for member_id, meta in members.items():
+            info = MemberInfo.decode(meta.user_data)
+            if info is None:
+                raise ValueError(f"member {member_id} did not send streamkit member info")
+            infos[member_id] = info
+        ref = max(infos.values(), key=lambda i: sum(i.epochs.values()))
+        p0, p = ref.p0, max(i.p for i in infos.values())
+        topics = sorted({t for meta in members.values() for t in meta.subscription})
+        shapes: dict[str, tuple[int, int]] = {}
+        epochs: dict[str, int] = {}
+        for topic in topics:
+            if topic in ref.layouts:
+                shapes[topic] = ref.layouts[topic]
+                epochs[topic] = ref.epochs.get(topic, 0)
+                continue
+            parts = cluster.partitions_for_topic(topic)
+            if not parts:
+                log.warning("no partition metadata for topic %s; not assigning it", topic)
+                continue
+            shapes[topic] = (len(parts), len(parts))
+        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p)
+        slots = assign_partitions(shapes, p0, p)
+        result: dict[str, ConsumerProtocolMemberAssignment] = {}
+        for member_id, pids in hosting.items():
+            procs = {pid: slots.get(pid, []) for pid in pids}
+            by_topic: dict[str, set[int]] = {}
+            for pid_slots in procs.values():
+                for t, part, _ in pid_slots:
+                    by_topic.setdefault(t, set()).add(part)
+            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs)
+            result[member_id] = ConsumerProtocolMemberAssignment(
+                self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
+            )
+        return result
+

@@ -1,0 +1,1 @@
+"""Runnable streamkit examples."""

@@ -1,0 +1,203 @@
+"""The App: declarations (topics, tables, handlers, callbacks, timers) and nothing else.
+
+Running an app is the runtime's job (`streamkit.runtime.worker.Worker`); the App only
+records what the user declared, so the same declarations serve the streaming worker,
+the offline replay used by the Spark backfill, and the CLI.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stores.serde import serde_for
+
+from streamkit.settings import Settings
+from streamkit.tables import Table, WindowedTable
+from streamkit.topics import Topic
+from streamkit.windows import Tumbling
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    topic: Topic
+    fn: Callable[..., Any]
+    is_async: bool
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+
+@dataclass(frozen=True)
+class TimerSpec:
+    seconds: float
+    fn: Callable[..., Any]
+    is_async: bool
+    per_processor: bool
+
+
+class _Clock:
+    """Time of the record being handled; windowed tables read it. Set by the runtime."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self) -> None:
+        self.ctx: Any = None
+
+    @property
+    def timestamp(self) -> int:
+        if self.ctx is None:
+            raise RuntimeError("a windowed table was used outside a handler: no record time")
+        return self.ctx.timestamp
+
+
+class App:
+    """A stateful stream-processing job.
+
+    >>> app = App("orders")
+    >>> orders = app.topic("orders")
+    >>> totals = app.table("totals", default=int)
+    >>> @app.processor(orders)
+    ... def total(key, value, ctx):
+    ...     totals[key] += value["amount"]
+    """
+
+    def __init__(self, name: str, broker: str | None = None, **settings: Any) -> None:
+        if not name or any(c in name for c in "/\\ \t"):
+            raise ValueError(f"app name {name!r} must be non-empty without slashes or spaces")
+        self.name = name
+        if broker is not None:
+            settings["broker"] = broker
+        self.settings = Settings(**settings)  # unset fields fall back to STREAMKIT_* variables
+        self.topics: dict[str, Topic] = {}
+        self.tables: dict[str, Table] = {}
+        self.handlers: dict[str, list[HandlerSpec]] = {}
+        self.timers: list[TimerSpec] = []
+        self.keys_revoked_callbacks: list[Callable[..., Any]] = []
+        self.keys_assigned_callbacks: list[Callable[..., Any]] = []
+        self.clock = _Clock()
+
+    # -- declarations --------------------------------------------------------------------
+    def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json") -> Topic:
+        """Declare a topic (input or output) with the serdes of its keys and values."""
+        topic = Topic.declare(name, key_serde, value_serde)
+        existing = self.topics.get(name)
+        if existing is not None and existing != topic:
+            raise ValueError(f"topic {name!r} is declared twice with different serdes")
+        self.topics[name] = topic
+        return topic
+
+    def table(
+        self,
+        name: str,
+        *,
+        key_serde: Any = "str",
+        value_serde: Any = "json",
+        default: Callable[[], Any] | None = None,
+        window: Tumbling | None = None,
+    ) -> Table:
+        """Declare a table; `window=Tumbling(60)` makes it a tumbling-window table."""
+        if name in self.tables:
+            raise ValueError(f"table {name!r} is declared twice")
+        if default is not None and not callable(default):
+            raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
+        ks, vs = serde_for(key_serde), serde_for(value_serde)
+        table: Table = (
+            WindowedTable(name, ks, vs, window, self.clock, default)
+            if window is not None
+            else Table(name, ks, vs, default)
+        )
+        self.tables[name] = table
+        return table
+
+    def processor(self, topic: Topic | str) -> Callable[[F], F]:
+        """Decorate `fn(key, value, ctx)` (sync or async) to handle every record of `topic`."""
+        t = self._resolve_topic(topic)
+
+        def register(fn: F) -> F:
+            _check_arity(fn, 3, "@app.processor handler", "(key, value, ctx)")
+            self.handlers.setdefault(t.name, []).append(
+                HandlerSpec(t, fn, inspect.iscoroutinefunction(fn))
+            )
+            return fn
+
+        return register
+
+    def on_keys_revoked(self, fn: F) -> F:
+        """`fn(partitions)`: keys of these partitions may move away; flush their state.
+
+        Called once per processor, with that processor's tables bound."""
+        _check_arity(fn, 1, "@app.on_keys_revoked callback", "(partitions)")
+        self.keys_revoked_callbacks.append(fn)
+        return fn
+
+    def on_keys_assigned(self, fn: F) -> F:
+        """`fn(partitions)`: keys of these partitions are now ours; load their state."""
+        _check_arity(fn, 1, "@app.on_keys_assigned callback", "(partitions)")
+        self.keys_assigned_callbacks.append(fn)
+        return fn
+
+    def every(self, seconds: float) -> Callable[[F], F]:
+        """Run `fn()` every `seconds` in each worker, or `fn(ctx)` once per hosted processor
+        with its tables bound (ctx.processor, ctx.send)."""
+        if seconds <= 0:
+            raise ValueError(f"@app.every needs a positive interval, got {seconds!r}")
+
+        def register(fn: F) -> F:
+            n = len(inspect.signature(fn).parameters)
+            if n not in (0, 1):
+                raise TypeError(f"@app.every function {fn.__qualname__} must take () or (ctx)")
+            self.timers.append(TimerSpec(seconds, fn, inspect.iscoroutinefunction(fn), n == 1))
+            return fn
+
+        return register
+
+    # -- derived facts ------------------------------------------------------------------
+    @property
+    def input_topics(self) -> list[str]:
+        return sorted(self.handlers)
+
+    @property
+    def group_id(self) -> str:
+        return f"streamkit-{self.name}"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.settings.dead_letter_topic or f"{self.name}-dead-letters"
+
+    @property
+    def processor_count(self) -> int | None:
+        """The initial processor count as configured (None: decided at first start)."""
+        return self.settings.processors
+
+    def store_path(self, processor: int, state_dir: Path | None = None) -> Path:
+        return Path(state_dir or self.settings.state_dir) / self.name / f"processor-{processor}"
+
+    def _resolve_topic(self, topic: Topic | str) -> Topic:
+        if isinstance(topic, Topic):
+            self.topics.setdefault(topic.name, topic)
+            return topic
+        return self.topics.get(topic) or self.topic(topic)
+
+    def run(self, processors_per_worker: int = 1) -> None:
+        """Run one worker in the foreground (what `streamkit worker` does)."""
+        from streamkit.runtime.worker import run_worker
+
+        run_worker(self, processors_per_worker)
+
+
+def _check_arity(fn: Callable[..., Any], n: int, what: str, shape: str) -> None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if not varargs and len(positional) != n:
+        raise TypeError(f"{what} {getattr(fn, '__qualname__', fn)} must take {shape}")

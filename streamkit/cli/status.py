@@ -1,0 +1,105 @@
+"""`streamkit status MODULE:APP`: workers, processors, partitions, lag, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import typer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from streamkit.app import App
+from streamkit.cli import CliError
+from streamkit.kafka import high_watermarks, partition_counts, read_to_end, start_admin
+from streamkit.loader import load_app
+from streamkit.runtime.status import WorkerStatus, read_statuses
+
+
+async def _gather(app: App, bootstrap: str) -> tuple[
+    list[WorkerStatus], dict[TopicPartition, tuple[int | None, int]], Counter[str]
+]:
+    admin = await start_admin(bootstrap)
+    try:
+        counts = await partition_counts(admin, app.input_topics)
+    finally:
+        await admin.close()
+    tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=app.group_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        committed = {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        reader.assign(tps)
+        hws = await high_watermarks(reader, tps)
+    finally:
+        await reader.stop()
+    try:
+        statuses = await read_statuses(bootstrap, app.name)
+    except Exception:  # noqa: BLE001 - no worker ever ran: no status topic yet
+        statuses = []
+    reasons: Counter[str] = Counter()
+    try:
+        for rec in await read_to_end(bootstrap, app.dead_letter_topic):
+            reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
+    except Exception:  # noqa: BLE001 - no dead-letter topic yet
+        pass
+    return statuses, {tp: (committed[tp], hws[tp]) for tp in tps}, reasons
+
+
+def status(
+    app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
+    broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
+) -> None:
+    """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
+    console = Console()
+    app = load_app(app_spec)
+    bootstrap = broker or app.settings.broker
+    if bootstrap is None:
+        raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
+    statuses, offsets, reasons = asyncio.run(_gather(app, bootstrap))
+
+    owner = {
+        (t, p): pid for s in statuses if s.alive and not s.stale for pid, parts in s.processors.items()
+        for t, p in parts
+    }
+    workers = Table(title=f"app {app.name}: workers")
+    for col in ("worker", "state", "processors", "handled", "dead letters", "failing run", "last error"):
+        workers.add_column(col)
+    for s in statuses:
+        state = "stopped" if not s.alive else ("STALE" if s.stale else "running")
+        fail = str(s.consecutive_failures)
+        if s.consecutive_failures >= app.settings.failure_alarm_after:
+            fail = f"[bold red]{fail} FAILING[/]"
+        workers.add_row(
+            s.worker, state, ", ".join(str(p) for p in sorted(s.processors)) or "-", str(s.handled),
+            str(sum(s.dead_letters.values())), fail, (s.last_error or "")[:60],
+        )
+    parts = Table(title="partitions")
+    for col in ("topic", "partition", "processor", "committed", "high watermark", "lag"):
+        parts.add_column(col, justify="right" if col not in ("topic",) else "left")
+    for tp, (com, hw) in offsets.items():
+        lag = hw - (com or 0)
+        parts.add_row(tp.topic, str(tp.partition), str(owner.get((tp.topic, tp.partition), "-")),
+                      "-" if com is None else str(com), str(hw), str(lag))
+    console.print(workers)
+    console.print(parts)
+    dl = Table(title=f"dead letters ({app.dead_letter_topic})")
+    dl.add_column("reason")
+    dl.add_column("records", justify="right")
+    for reason, n in sorted(reasons.items()):
+        dl.add_row(reason, str(n))
+    if not reasons:
+        dl.add_row("-", "0")
+    console.print(dl)
+    console.print(f"as of {time.strftime('%H:%M:%S')}")
+
+
+def register(cli: typer.Typer) -> None:
+    cli.command("status")(status)

@@ -1,0 +1,161 @@
+"""Offline replay of the app's own handlers, one key at a time (the Spark backfill's mode 2).
+
+The batch path and the streaming path run the same handler functions over the same
+records in the same per-key order, so their state cannot drift. What the replay does
+differently is only what it must: state is an in-memory map per key, output is dropped
+(as when a processor rebuilds state), and a handler that reaches outside its own key's
+state — another key, or iterating a table — is refused with `ReplayError`, because a
+per-key replay cannot reproduce it. Records that fail to decode or whose handler raises
+are skipped exactly as the worker skips them (it sends them to the dead-letter topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamkit.app import App, HandlerSpec
+from streamkit.context import Context, Outbox, ReplayRecord
+from streamkit.errors import ReplayError
+from streamkit.tables import Table, WindowedTable
+
+
+class _KeyScopedState:
+    """A table backend that only lets the handler touch the current record's key."""
+
+    def __init__(self, table: Table, replay: "Replayer") -> None:
+        self.table = table
+        self.replay = replay
+        self.data: dict[Any, Any] = {}
+
+    def _check(self, key: Any) -> None:
+        own = key[0] if isinstance(self.table, WindowedTable) else key
+        if own != self.replay.current_key:
+            raise ReplayError(
+                f"handler {self.replay.current_handler} touched key {own!r} of table "
+                f"{self.table.name!r} while handling key {self.replay.current_key!r}; the "
+                "backfill replays each key alone, so handlers must only use their own key's state"
+            )
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return self.data.get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check(key)
+        self.data[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._check(key)
+        del self.data[key]
+
+    def __contains__(self, key: Any) -> bool:
+        self._check(key)
+        return key in self.data
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        raise ReplayError(
+            f"handler {self.replay.current_handler} iterates table {self.table.name!r}; "
+            "a per-key replay cannot reproduce a handler that reads other keys' state"
+        )
+
+
+@dataclass
+class ReplayStats:
+    records: int = 0
+    skipped_decode: int = 0
+    handler_errors: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Replayer:
+    """Runs `app`'s handlers of `topic` over one key's records at a time."""
+
+    def __init__(self, app: App, topic: str) -> None:
+        specs = app.handlers.get(topic)
+        if not specs:
+            raise ReplayError(f"app {app.name!r} has no handler for topic {topic!r}")
+        self.app = app
+        self.topic = topic
+        self.specs: list[HandlerSpec] = specs
+        self.current_key: Any = None
+        self.current_handler = ""
+        self.stats = ReplayStats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run_key(
+        self, key: bytes | None, records: Iterable[tuple[bytes | None, int, int, int]]
+    ) -> dict[str, dict[bytes, bytes]]:
+        """Replay one key's records, given in order as (value, timestamp_ms, partition, offset).
+
+        Returns, per table, the stored bytes (key as stored -> value) the key's state ends with.
+        """
+        app = self.app
+        topic = self.specs[0].topic
+        states = {name: _KeyScopedState(t, self) for name, t in app.tables.items()}
+        for name, t in app.tables.items():
+            t.bind(states[name])
+        outbox = Outbox()
+        outbox.suppress = True
+        ctx = Context(outbox)
+        app.clock.ctx = ctx
+        try:
+            k = topic.key_serde.loads(key) if key is not None else None
+        except Exception as exc:  # noqa: BLE001 - the worker dead-letters these records
+            self.stats.skipped_decode += sum(1 for _ in records)
+            self.stats.errors.append(f"key {key!r}: {type(exc).__name__}: {exc}")
+            return {}
+        self.current_key = k
+        try:
+            for value, ts, partition, offset in records:
+                self.stats.records += 1
+                try:
+                    v = topic.value_serde.loads(value) if value is not None else None
+                except Exception:  # noqa: BLE001
+                    self.stats.skipped_decode += 1
+                    continue
+                ctx._rec = ReplayRecord(self.topic, partition, offset, ts, key, value)
+                for spec in self.specs:
+                    self.current_handler = spec.name
+                    try:
+                        result = spec.fn(k, v, ctx)
+                        if spec.is_async:
+                            result = self._run(result)
+                    except ReplayError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - user code, as the worker does
+                        self.stats.handler_errors += 1
+                        if len(self.stats.errors) < 20:
+                            self.stats.errors.append(f"{spec.name} at offset {offset}: {exc!r}")
+        finally:
+            for t in app.tables.values():
+                t.bind(None)
+            app.clock.ctx = None
+        out: dict[str, dict[bytes, bytes]] = {}
+        for name, state in states.items():
+            table = app.tables[name]
+            ks, vs = table.store_key_serde, table.value_serde
+            out[name] = {ks.dumps(sk): vs.dumps(val) for sk, val in state.data.items()}
+        return out
+
+    def _run(self, coro: Any) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+
+
+def replay_records(
+    app: App, topic: str, key: bytes | None, records: Iterable[tuple[bytes | None, int, int, int]]
+) -> dict[str, dict[bytes, bytes]]:
+    """One-shot form of `Replayer.run_key`."""
+    replayer = Replayer(app, topic)
+    try:
+        return replayer.run_key(key, records)
+    finally:
+        replayer.close()

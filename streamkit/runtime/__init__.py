@@ -1,0 +1,1 @@
+"""The runtime: workers, group members, processors, checkpoints, dead letters."""

@@ -1,0 +1,30 @@
+"""Worker settings: App(...) arguments, overridable by STREAMKIT_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STREAMKIT_", extra="forbid")
+
+    broker: str | None = Field(None, description="bootstrap address; None starts the embedded broker")
+    state_dir: Path = Field(Path(".streamkit"), description="where processor stores live")
+    processors: int | None = Field(
+        None, ge=1, description="the job's initial processor count; None: the first input topic's partitions"
+    )
+    commit_interval: float = Field(2.0, gt=0, description="seconds between checkpoints")
+    commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(1_000, ge=100)
+    max_poll_interval_ms: int = Field(300_000, ge=1000)
+    fetch_max_bytes: int = Field(64 * 1024 * 1024)
+    max_partition_fetch_bytes: int = Field(16 * 1024 * 1024)
+    dead_letter_topic: str | None = Field(None, description="default: '<app>-dead-letters'")
+    failure_alarm_after: int = Field(
+        100, ge=1, description="consecutive handler failures after which the worker logs loudly"
+    )
+    store_open_timeout: float = Field(30.0, gt=0, description="seconds to wait for a store lock")

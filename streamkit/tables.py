@@ -1,0 +1,173 @@
+"""Tables: dict-like state declared on the app and used inside handlers.
+
+A table object is shared by every processor of the worker; before calling a handler
+the runtime binds it to the processor that owns the record's partition (a write-back
+cache over that processor's store). So `totals[key] += 1` in a handler reads and
+writes the right processor's state with a dict lookup, and the store sees the change
+at the next checkpoint, atomically with the input positions that produced it.
+
+Values are cached deserialised: mutate-in-place is NOT tracked. Assign the value back
+(`row = t[k]; row["n"] += 1; t[k] = row`) for the change to be saved.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, Protocol
+
+from stores.serde import Serde
+
+from streamkit.windows import Tumbling
+
+_MISSING: Any = object()
+
+
+class TableBackend(Protocol):
+    """What a table is bound to: stores.cache.CachedTable, or the replay's guarded state."""
+
+    def get(self, key: Any, default: Any = None) -> Any: ...
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+    def __delitem__(self, key: Any) -> None: ...
+    def __contains__(self, key: Any) -> bool: ...
+    def items(self) -> Iterator[tuple[Any, Any]]: ...
+
+
+class _Unbound:
+    """Stands in for a backend outside handlers, with an error that says so."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _fail(self, *_: Any, **__: Any) -> Any:
+        raise RuntimeError(
+            f"table {self._name!r} was used outside a handler, timer or rebalance callback; "
+            "its state belongs to a processor and is only reachable while one runs"
+        )
+
+    get = __setitem__ = __delitem__ = __contains__ = items = _fail
+
+
+class Table(MutableMapping[Any, Any]):
+    """A keyed table. `default` (a zero-argument callable, e.g. `int`) supplies missing values."""
+
+    window: Tumbling | None = None
+
+    def __init__(
+        self, name: str, key_serde: Serde, value_serde: Serde, default: Callable[[], Any] | None = None
+    ) -> None:
+        if not name.isidentifier() and not name.replace("-", "_").isidentifier():
+            raise ValueError(f"table name {name!r} must be letters, digits, '_' or '-'")
+        self.name = name
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.default = default
+        self._backend: TableBackend = _Unbound(name)
+
+    @property
+    def store_key_serde(self) -> Serde:
+        """The serde of the keys as stored (windowed tables add the window start)."""
+        return self.key_serde
+
+    def bind(self, backend: TableBackend | None) -> None:
+        self._backend = backend if backend is not None else _Unbound(self.name)
+
+    # -- the hot path: one extra call over the cache ------------------------------------
+    def __getitem__(self, key: Any) -> Any:
+        value = self._backend.get(key, _MISSING)
+        if value is _MISSING:
+            if self.default is None:
+                raise KeyError(key)
+            return self.default()
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._backend.get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._backend[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._backend.__delitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._backend
+
+    def __iter__(self) -> Iterator[Any]:
+        return (k for k, _ in self._backend.items())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._backend.items())
+
+    def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
+        return self._backend.items()
+
+    def __repr__(self) -> str:
+        return f"<Table {self.name}>"
+
+
+class WindowKeySerde:
+    """Stored key of a windowed table: the user key's bytes + 8-byte big-endian window start."""
+
+    def __init__(self, inner: Serde) -> None:
+        self.inner = inner
+
+    def dumps(self, key: tuple[Any, int]) -> bytes:
+        return self.inner.dumps(key[0]) + struct.pack(">q", key[1])
+
+    def loads(self, data: bytes) -> tuple[Any, int]:
+        return self.inner.loads(data[:-8]), struct.unpack(">q", data[-8:])[0]
+
+
+class CurrentTime(Protocol):
+    @property
+    def timestamp(self) -> int: ...
+
+
+class WindowedTable(Table):
+    """A table whose keys are (key, window start); `t[key]` addresses the window of the
+    record being processed (its Kafka timestamp), as faust's `.current()` does."""
+
+    def __init__(
+        self,
+        name: str,
+        key_serde: Serde,
+        value_serde: Serde,
+        window: Tumbling,
+        clock: CurrentTime,
+        default: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(name, key_serde, value_serde, default)
+        self.window = window
+        self._clock = clock
+        self._stored_key_serde = WindowKeySerde(key_serde)
+
+    @property
+    def store_key_serde(self) -> Serde:
+        return self._stored_key_serde  # type: ignore[return-value]
+
+    def _wkey(self, key: Any) -> tuple[Any, int]:
+        ts = self._clock.timestamp
+        return (key, ts - ts % self.window.size_ms)  # type: ignore[union-attr]
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self._wkey(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._backend.get(self._wkey(key), default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._backend[self._wkey(key)] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._backend.__delitem__(self._wkey(key))
+
+    def __contains__(self, key: object) -> bool:
+        return self._wkey(key) in self._backend
+
+    def get_window(self, key: Any, start_ms: int, default: Any = None) -> Any:
+        """Value of `key` in the window starting at `start_ms`."""
+        return self._backend.get((key, start_ms), default)
+
+    def window_start(self, timestamp_ms: int) -> int:
+        return self.window.start_of(timestamp_ms)  # type: ignore[union-attr]
