@@ -417,9 +417,10 @@ def write_sst(
     """Write ``(key, value)`` pairs, in strictly ascending key order, to an SST
     file for :meth:`RocksDBStore.create_from_sst`; returns the number written.
 
-    ``options`` must be raw mode (default: :func:`store_options`); an SST
-    written without raw mode would carry rocksdict's type-tagged encoding and
-    its keys would not match the store's.  RocksDB cannot write an empty SST:
+    ``options`` must be raw mode (default: :func:`store_options`).  An SST
+    written without raw mode carries rocksdict's type-tagged key encoding and
+    its own comparator; ``create_from_sst`` then fails with a comparator
+    mismatch (tested) rather than storing unreadable keys.  RocksDB cannot write an empty SST:
     with no items no file is left behind and 0 is returned.
     """
     path = os.fspath(path)

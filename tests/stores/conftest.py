@@ -1,0 +1,43 @@
+"""Fixtures for the stores tests: one suite, both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from stores import MemoryStore, RocksDBStore, Store
+
+OpenStore = Callable[..., Store]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def open_store(backend: str, tmp_path: Path) -> Iterator[OpenStore]:
+    """``open_store(tables, name="s", **kw)`` opens (or reopens) a store of the
+    current backend at ``tmp_path / name``; every store is closed at teardown."""
+    opened: list[Store] = []
+
+    def _open(tables: Sequence[str] = (), name: str = "s", **kw: object) -> Store:
+        path = tmp_path / name
+        store: Store
+        if backend == "memory":
+            store = MemoryStore.open(path, tables, **kw)  # type: ignore[arg-type]
+        else:
+            store = RocksDBStore.open(path, tables, **kw)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        store.close()
+    if backend == "memory":
+        for p in {s.path for s in opened}:
+            if p is not None:
+                MemoryStore.destroy(p)
+
