@@ -1,0 +1,221 @@
+import time
+
+PROCESS_START = time.time()  # first statement: taken before any heavy import
+
+"""faust-streaming peer contender: per-key count and sum of `amount` in a RocksDB table.
+
+    python -m benchmarks.contenders.faust_app --bootstrap B --topic T --records N \
+        --partitions P --workdir DIR --session-timeout-ms MS
+
+(Named faust_app so that it does not shadow the `faust` package.)
+
+Configuration: faust-streaming defaults everywhere except
+  store="rocksdb://" (the RocksDB table store, via rocksdict), processing_guarantee=
+  "at_least_once" (its exactly-once uses Kafka transactions, unsupported by the test
+  broker; this is also faust's default), consumer_auto_offset_reset="earliest", a fresh
+  app id (= consumer group) and data dir per run, the harness's session timeout,
+  topic_partitions=P (the table's changelog is co-partitioned with the input),
+  web_enabled=False (no HTTP port to collide with), and logging at WARNING with the
+  terminal spinner off: faust's worker otherwise sets the root logger to DEBUG so that
+  the spinner turns on every log record, which costs a fair run a lot.
+  commit_interval stays at its 2.8 s default, changelog on, one agent (concurrency 1).
+
+The agent asks the worker to stop (the same path as SIGTERM: a graceful stop that commits
+offsets and closes the tables) when N records have been processed. The check is read back
+from the table's RocksDB partitions on disk after the worker has closed them.
+"""
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import uuid  # noqa: E402
+
+TABLE_NAME = "counts"
+
+
+def _emit(result: dict) -> None:
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="benchmarks.contenders.faust_app")
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--records", type=int, required=True)
+    ap.add_argument("--partitions", type=int, required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--session-timeout-ms", type=int, required=True)
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="hard timeout in seconds (RESULT with an error, then exit); default "
+                         "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
+    args = ap.parse_args(argv)
+    if args.timeout is None:
+        env = os.environ.get("PEER_TIMEOUT_S")
+        args.timeout = float(env) if env else 60.0 + args.records / 1000.0
+    return args
+
+
+def _arm_watchdog(timeout_s: float, progress: dict) -> None:
+    """A stuck peer must not hang the harness: print an error RESULT and exit hard."""
+
+    def fire() -> None:
+        if not progress["done"].acquire(blocking=False):
+            return  # the real RESULT is being printed
+        _emit({
+            "contender": "faust",
+            "records": progress["n"],
+            "first_record_at": progress["first"],
+            "last_record_at": progress["last"],
+            "process_start": PROCESS_START,
+            "error": f"timeout after {timeout_s:.0f}s with {progress['n']} records processed",
+        })
+        os._exit(3)
+
+    t = threading.Timer(timeout_s, fire)
+    t.daemon = True
+    t.start()
+
+
+def read_back(tabledir: str) -> dict:
+    """Totals over every key of the table's RocksDB partitions (<tabledir>/counts-<p>.db).
+
+    Keys are the raw message keys, values the JSON [count, sum]; faust keeps its
+    changelog offset in the same DB under b"__faust\\0offset__", which is skipped.
+    """
+    from rocksdict import AccessType, Options, Rdict
+
+    keys = count = total = 0
+    if not os.path.isdir(tabledir):
+        raise FileNotFoundError(tabledir)
+    for name in sorted(os.listdir(tabledir)):
+        if not (name.startswith(TABLE_NAME + "-") and name.endswith(".db")):
+            continue
+        db = Rdict(os.path.join(tabledir, name), options=Options(raw_mode=True),
+                   access_type=AccessType.read_only())
+        try:
+            for k, v in db.items():
+                if k.startswith(b"__faust"):
+                    continue
+                c, s = json.loads(v)
+                keys += 1
+                count += c
+                total += s
+        finally:
+            db.close()
+    return {"keys": keys, "count": count, "sum": total}
+
+
+def _run(args, app_id: str, datadir: str, progress: dict) -> str:
+    import signal
+
+    import faust
+
+    app = faust.App(
+        app_id,
+        broker=f"kafka://{args.bootstrap}",
+        store="rocksdb://",
+        datadir=datadir,
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=args.session_timeout_ms / 1000.0,
+        topic_partitions=args.partitions,
+        web_enabled=False,
+    )
+    topic = app.topic(args.topic, key_type=bytes, value_serializer="json",
+                      partitions=args.partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=args.partitions,
+                      key_type=bytes)
+
+    n_target = args.records
+    now = time.time
+    worker_box = {}
+
+    @app.agent(topic)
+    async def count_and_sum(stream):
+        try:
+            async for key, value in stream.items():
+                n = progress["n"]
+                if n >= n_target:  # more records than asked for: leave them alone
+                    continue
+                cs = table.get(key)
+                if cs is None:
+                    table[key] = [1, value["amount"]]
+                else:
+                    table[key] = [cs[0] + 1, cs[1] + value["amount"]]
+                n += 1
+                progress["n"] = n
+                if n == 1:
+                    progress["first"] = now()
+                if n == n_target:
+                    progress["last"] = now()
+                    # The graceful path SIGTERM takes: stop the worker (commit, close tables).
+                    worker_box["worker"]._schedule_shutdown(signal.SIGTERM)
+        except Exception as exc:  # a crashed agent would leave the worker idling forever
+            progress["error"] = f"agent crashed: {type(exc).__name__}: {exc}"
+            worker_box["worker"]._schedule_shutdown(signal.SIGTERM)
+            raise
+
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+    # faust's worker sets the root logger to DEBUG so that its terminal spinner turns on
+    # every log record (a large cost while processing): no spinner, no DEBUG root.
+    worker.spinner = None
+    worker_box["worker"] = worker
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"faust worker exited with {exc.code}") from None
+    return str(app.conf.tabledir)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    progress = {"n": 0, "first": None, "last": None, "done": threading.Lock()}
+    _arm_watchdog(args.timeout, progress)
+
+    run_id = uuid.uuid4().hex[:10]
+    app_id = f"faust-bench-{run_id}"
+    datadir = os.path.join(args.workdir, f"faust-data-{run_id}")
+    os.makedirs(datadir, exist_ok=True)
+    error = None
+    tabledir = None
+    try:
+        tabledir = _run(args, app_id, datadir, progress)
+    except BaseException as exc:  # report, do not hang
+        import traceback
+
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+
+    result = {
+        "contender": "faust",
+        "records": progress["n"],
+        "first_record_at": progress["first"],
+        "last_record_at": progress["last"],
+        "process_start": PROCESS_START,
+        "stopped_at": time.time(),
+    }
+    try:
+        result["check"] = read_back(tabledir or os.path.join(datadir, f"{app_id}-data", "v1", "tables"))
+    except Exception as exc:
+        error = error or f"read-back failed: {type(exc).__name__}: {exc}"
+    error = error or progress.get("error")
+    if progress["n"] < args.records and error is None:
+        error = f"worker stopped after {progress['n']} of {args.records} records"
+    if error:
+        result["error"] = error
+    if not progress["done"].acquire(blocking=False):
+        return 3  # the watchdog has fired and printed the RESULT
+    _emit(result)
+    return 0 if error is None else 1
+
+
+if __name__ == "__main__":
+    logging.getLogger().setLevel(logging.WARNING)
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # do not wait on leftover threads at interpreter exit

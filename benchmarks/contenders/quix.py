@@ -1,0 +1,203 @@
+import time
+
+PROCESS_START = time.time()  # first statement: taken before any heavy import
+
+"""quixstreams peer contender: per-key count and sum of `amount` in RocksDB state.
+
+    python -m benchmarks.contenders.quix --bootstrap B --topic T --records N \
+        --partitions P --workdir DIR --session-timeout-ms MS
+
+Configuration (see the module constants): quixstreams defaults everywhere except
+  processing_guarantee="at-least-once" (its exactly-once uses Kafka transactions,
+  which the test broker does not support), auto_offset_reset="earliest", a fresh
+  consumer group and state dir per run, and the harness's session timeout.
+  commit_interval stays at its 5 s default, changelog topics stay on (default),
+  RocksDB options are the defaults.
+
+The app stops itself from inside the processing function when N records have been
+processed; quixstreams then commits its final checkpoint (flushes state to RocksDB,
+produces the changelog, commits offsets). The check is read back from the RocksDB
+partitions on disk after the app has closed them.
+"""
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import uuid  # noqa: E402
+
+STORE_NAME = "default"
+STATE_KEY = "cs"  # one state entry per message key: [count, sum]
+
+
+def _emit(result: dict) -> None:
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="benchmarks.contenders.quix")
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--records", type=int, required=True)
+    ap.add_argument("--partitions", type=int, required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--session-timeout-ms", type=int, required=True)
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="hard timeout in seconds (RESULT with an error, then exit); default "
+                         "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
+    args = ap.parse_args(argv)
+    if args.timeout is None:
+        env = os.environ.get("PEER_TIMEOUT_S")
+        args.timeout = float(env) if env else 60.0 + args.records / 1000.0
+    return args
+
+
+def _arm_watchdog(timeout_s: float, progress: dict) -> None:
+    """A stuck peer must not hang the harness: print an error RESULT and exit hard."""
+
+    def fire() -> None:
+        if not progress["done"].acquire(blocking=False):
+            return  # the real RESULT is being printed
+        _emit({
+            "contender": "quix",
+            "records": progress["n"],
+            "first_record_at": progress["first"],
+            "last_record_at": progress["last"],
+            "process_start": PROCESS_START,
+            "error": f"timeout after {timeout_s:.0f}s with {progress['n']} records processed",
+        })
+        os._exit(3)
+
+    t = threading.Timer(timeout_s, fire)
+    t.daemon = True
+    t.start()
+
+
+def read_back(state_dir: str) -> dict:
+    """Totals over every key stored in the app's RocksDB partitions (default column family).
+
+    quixstreams' layout: <state_dir>/<store>/<topic>/<partition>/ holds one RocksDB per
+    partition; keys are b"<message key>|<serialized state key>", values are the
+    JSON-serialized state value, possibly prefixed by an 8-byte TTL stamp.
+    """
+    from rocksdict import AccessType, Options, Rdict
+
+    suffix = b"|" + json.dumps(STATE_KEY).encode()
+    keys = count = total = 0
+    for root, dirs, files in os.walk(state_dir):
+        if "CURRENT" not in files:
+            continue
+        dirs[:] = []
+        cfs = Rdict.list_cf(root)
+        db = Rdict(root, options=Options(raw_mode=True), access_type=AccessType.read_only(),
+                   column_families={cf: Options(raw_mode=True) for cf in cfs if cf != "default"})
+        try:
+            for k, v in db.items():
+                if not k.endswith(suffix):
+                    continue
+                if not v.startswith(b"["):  # TTL-stamped value: 8-byte expiry, then JSON
+                    v = v[8:]
+                c, s = json.loads(v)
+                keys += 1
+                count += c
+                total += s
+        finally:
+            db.close()
+    return {"keys": keys, "count": count, "sum": total}
+
+
+def _run(args, state_dir: str, progress: dict) -> None:
+    import logging
+
+    from quixstreams import Application
+
+    run_id = os.path.basename(state_dir).rsplit("-", 1)[-1]
+    app = Application(
+        broker_address=args.bootstrap,
+        consumer_group=f"quix-bench-{run_id}",
+        auto_offset_reset="earliest",
+        processing_guarantee="at-least-once",
+        state_dir=state_dir,
+        consumer_extra_config={"session.timeout.ms": args.session_timeout_ms},
+        loglevel=logging.WARNING,
+    )
+    topic = app.topic(args.topic, key_deserializer="bytes", value_deserializer="json")
+    # Tansu's DescribeConfigs returns only the configs set at topic creation. quixstreams
+    # derives its changelog topic's retention from the input topic's and fails with
+    # KeyError: 'retention.ms' when the input was created without it. An absent
+    # retention on Tansu means "keep forever" (it has no retention): say so explicitly.
+    extra = topic.broker_config.extra_config
+    extra.setdefault("retention.ms", "-1")
+    extra.setdefault("retention.bytes", "-1")
+    sdf = app.dataframe(topic)
+
+    n_target = args.records
+    stop = app.stop
+    now = time.time
+
+    def count_and_sum(value, state) -> None:
+        n = progress["n"]
+        if n >= n_target:  # more records than asked for: leave them alone
+            return
+        cs = state.get(STATE_KEY)
+        if cs is None:
+            state.set(STATE_KEY, [1, value["amount"]])
+        else:
+            state.set(STATE_KEY, [cs[0] + 1, cs[1] + value["amount"]])
+        n += 1
+        progress["n"] = n
+        if n == 1:
+            progress["first"] = now()
+        if n == n_target:
+            progress["last"] = now()
+            stop()
+
+    sdf.update(count_and_sum, stateful=True)
+
+    app.run()
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    progress = {"n": 0, "first": None, "last": None, "done": threading.Lock()}
+    _arm_watchdog(args.timeout, progress)
+
+    state_dir = os.path.join(args.workdir, f"quix-state-{uuid.uuid4().hex[:10]}")
+    os.makedirs(args.workdir, exist_ok=True)
+    error = None
+    try:
+        _run(args, state_dir, progress)
+    except BaseException as exc:  # report, do not hang
+        import traceback
+
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+
+    result = {
+        "contender": "quix",
+        "records": progress["n"],
+        "first_record_at": progress["first"],
+        "last_record_at": progress["last"],
+        "process_start": PROCESS_START,
+        "stopped_at": time.time(),
+    }
+    try:
+        result["check"] = read_back(state_dir)
+    except Exception as exc:
+        error = error or f"read-back failed: {type(exc).__name__}: {exc}"
+    if progress["n"] < args.records and error is None:
+        error = f"app stopped after {progress['n']} of {n_target} records"
+    if error:
+        result["error"] = error
+    if not progress["done"].acquire(blocking=False):
+        return 3  # the watchdog has fired and printed the RESULT
+    _emit(result)
+    return 0 if error is None else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # do not wait on librdkafka / non-daemon threads at interpreter exit
