@@ -29,8 +29,6 @@ HEARTBEAT_SECONDS = 2.0
 
 class Worker:
     def __init__(self, app: App, members: int = 1, bootstrap: str | None = None) -> None:
-        if not app.handlers:
-            raise ConfigError(f"app {app.name!r} has no @app.processor handler: nothing to run")
         if members < 1:
             raise ConfigError(f"a worker runs at least one processor, not {members}")
         self.app = app
@@ -47,6 +45,8 @@ class Worker:
 
     async def prepare(self) -> None:
         """Resolve the broker and the job (p0), check topics, start the producer."""
+        if not self.app.handlers:
+            raise ConfigError(f"app {self.app.name!r} has no @app.processor handler: nothing to run")
         if self.bootstrap is None:
             self._embedded = EmbeddedBroker()
             self.bootstrap = self._embedded.bootstrap

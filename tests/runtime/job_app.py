@@ -1,0 +1,26 @@
+"""The app the runtime tests run in real worker processes (configured by environment)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import streamkit
+
+app = streamkit.App(os.environ.get("SK_TEST_APP", "runtime-test"), commit_interval=0.3)
+source = app.topic(os.environ.get("SK_TEST_TOPIC", "runtime-test-input"))
+# key -> {"n": records, "sum": amounts, "last": last seq, "disorder": seqs seen out of order}
+stats = app.table("stats", default=lambda: {"n": 0, "sum": 0, "last": -1, "disorder": 0})
+
+
+@app.processor(source)
+def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+    if value.get("fail"):
+        raise ValueError(f"asked to fail at seq {value['seq']}")
+    s = stats[key]
+    stats[key] = {
+        "n": s["n"] + 1,
+        "sum": s["sum"] + value["amount"],
+        "last": value["seq"],
+        "disorder": s["disorder"] + (1 if value["seq"] <= s["last"] else 0),
+    }

@@ -1,0 +1,135 @@
+"""Driving real worker processes of tests/runtime/job_app.py and checking their state."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from stores.rocksdb import RocksDBStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Job:
+    bootstrap: str
+    app: str
+    topic: str
+    state_dir: Path
+    processors: int | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SK_TEST_APP=self.app, SK_TEST_TOPIC=self.topic, STREAMKIT_BROKER=self.bootstrap,
+            STREAMKIT_STATE_DIR=str(self.state_dir), STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT),
+        )
+        if self.processors is not None:
+            env["STREAMKIT_PROCESSORS"] = str(self.processors)
+        env.update(extra)
+        return env
+
+    def start_worker(self, members: int = 1, **env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamkit.cli", "worker", "tests.runtime.job_app:app",
+             "--processors", str(members), "--log-level", "WARNING"],
+            cwd=ROOT, env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.wait(timeout)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+
+    def kill_all(self) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    async def run() -> dict[int, int]:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:
+            out = {}
+            for p in range(partitions):
+                out[p] = await c.committed(TopicPartition(topic, p)) or 0
+            return out
+        finally:
+            await c.stop()
+
+    return asyncio.run(run())
+
+
+def wait_until_committed(
+    job: Job, partitions: int, at_least: int, timeout: float = 120.0, total: bool = True
+) -> dict[int, int]:
+    """Poll the group's committed offsets until their sum reaches `at_least`; fail on a dead worker."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = committed(job.bootstrap, f"streamkit-{job.app}", job.topic, partitions)
+        if sum(got.values()) >= at_least:
+            return got
+        for w in job.workers:
+            if w.poll() not in (None, -signal.SIGKILL, 0):
+                raise AssertionError(f"worker exited with {w.returncode}: {w.stderr.read().decode()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"committed offsets stuck at {got} (< {at_least}) after {timeout}s")
+        time.sleep(0.2)
+
+
+def read_state(job: Job, processors: int) -> tuple[dict[str, dict[str, Any]], dict[int, dict[Any, int]]]:
+    """Merge every processor's `stats` table; fail if a key is in two stores."""
+    state: dict[str, dict[str, Any]] = {}
+    positions: dict[int, dict[Any, int]] = {}
+    for pid in range(processors):
+        path = job.state_dir / job.app / f"processor-{pid}"
+        store = RocksDBStore.open(str(path), ["stats"])
+        try:
+            positions[pid] = dict(store.checkpoint().positions)
+            for k, v in store.items("stats"):
+                key = k.decode()
+                assert key not in state, f"key {key} is in two processors' stores"
+                state[key] = orjson.loads(v)
+        finally:
+            store.close()
+    return state, positions
+
+
+def reference(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    ref: dict[str, dict[str, Any]] = {}
+    for key, value in records:
+        if value.get("fail"):
+            continue
+        s = ref.setdefault(key, {"n": 0, "sum": 0, "last": -1, "disorder": 0})
+        s["n"] += 1
+        s["sum"] += value["amount"]
+        s["last"] = value["seq"]
+    return ref
+
+
+def make_records(n: int, keys: int, start: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"k{(i * 7919) % keys}", {"amount": i % 97, "seq": i}) for i in range(start, start + n)]
