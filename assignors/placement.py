@@ -115,13 +115,19 @@ def _intersections(
     """
     m_b = bucket_modulus(b, n0, n)
     span = math.lcm(m_b, 2 * lh_base(other_n0, other_n))
-    reps = b + m_b * np.arange(span // m_b, dtype=np.int64)
-    others = lh_bucket_batch(reps, other_n0, other_n)
-    uniq, first = np.unique(others, return_index=True)
+    count = span // m_b
+    first: dict[int, int] = {}  # other bucket -> first representative hash in it
+    if count <= 64:  # the common case (n >= p, p0 == n0): 1 or 2; skip numpy overhead
+        for r in range(b, span, m_b):
+            first.setdefault(lh_bucket(r, other_n0, other_n), r)
+    else:
+        reps = b + m_b * np.arange(count, dtype=np.int64)
+        uniq, idx = np.unique(lh_bucket_batch(reps, other_n0, other_n), return_index=True)
+        first = {q: int(reps[i]) for q, i in zip(uniq.tolist(), idx.tolist())}
     result: dict[int, tuple[int, int]] = {}
-    for q, i in zip(uniq.tolist(), first.tolist()):
+    for q in sorted(first):
         modulus = math.lcm(m_b, bucket_modulus(q, other_n0, other_n))
-        result[q] = (modulus, int(reps[i]) % modulus)
+        result[q] = (modulus, first[q] % modulus)
     return result
 
 
