@@ -297,6 +297,7 @@ class GroupMember:
         async with self.worker.lock:
             self._stopping = True
             if self.processors and checkpoint:
+                await self._fire(self.app.keys_revoked_callbacks)
                 await checkpointing.checkpoint(self)
             for proc in self.processors.values():
                 proc.close()
