@@ -58,7 +58,7 @@ def status(
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
 ) -> None:
     """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 140)
     app = load_app(app_spec)
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
@@ -90,11 +90,12 @@ def status(
                       "-" if com is None else str(com), str(hw), str(lag))
     console.print(workers)
     console.print(parts)
-    dl = Table(title=f"dead letters ({app.dead_letter_topic})")
+    dl = Table(title="dead letters")
     dl.add_column("reason")
     dl.add_column("records", justify="right")
     for reason, n in sorted(reasons.items()):
         dl.add_row(reason, str(n))
+    dl.caption = f"topic {app.dead_letter_topic}"
     if not reasons:
         dl.add_row("-", "0")
     console.print(dl)

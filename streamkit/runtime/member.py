@@ -153,6 +153,7 @@ class GroupMember:
                                  self.name, pid, tp, pos, group_pos)
             self._next_checkpoint = time.monotonic() + self.app.settings.commit_interval
             await self._fire(self.app.keys_assigned_callbacks)
+            self.worker.beat()
             log.info("%s: hosts processors %s (generation %d): %s", self.name,
                      sorted(self.processors), self.generation, sorted(self.routes))
 
@@ -182,6 +183,7 @@ class GroupMember:
             ):
                 async with self.worker.lock:
                     await checkpointing.checkpoint(self)
+                self.worker.beat()
                 self._since_checkpoint = 0
                 self._next_checkpoint = time.monotonic() + settings.commit_interval
 

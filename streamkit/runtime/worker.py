@@ -40,6 +40,7 @@ class Worker:
         self.p0 = 0
         self._embedded: EmbeddedBroker | None = None
         self._stop = asyncio.Event()
+        self._beat = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self.output: Output
 
@@ -132,10 +133,18 @@ class Worker:
         status = snapshot(self, alive)
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 
+    def beat(self) -> None:
+        """Publish a heartbeat now (after a rebalance), not at the next tick."""
+        self._beat.set()
+
     async def _heartbeat(self) -> None:
         while True:
+            self._beat.clear()
             await self._publish_status()
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                await asyncio.wait_for(self._beat.wait(), HEARTBEAT_SECONDS)
+            except TimeoutError:
+                pass
 
     async def _timer(self, spec: TimerSpec) -> None:
         while True:
