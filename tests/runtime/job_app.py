@@ -7,6 +7,7 @@ from typing import Any
 
 import streamkit
 
+FAIL_ALL = os.environ.get("SK_TEST_FAIL_ALL") == "1"
 app = streamkit.App(os.environ.get("SK_TEST_APP", "runtime-test"), commit_interval=0.3)
 source = app.topic(os.environ.get("SK_TEST_TOPIC", "runtime-test-input"))
 # key -> {"n": records, "sum": amounts, "last": last seq, "disorder": seqs seen out of order}
@@ -15,7 +16,7 @@ stats = app.table("stats", default=lambda: {"n": 0, "sum": 0, "last": -1, "disor
 
 @app.processor(source)
 def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
-    if value.get("fail"):
+    if value.get("fail") or FAIL_ALL:
         raise ValueError(f"asked to fail at seq {value['seq']}")
     s = stats[key]
     stats[key] = {

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
 
 
 from streamkit.testing import create_topic, produce_json, read_topic
-from tests.runtime.jobs import Job, make_records, read_state, reference, wait_until_committed
+from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference, wait_until_committed
 
 PARTITIONS = 6
 N = 100_000
@@ -150,3 +152,24 @@ def test_bad_records_go_to_the_dead_letter_topic_and_good_ones_are_processed(
     assert "count" in h["streamkit.error.handler"]
 
 
+
+
+def test_a_handler_failing_on_every_record_is_loud_in_logs_and_status(broker: str, tmp_path: Path) -> None:
+    job = new_job(broker, tmp_path)
+    records = make_records(2_000, 100)
+    produce_json(broker, job.topic, records)
+    try:
+        worker = job.start_worker(SK_TEST_FAIL_ALL="1", STREAMKIT_FAILURE_ALARM_AFTER="100")
+        wait_until_committed(job, PARTITIONS, len(records))
+        status = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "status", "tests.runtime.job_app:app"],
+            env=job.env(), cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        job.stop_all()
+    assert status.returncode == 0, status.stderr
+    assert "FAILING" in status.stdout
+    dead_rows = [line.split("│") for line in status.stdout.splitlines() if line.startswith("│ handler")]
+    assert [int(row[2]) for row in dead_rows] == [len(records)]
+    log = worker.stderr.read().decode()
+    assert "records all failed" in log and "ValueError: asked to fail" in log
