@@ -93,9 +93,12 @@ class KeyFilter:
         """:meth:`accepts` of every hash in ``h`` (a boolean mask)."""
         h = np.asarray(h)
         r = h % h.dtype.type(self.modulus)
+        mask: npt.NDArray[np.bool_]
         if len(self.residues) == 1:
-            return r == next(iter(self.residues))
-        return np.isin(r, np.fromiter(self.residues, dtype=r.dtype))
+            mask = r == next(iter(self.residues))
+        else:
+            mask = np.isin(r, np.fromiter(self.residues, dtype=r.dtype))
+        return mask
 
 
 def processor_for_hash(h: int, p0: int, p: int) -> int:

@@ -2,16 +2,18 @@
 :func:`assignors.murmur2.key_hash`.
 
 Why: the Spark bridge and backfills place millions of keys (Arrow columns), and the
-benchmarks hash hundreds of thousands; the scalar path does about 1.3M keys/s.
+benchmarks hash hundreds of thousands; the scalar path does at most 1.3M keys/s.
 
-How: the keys are one contiguous byte buffer plus offsets (exactly Arrow's
-binary layout; a ``Sequence[bytes]`` is joined into one).  A uint32 view of that
-buffer with a stride of ONE byte makes "the little-endian word starting at byte i"
-a single fancy-index gather, so the loop runs over word positions (0, 1, 2, ... up
-to the longest key's word count), never over keys.  When lengths differ, keys are
-ordered by word count, longest first (a linear-time radix argsort), so the keys
-still active at word j are a prefix and every step works on contiguous slices.
-uint32 arithmetic wraps modulo 2**32 exactly like Java's ``int``.
+How: the keys are one contiguous byte buffer plus offsets (exactly Arrow's binary
+layout; a ``Sequence[bytes]`` is packed into one by pyarrow when it is installed,
+else by ``b"".join``).  A uint32 view of that buffer with a stride of ONE byte makes
+"the little-endian word starting at byte i" a single fancy-index gather, so the loop
+runs over word positions (0, 1, 2, ... up to the longest key's word count), never
+over keys.  Where key lengths differ by at most two words, every key is mixed and
+the result kept only where the key has that word; deeper raggedness orders keys by
+word count, longest first (a linear-time radix argsort), so the keys still having
+word j are a prefix and each step works on contiguous slices.  uint32 arithmetic
+wraps modulo 2**32 exactly like Java's ``int``.
 
 Results are ``np.uint32`` arrays of ``key_hash`` values (0 .. 2**31-1).  Null keys
 (``None`` in a sequence, nulls in an Arrow array) have no hash in Kafka (the Java
@@ -20,10 +22,20 @@ client spreads them with its sticky partitioner); they get :data:`NULL_HASH`
 out (``h != NULL_HASH``) before placing, or pass ``null_hash=None`` to get a
 ``ValueError`` instead.
 
-Measured on the reference machine (2 cores, numpy 2.4, 1,000,000 keys ``b"key-<i>"``
-of 5-10 bytes): ``key_hash_arrow`` about 27M keys/s, ``key_hash_batch`` about 12M keys/s
-(list of bytes: joining and ``len`` of each key dominate); 36-byte keys (UUID
-strings) about 9M keys/s from Arrow.  See ``tests/assignors`` for the equality tests.
+Measured on the reference machine (2 cores shared with other jobs, numpy 2.4,
+pyarrow 26, 1,000,000 keys, best of 5):
+
+===========================  ==================  ==================
+keys                         ``key_hash_arrow``  ``key_hash_batch``
+===========================  ==================  ==================
+8 bytes, fixed length        26M keys/s          17M keys/s
+``b"key-<i>"``, 5-10 bytes   23M keys/s          15M keys/s
+random, 4-24 bytes           12M keys/s           9M keys/s
+UUID strings, 36 bytes        9M keys/s           7M keys/s
+===========================  ==================  ==================
+
+(``key_hash_batch`` packs a list of bytes into Arrow first; the scalar path does
+0.4-1.3M keys/s on the same keys.)
 """
 
 from __future__ import annotations
@@ -69,21 +81,21 @@ def murmur2_offsets(
     :data:`_SLACK` bytes past a key's end; keys that close to the end of ``data`` are
     hashed from a small padded copy, so ``data`` needs no padding.
     """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    count = offsets.size - 1
+    offs: npt.NDArray[np.int64] = np.asarray(offsets, dtype=np.int64)
+    count = offs.size - 1
     if count <= 0:
         return np.empty(0, dtype=np.uint32)
     # Keys [0, k) can be read in place; [k, count) need a padded copy (a few keys).
-    k = int(np.searchsorted(offsets[1:], data.size - _SLACK, side="right"))
+    k = int(np.searchsorted(offs[1:], data.size - _SLACK, side="right"))
     if k == count:
-        return _murmur2_padded(data, offsets)
-    first = int(offsets[k])
-    tail = np.zeros(int(offsets[-1]) - first + _SLACK, dtype=np.uint8)
-    tail[: tail.size - _SLACK] = data[first : int(offsets[-1])]
-    rest = _murmur2_padded(tail, offsets[k:] - first)
+        return _murmur2_padded(data, offs)
+    first = int(offs[k])
+    tail = np.zeros(int(offs[-1]) - first + _SLACK, dtype=np.uint8)
+    tail[: tail.size - _SLACK] = data[first : int(offs[-1])]
+    rest = _murmur2_padded(tail, offs[k:] - first)
     if k == 0:
         return rest
-    return np.concatenate([_murmur2_padded(data, offsets[: k + 1]), rest])
+    return np.concatenate([_murmur2_padded(data, offs[: k + 1]), rest])
 
 
 def _murmur2_padded(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> U32Array:
@@ -223,8 +235,9 @@ def key_hash_arrow(
     if count == 0:
         return np.empty(0, dtype=np.uint32)
     _validity, off_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(off_buf, dtype=off_dtype, count=array.offset + count + 1)
-    offsets = offsets[array.offset :]
+    offsets = np.frombuffer(off_buf, dtype=off_dtype, count=array.offset + count + 1)[
+        array.offset :
+    ].astype(np.int64)
     if data_buf is None:
         data = np.zeros(0, dtype=np.uint8)
     else:
