@@ -16,10 +16,11 @@ This scalar path runs on the producer's hot path, so it is tuned for CPython:
 - the tail (1..3 bytes) is one ``int.from_bytes`` call.
 
 Measured on the reference machine (2 cores shared with other jobs, CPython 3.11,
-1M keys per set): ``key_hash`` 1.0-1.3M keys/s on 5-10 byte keys (``b"key-<i>"``),
-1.2M/s on 8-byte keys, 0.4M/s on 36-byte UUID strings (the textbook byte-by-byte
-port: 0.8M/s on short keys); ``key_hash_cached`` about 14M keys/s on a warm cache.
-Batches should use :mod:`assignors.vectorized` (10-26M keys/s).
+load-dependent): ``key_hash`` 0.8-1.3M keys/s on 5-10 byte keys (``b"key-<i>"``),
+1.1-1.2M/s on 8-byte keys, 0.4-0.47M/s on 36-byte UUID strings (the textbook
+byte-by-byte port: 0.8M/s on short keys on a quiet machine); ``key_hash_cached``
+about 15M keys/s on a warm cache.  Batches should use :mod:`assignors.vectorized`
+(7-26M keys/s).
 """
 
 from __future__ import annotations
