@@ -104,15 +104,17 @@ def main(argv: list[str] | None = None) -> None:
     def mean(col: str) -> float:
         return sum(r[col] for r in rows.values()) / len(rows)
 
+    worst_skew = max(r["skew"] for r in rows.values())
+    lh_to_old = max(r["lh4+1_old"] for r in rows.values())
     console.print(
-        f"N={args.lo}..{args.hi}, N->N+1: Kafka moves {mean('kafka+1'):.1%} of keys on average "
-        f"({mean('kafka+1_old'):.1%} between existing partitions), linear hashing "
-        f"{mean('lhN+1'):.1%} (n0=N) / {mean('lh4+1'):.1%} (n0=4), "
-        f"{max(r['lh4+1_old'] for r in rows.values()):.1%} between existing partitions; N->2N: Kafka {mean('kafka*2'):.1%}, LH {mean('lhN*2'):.1%} / "
-        f"{mean('lh4*2'):.1%}; LH n0=4 largest partition up to {max(r['skew'] for r in rows.values()):.2f}x "
-        f"the mean. (hashing: {args.keys / hash_s / 1e6:.1f}M keys/s)"
+        f"N={args.lo}..{args.hi}, N->N+1: Kafka moves {mean('kafka+1'):.1%} of keys on "
+        f"average ({mean('kafka+1_old'):.1%} between existing partitions), linear hashing "
+        f"{mean('lhN+1'):.1%} (n0=N) / {mean('lh4+1'):.1%} (n0=4; at most {lh_to_old:.1%} "
+        f"between existing partitions); N->2N: Kafka {mean('kafka*2'):.1%}, LH "
+        f"{mean('lhN*2'):.1%} / {mean('lh4*2'):.1%}; LH n0=4 largest partition up to "
+        f"{worst_skew:.2f}x the mean (hashing: {args.keys / hash_s / 1e6:.1f}M keys/s)",
+        soft_wrap=True,
     )
-
 
 if __name__ == "__main__":
     main()
