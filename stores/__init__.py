@@ -11,6 +11,7 @@ from .base import Checkpoint, Store, StoreClosedError, StoreError, StoreLockedEr
 from .cache import CachedTable, commit_cached
 from .memory import MemoryStore
 from .serde import IntSerde, JsonSerde, RawSerde, Serde, SerdeError, StrSerde, serde_for
+from .tuning import relax_malloc_trim
 
 if TYPE_CHECKING:
     from .rocksdb import RocksDBStore, store_options, write_sst
@@ -31,6 +32,7 @@ __all__ = [
     "StoreLockedError",
     "StrSerde",
     "commit_cached",
+    "relax_malloc_trim",
     "serde_for",
     "store_options",
     "write_sst",

@@ -11,6 +11,7 @@ serde and shows a short repr of the offending bytes.
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -132,6 +133,18 @@ class StrSerde:
         return "StrSerde()"
 
 
+_INT64 = struct.Struct(">q")
+_pack_q = _INT64.pack
+_unpack_q = _INT64.unpack
+
+
+def _len_or_type(data: Any) -> str:
+    try:
+        return str(len(data))
+    except TypeError:
+        return type(data).__name__
+
+
 class IntSerde:
     """8-byte big-endian two's-complement integers.
 
@@ -144,16 +157,17 @@ class IntSerde:
 
     def dumps(self, obj: Any) -> bytes:
         try:
-            return obj.to_bytes(8, "big", signed=True)
-        except OverflowError:
+            return _pack_q(obj)
+        except struct.error:
+            if not isinstance(obj, int):
+                raise TypeError(f"IntSerde needs int, got {type(obj).__name__}: {short_repr(obj)}") from None
             raise ValueError(f"IntSerde: {obj!r} does not fit in 8 signed bytes") from None
-        except AttributeError:
-            raise TypeError(f"IntSerde needs int, got {type(obj).__name__}: {short_repr(obj)}") from None
 
     def loads(self, data: bytes) -> int:
-        if len(data) != 8:
-            raise SerdeError("IntSerde", data, f"expected 8 bytes, got {len(data)}")
-        return int.from_bytes(data, "big", signed=True)
+        try:
+            return _unpack_q(data)[0]
+        except (struct.error, TypeError):
+            raise SerdeError("IntSerde", data, f"expected 8 bytes, got {_len_or_type(data)}") from None
 
     def __repr__(self) -> str:
         return "IntSerde()"

@@ -35,7 +35,7 @@ import crash_writer
 WRITER = str(HERE / "crash_writer.py")
 KILLS = int(os.environ.get("STORES_CRASH_KILLS", "100"))
 MIN_KILLS = 30
-BUDGET_S = float(os.environ.get("STORES_CRASH_BUDGET_S", "45"))
+BUDGET_S = float(os.environ.get("STORES_CRASH_BUDGET_S", "30"))
 
 
 @dataclass

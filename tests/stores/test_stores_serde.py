@@ -116,3 +116,14 @@ def test_decode_error_repr_is_short() -> None:
     msg = str(info.value)
     assert len(msg) < 400
     assert "10000 bytes" in msg
+
+
+def test_relax_malloc_trim_is_idempotent() -> None:
+    import sys
+
+    from stores import relax_malloc_trim
+
+    first = relax_malloc_trim()
+    assert relax_malloc_trim() == first
+    if sys.platform.startswith("linux"):
+        assert first is True
