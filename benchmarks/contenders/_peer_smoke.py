@@ -124,7 +124,7 @@ def main() -> int:
             print(f"no RESULT (rc={out.returncode})")
             return 1
         res = json.loads(lines[-1][len("RESULT "):])
-        n = res.get("records", 0)
+        n = res.get("records", 0) if res.get("last_record_at") else 0
         span = res["last_record_at"] - res["first_record_at"] if n else float("nan")
         since_start = res["last_record_at"] - res["process_start"] if n else float("nan")
         print("RESULT", json.dumps(res))

@@ -122,6 +122,9 @@ def _run(args, app_id: str, datadir: str, progress: dict) -> str:
         processing_guarantee="at_least_once",
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=args.session_timeout_ms / 1000.0,
+        # the default heartbeat (3 s) must stay below a third of the session timeout, or
+        # a short session (a first join on the test broker waits session/2) expires.
+        broker_heartbeat_interval=max(0.1, min(3.0, args.session_timeout_ms / 3000.0)),
         topic_partitions=args.partitions,
         web_enabled=False,
     )

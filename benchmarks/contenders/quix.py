@@ -108,6 +108,10 @@ def read_back(state_dir: str) -> dict:
     return {"keys": keys, "count": count, "sum": total}
 
 
+def _heartbeat_ms(session_timeout_ms: int) -> int:
+    return max(100, min(3000, session_timeout_ms // 3))
+
+
 def _run(args, state_dir: str, progress: dict) -> None:
     import logging
 
@@ -120,7 +124,13 @@ def _run(args, state_dir: str, progress: dict) -> None:
         auto_offset_reset="earliest",
         processing_guarantee="at-least-once",
         state_dir=state_dir,
-        consumer_extra_config={"session.timeout.ms": args.session_timeout_ms},
+        consumer_extra_config={
+            "session.timeout.ms": args.session_timeout_ms,
+            # librdkafka's default heartbeat (3 s) must stay below a third of the
+            # session timeout, or a short session (used because a first join on the
+            # test broker waits session/2) expires between two heartbeats.
+            "heartbeat.interval.ms": _heartbeat_ms(args.session_timeout_ms),
+        },
         loglevel=logging.WARNING,
     )
     topic = app.topic(args.topic, key_deserializer="bytes", value_deserializer="json")
