@@ -1,0 +1,121 @@
+"""A local SparkSession that works out of the box for the bridge, and checks for user sessions.
+
+Pitfalls handled here:
+
+- Python workers must run the driver's interpreter (the one with streamkit, pyarrow,
+  rocksdict): ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = ``sys.executable``.
+- Workers must import the user's app module: the driver's ``sys.path`` is exported as
+  ``PYTHONPATH`` to the workers (and each mode 2 task re-adds it before loading the app).
+- Bind to loopback (``spark.driver.host`` / ``bindAddress`` = 127.0.0.1): no DNS lookup
+  of the host name, no listening on external interfaces.
+- No UI, small shuffle partition counts, Arrow batches of a useful size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from streamkit.spark._deps import require
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+__all__ = ["check_session", "local_session", "worker_pythonpath"]
+
+ARROW_BATCH_ROWS = 65536
+
+
+def worker_pythonpath() -> str:
+    """The driver's import path, for the workers (existing directories only)."""
+    seen: list[str] = []
+    cwd = os.getcwd()
+    for p in [cwd, *sys.path]:
+        p = os.path.abspath(p or cwd)
+        if os.path.isdir(p) and p not in seen:
+            seen.append(p)
+    return os.pathsep.join(seen)
+
+
+def local_session(
+    cores: int = 2,
+    *,
+    app_name: str = "streamkit-backfill",
+    shuffle_partitions: int | None = None,
+    max_task_failures: int = 1,
+    conf: Mapping[str, Any] | None = None,
+    log_level: str = "ERROR",
+    driver_memory: str | None = "2g",
+) -> "SparkSession":
+    """Get or create a local SparkSession configured for the bridge.
+
+    ``max_task_failures`` > 1 makes local mode retry failed tasks (``local[N,F]``),
+    which is what a cluster does. If a session already exists it is returned as is
+    (after :func:`check_session`).
+    """
+    require("pyarrow")
+    pyspark_sql = require("pyspark.sql")
+    SparkSession = pyspark_sql.SparkSession
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        check_session(active)
+        return active
+    exe = sys.executable
+    os.environ["PYSPARK_PYTHON"] = exe
+    os.environ["PYSPARK_DRIVER_PYTHON"] = exe
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    path = worker_pythonpath()
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = path if not old else old + os.pathsep + path
+    master = f"local[{cores}]" if max_task_failures <= 1 else f"local[{cores},{max_task_failures}]"
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.pyspark.python", exe)
+        .config("spark.pyspark.driver.python", exe)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(2, cores * 2)))
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.executorEnv.PYTHONPATH", path)
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, str(v))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    return spark
+
+
+def check_session(spark: "SparkSession") -> list[str]:
+    """Warn about a session whose Python workers would not run this interpreter.
+
+    Returns the warnings (also logged). The bridge still runs: another interpreter
+    works if it has the same packages, but a mismatch is the usual cause of
+    ``ModuleNotFoundError`` inside tasks.
+    """
+    warnings: list[str] = []
+    sc = spark.sparkContext
+    exec_ = getattr(sc, "pythonExec", None)
+    if exec_ and os.path.realpath(exec_) != os.path.realpath(sys.executable):
+        warnings.append(
+            f"Spark's Python workers run {exec_!r}, not this interpreter {sys.executable!r}; "
+            "set PYSPARK_PYTHON (or spark.pyspark.python) to it before the session starts"
+        )
+    # Later Python functions carry sc.environment: let them import the app's module.
+    env = getattr(sc, "environment", None)
+    if isinstance(env, dict) and "PYTHONPATH" not in env:
+        env["PYTHONPATH"] = worker_pythonpath()
+    for w in warnings:
+        log.warning(w)
+    return warnings

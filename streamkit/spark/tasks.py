@@ -1,0 +1,492 @@
+"""The code that runs inside Spark tasks (Python workers), one function per stage.
+
+Stage A (``place_*``, narrow, before the shuffle): encode keys and values with the
+serdes, hash the key bytes, compute processor and bucket (vectorised). Stage B
+(``write_*``, after ``repartition(bucket)`` + ``sortWithinPartitions``): every bucket's
+rows arrive together, sorted by key; write one SST per (bucket, table) into the
+run's staging directory, and return one metadata row per file (plus position and
+statistics rows) to the driver. Mode 2's stage B runs the app's own handlers over
+each key's records (``streamkit.replay.Replayer``), in the order of the ordering
+columns, and writes the resulting state.
+
+Everything here is importable without pyspark (only the ``TaskContext`` lookup needs
+it, and only inside a task), so the same functions also run in-process in tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from stores.rocksdb import store_options, write_sst
+from stores.serde import RawSerde, Serde
+
+from streamkit.spark.encoding import encode_array
+from streamkit.spark.placement import buckets_of, hashes_of
+from streamkit.spark.staging import check_fail
+
+_RAW = RawSerde()
+
+# Markers that let the driver turn a task failure back into a one-line error.
+ERROR_MARK = "STREAMKIT-BACKFILL-ERROR<<"
+ERROR_END = ">>"
+
+META_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("bucket", pa.int32()),
+        ("proc", pa.int32()),
+        ("table", pa.string()),
+        ("path", pa.string()),
+        ("rows", pa.int64()),
+        ("keys", pa.int64()),
+        ("topic", pa.string()),
+        ("part", pa.int32()),
+        ("max_off", pa.int64()),
+        ("info", pa.string()),
+        ("seconds", pa.float64()),
+    ]
+)
+META_DDL = (
+    "kind string, bucket int, proc int, table string, path string, rows long, keys long, "
+    "topic string, part int, max_off long, info string, seconds double"
+)
+
+
+class TaskError(Exception):
+    """An error inside a task whose message the driver shows as is."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"{ERROR_MARK}{kind}|{message}{ERROR_END}")
+
+
+@dataclass(frozen=True)
+class TableCodec:
+    name: str
+    key_serde: Serde
+    value_serde: Serde
+    key_encoded: bool = False  # the key column already holds the stored bytes
+    value_encoded: bool = False
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the tasks of one backfill need (pickled to the workers)."""
+
+    mode: str  # "state" | "replay"
+    p0: int
+    p: int
+    subs: int
+    sst_root: str
+    large_binary: bool = True  # Spark's Arrow binary type (spark.sql.execution.arrow.useLargeVarTypes)
+    # stage A inputs
+    key_col: str = "key"
+    value_col: str = "value"
+    topic: str | None = None  # the input topic (mode 2), or the default topic of positions
+    topic_col: str | None = None
+    partition_col: str | None = None
+    offset_col: str | None = None
+    timestamp_col: str | None = None
+    order_cols: tuple[str, ...] = ()
+    tables: tuple[TableCodec, ...] = ()  # mode 1: the tables (by index); mode 2: tables to write
+    # mode 2
+    app_ref: str | None = None
+    app_pickle: bytes | None = None
+    sys_path: tuple[str, ...] = ()
+    key_serde: Serde | None = None  # the topic's serdes (mode 2)
+    value_serde: Serde | None = None
+    # tests
+    fail_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _task_ids() -> tuple[int, int]:
+    """(partition id, attempt id) of the running task; (0, pid) outside Spark."""
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+    except ImportError:  # pragma: no cover
+        tc = None
+    if tc is None:
+        return 0, os.getpid()
+    return tc.partitionId(), tc.taskAttemptId()
+
+
+def _attempt_number() -> int:
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+    except ImportError:  # pragma: no cover
+        return 0
+    return tc.attemptNumber() if tc is not None else 0
+
+
+def _binary(arr: pa.Array, large: bool) -> pa.Array:
+    want = pa.large_binary() if large else pa.binary()
+    return arr if arr.type == want else arr.cast(want)
+
+
+def _meta(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    cols = {name: [r.get(name) for r in rows] for name in META_SCHEMA.names}
+    return pa.RecordBatch.from_pydict(cols, schema=META_SCHEMA)
+
+
+def _to_ms(arr: pa.Array) -> pa.Array:
+    """A timestamp / integer column as int64 milliseconds."""
+    t = arr.type
+    if pa.types.is_timestamp(t):
+        return arr.cast(pa.timestamp("ms", tz=t.tz)).cast(pa.int64())
+    if pa.types.is_date(t):
+        return arr.cast(pa.date64()).cast(pa.int64())
+    return arr.cast(pa.int64())
+
+
+def _col(batch: pa.RecordBatch, name: str | None) -> pa.Array | None:
+    if name is None:
+        return None
+    return batch.column(name)
+
+
+def _null_array(t: pa.DataType, n: int) -> pa.Array:
+    return pa.nulls(n, type=t)
+
+
+class _SstSink:
+    """Writes one SST per (bucket, table) under an attempt-unique name, renamed on success."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.opts = store_options()
+        self.partition, self.attempt = _task_ids()
+
+    def write(self, bucket: int, table: str, items: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, int]:
+        proc, sub = divmod(bucket, self.spec.subs)
+        directory = os.path.join(self.spec.sst_root, f"processor-{proc}", table)
+        final = os.path.join(directory, f"sub-{sub}.sst")
+        tmp = f"{final}.tmp-{self.attempt}"
+        check_fail("task", self.spec.fail_at)
+        try:
+            if self.spec.fail_at and "task-once" in self.spec.fail_at and _attempt_number() == 0:
+                # Leave a half-written temporary behind, as a killed attempt would.
+                def failing() -> Iterator[tuple[bytes, bytes]]:
+                    for i, item in enumerate(items):
+                        if i == 1000:
+                            raise TaskError("injected", "injected failure in the first task attempt")
+                        yield item
+
+                written = write_sst(tmp, failing(), self.opts)
+            else:
+                written = write_sst(tmp, items, self.opts)
+        except BaseException:
+            if not (self.spec.fail_at and "task-once" in self.spec.fail_at):
+                try:
+                    os.remove(tmp)
+                except OSError:
+                    pass
+            raise
+        if written == 0:
+            return None, 0
+        os.rename(tmp, final)  # the directory exists (driver-made): no mkdir, ever
+        return final, written
+
+
+def _ensure_sys_path(paths: Iterable[str]) -> None:
+    for p in reversed(list(paths)):
+        if p and p not in sys.path and os.path.isdir(p):
+            sys.path.insert(0, p)
+
+
+_APPS: dict[Any, Any] = {}
+
+
+def load_spec_app(spec: Spec) -> Any:
+    """The app, loaded once per Python worker (by ``MODULE:ATTR`` or from a pickle)."""
+    key = spec.app_ref or spec.app_pickle
+    app = _APPS.get(key)
+    if app is None:
+        _ensure_sys_path(spec.sys_path)
+        if spec.app_ref is not None:
+            from streamkit.loader import load_app
+
+            app = load_app(spec.app_ref)
+        else:
+            import cloudpickle
+
+            app = cloudpickle.loads(spec.app_pickle)
+        _APPS[key] = app
+    return app
+
+
+# --------------------------------------------------------------------------- stage A
+
+
+def _positions_cols(spec: Spec, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array, pa.Array]:
+    n = batch.num_rows
+    topic = _col(batch, spec.topic_col)
+    if topic is None:
+        topic = pa.array([spec.topic] * n, pa.string()) if spec.offset_col else _null_array(pa.string(), n)
+    else:
+        topic = topic.cast(pa.string())
+    part = _col(batch, spec.partition_col)
+    part = _null_array(pa.int32(), n) if part is None else part.cast(pa.int32())
+    off = _col(batch, spec.offset_col)
+    off = _null_array(pa.int64(), n) if off is None else off.cast(pa.int64())
+    return topic, part, off
+
+
+def place_state(spec: Spec, table_index: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mode 1, stage A: (key, value[, topic, partition, offset]) -> (_b, _t, _k, _v, _topic, _part, _off)."""
+    codec = spec.tables[table_index]
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        kcol = batch.column(spec.key_col)
+        vcol = batch.column(spec.value_col)
+        what = f"table {codec.name!r}"
+        try:
+            if codec.key_encoded:
+                k = encode_array(_RAW, kcol, what=f"{what}, column {spec.key_col!r}")
+            else:
+                k = encode_array(codec.key_serde, kcol, what=f"{what}, column {spec.key_col!r}")
+            if codec.value_encoded:
+                v = encode_array(_RAW, vcol, what=f"{what}, column {spec.value_col!r}", nulls="keep")
+            else:
+                v = encode_array(codec.value_serde, vcol, what=f"{what}, column {spec.value_col!r}", nulls="keep")
+        except ValueError as exc:
+            raise TaskError("encode", str(exc)) from None
+        except TypeError as exc:
+            raise TaskError("encode", str(exc)) from None
+        h = hashes_of(k)
+        _, b = buckets_of(h, spec.p0, spec.p, spec.subs)
+        topic, part, off = _positions_cols(spec, batch)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(b, pa.int32()),
+                pa.array(np.full(n, table_index, dtype=np.int32)),
+                _binary(k, spec.large_binary),
+                _binary(v, spec.large_binary),
+                topic,
+                part,
+                off,
+            ],
+            names=["_b", "_t", "_k", "_v", "_topic", "_part", "_off"],
+        )
+
+
+def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mode 2, stage A: records -> (_b, _k, _v, _ts, _topic, _part, _off, order columns...)."""
+    assert spec.key_serde is not None and spec.value_serde is not None
+    key_serde = RawSerde() if spec.extra.get("key_encoded") else spec.key_serde
+    value_serde = RawSerde() if spec.extra.get("value_encoded") else spec.value_serde
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        kcol = batch.column(spec.key_col)
+        if kcol.null_count:  # records without a key cannot be placed (Kafka spreads them)
+            mask = kcol.is_valid()
+            batch = batch.filter(mask)
+            n = batch.num_rows
+            if n == 0:
+                continue
+            kcol = batch.column(spec.key_col)
+        try:
+            k = encode_array(key_serde, kcol, what=f"topic {spec.topic!r}, column {spec.key_col!r}")
+            v = encode_array(
+                value_serde, batch.column(spec.value_col), what=f"topic {spec.topic!r}, column {spec.value_col!r}",
+                nulls="keep",
+            )
+        except (ValueError, TypeError) as exc:
+            raise TaskError("encode", str(exc)) from None
+        h = hashes_of(k)
+        _, b = buckets_of(h, spec.p0, spec.p, spec.subs)
+        ts = _col(batch, spec.timestamp_col)
+        ts = pa.array(np.full(n, -1, dtype=np.int64)) if ts is None else _to_ms(ts)
+        topic, part, off = _positions_cols(spec, batch)
+        arrays = [pa.array(b, pa.int32()), _binary(k, spec.large_binary), _binary(v, spec.large_binary), ts, topic, part, off]
+        names = ["_b", "_k", "_v", "_ts", "_topic", "_part", "_off"]
+        for i, c in enumerate(spec.order_cols):
+            arrays.append(batch.column(c))
+            names.append(f"_o{i}")
+        yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+
+
+# --------------------------------------------------------------------------- stage B
+
+
+class _Offsets:
+    """Per (topic, partition): the highest offset seen (vectorised per batch)."""
+
+    def __init__(self) -> None:
+        self.max: dict[tuple[str, int], int] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        off = batch.column("_off")
+        if off.null_count == len(off):
+            return
+        t = pa.Table.from_batches([batch.select(["_topic", "_part", "_off"])])
+        t = t.filter(t.column("_off").is_valid())
+        if t.column("_topic").null_count or t.column("_part").null_count:
+            raise TaskError("offsets", "rows with an offset must also have a topic and a partition")
+        g = t.group_by(["_topic", "_part"]).aggregate([("_off", "max")])
+        for topic, part, mx in zip(g.column("_topic").to_pylist(), g.column("_part").to_pylist(), g.column("_off_max").to_pylist()):
+            key = (topic, part)
+            if mx > self.max.get(key, -1):
+                self.max[key] = mx
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"kind": "offset", "topic": t, "part": p, "max_off": o} for (t, p), o in sorted(self.max.items())]
+
+
+def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mode 1, stage B: rows sorted by (_b, _t, _k, _off) -> one SST per (bucket, table).
+
+    Several rows of one key: the one with the highest offset wins when offsets are
+    given, otherwise the backfill is refused (the final state would be ambiguous). A
+    key whose winning value is null has no state.
+    """
+    t0 = time.perf_counter()
+    sink = _SstSink(spec)
+    offsets = _Offsets()
+    stats = {"rows": 0, "dups": 0, "nulls": 0}
+    have_offsets = spec.offset_col is not None
+
+    def rows() -> Iterator[tuple[int, int, bytes, bytes | None]]:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            stats["rows"] += batch.num_rows
+            offsets.add(batch)
+            yield from zip(
+                batch.column("_b").to_pylist(),
+                batch.column("_t").to_pylist(),
+                batch.column("_k").to_pylist(),
+                batch.column("_v").to_pylist(),
+            )
+
+    def latest(group: Iterable[tuple[int, int, bytes, bytes | None]], table: str) -> Iterator[tuple[bytes, bytes]]:
+        prev_k: bytes | None = None
+        prev_v: bytes | None = None
+        for _, _, k, v in group:
+            if k == prev_k:
+                if not have_offsets:
+                    raise TaskError(
+                        "duplicate",
+                        f"table {table!r}: key {k[:64]!r} appears more than once in the final-state "
+                        "DataFrame; give the offset column so the latest row wins, or deduplicate",
+                    )
+                stats["dups"] += 1
+            elif prev_k is not None:
+                if prev_v is None:
+                    stats["nulls"] += 1
+                else:
+                    yield prev_k, prev_v
+            prev_k, prev_v = k, v
+        if prev_k is not None:
+            if prev_v is None:
+                stats["nulls"] += 1
+            else:
+                yield prev_k, prev_v
+
+    out: list[dict[str, Any]] = []
+    for (b, t), group in itertools.groupby(rows(), key=lambda r: (r[0], r[1])):
+        codec = spec.tables[t]
+        w0 = time.perf_counter()
+        path, n = sink.write(b, codec.name, latest(group, codec.name))
+        if path is not None:
+            out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": codec.name,
+                        "path": path, "keys": n, "seconds": time.perf_counter() - w0})
+    out.extend(offsets.rows())
+    info = f"dups={stats['dups']} nulls={stats['nulls']}"
+    out.append({"kind": "stats", "rows": stats["rows"], "info": info, "seconds": time.perf_counter() - t0})
+    yield _meta(out)
+
+
+def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mode 2, stage B: records sorted by (_b, _k, order...) -> run the handlers per key,
+    emitting nothing, and write the resulting state as one SST per (bucket, table)."""
+    from streamkit.errors import ReplayError
+    from streamkit.replay import Replayer
+
+    t0 = time.perf_counter()
+    app = load_spec_app(spec)
+    assert spec.topic is not None
+    replayer = Replayer(app, spec.topic)
+    sink = _SstSink(spec)
+    offsets = _Offsets()
+    stats = {"rows": 0, "keys": 0}
+    wanted = {c.name for c in spec.tables}
+
+    def rows() -> Iterator[tuple[int, bytes, bytes | None, int, int, int]]:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            stats["rows"] += batch.num_rows
+            offsets.add(batch)
+            n = batch.num_rows
+            part = batch.column("_part")
+            off = batch.column("_off")
+            parts = [-1] * n if part.null_count == n else [(-1 if x is None else x) for x in part.to_pylist()]
+            offs = [-1] * n if off.null_count == n else [(-1 if x is None else x) for x in off.to_pylist()]
+            yield from zip(
+                batch.column("_b").to_pylist(),
+                batch.column("_k").to_pylist(),
+                batch.column("_v").to_pylist(),
+                batch.column("_ts").to_pylist(),
+                parts,
+                offs,
+            )
+
+    out: list[dict[str, Any]] = []
+    replay_s = 0.0
+    try:
+        for b, bucket_rows in itertools.groupby(rows(), key=lambda r: r[0]):
+            state: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in wanted}
+            r0 = time.perf_counter()
+            for k, key_rows in itertools.groupby(bucket_rows, key=lambda r: r[1]):
+                stats["keys"] += 1
+                result = replayer.run_key(k, ((r[2], r[3], r[4], r[5]) for r in key_rows))
+                for name, kv in result.items():
+                    if name in state and kv:
+                        state[name].extend(kv.items())
+            replay_s += time.perf_counter() - r0
+            for name in sorted(state):
+                items = state[name]
+                if not items:
+                    continue
+                if any(items[i][0] >= items[i + 1][0] for i in range(len(items) - 1)):
+                    items.sort(key=lambda kv: kv[0])
+                w0 = time.perf_counter()
+                path, n = sink.write(b, name, items)
+                if path is not None:
+                    out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": name,
+                                "path": path, "keys": n, "seconds": time.perf_counter() - w0})
+    except ReplayError as exc:
+        raise TaskError("replay", str(exc)) from None
+    finally:
+        replayer.close()
+    out.extend(offsets.rows())
+    st = replayer.stats
+    info = f"keys={stats['keys']} skipped_decode={st.skipped_decode} handler_errors={st.handler_errors}"
+    for err in st.errors[:5]:
+        info += f"\n{err}"
+    out.append({"kind": "stats", "rows": stats["rows"], "keys": stats["keys"], "info": info,
+                "seconds": time.perf_counter() - t0})
+    out.append({"kind": "timing", "info": "replay", "seconds": replay_s})
+    yield _meta(out)
