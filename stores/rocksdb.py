@@ -33,7 +33,9 @@ so a second ``open`` in the same process conflicts too), fails at once with
 ``StoreLockedError`` naming the path and the holder's pid.  The kernel drops
 the lock when the holder dies, so a SIGKILLed processor never blocks its
 restart.  The lock file descriptor is closed in forked children so that a
-child does not keep the lock alive.
+child does not keep the lock alive; a store must not be used in a forked
+child (``close()`` there only drops the handle, leaving the parent's files
+alone): the child opens its own after the parent lets go.
 """
 
 from __future__ import annotations
@@ -121,13 +123,14 @@ class _PidLock:
             os.close(fd)
             raise
         self.fd: int | None = fd
+        self.owner_pid = os.getpid()
         with _LIVE_LOCK_FDS_MUTEX:
             _LIVE_LOCK_FDS.add(fd)
 
     def release(self) -> None:
         fd, self.fd = self.fd, None
-        if fd is None:
-            return
+        if fd is None or os.getpid() != self.owner_pid:
+            return  # in a forked child the descriptor was closed at fork (and its number may be reused)
         with _LIVE_LOCK_FDS_MUTEX:
             _LIVE_LOCK_FDS.discard(fd)
         os.close(fd)  # closing the only descriptor releases the flock
@@ -151,6 +154,10 @@ def _read_holder_pid(fd: int) -> int | None:
 
 
 # --------------------------------------------------------------------------- store
+
+#: Databases inherited through fork() and "closed" in the child: kept referenced
+#: so that the child never runs RocksDB's shutdown on the parent's files.
+_FORKED_HANDLES: list[Any] = []
 
 
 class RocksDBStore(Store):
@@ -327,6 +334,13 @@ class RocksDBStore(Store):
         if db is None:
             return
         self._db = None
+        if os.getpid() != self._lock.owner_pid:
+            # A forked child must not flush or close the parent's database:
+            # keep the handles alive (never dropped) and touch nothing.
+            _FORKED_HANDLES.append((db, dict(self._cfs), dict(self._handles)))
+            self._cfs.clear()
+            self._handles.clear()
+            return
         self._cfs.clear()
         self._handles.clear()
         try:

@@ -32,25 +32,6 @@ TABLES = ("sums", "counts", "last")
 TOPIC = ("in", 0)
 
 
-def expected_state(n: int) -> dict[str, dict[bytes, bytes]]:
-    """The exact committed contents after records 0..n-1 (closed form; no replay)."""
-    from stores import IntSerde, JsonSerde
-
-    ints, js = IntSerde(), JsonSerde()
-    sums: dict[bytes, bytes] = {}
-    counts: dict[bytes, bytes] = {}
-    last: dict[bytes, bytes] = {}
-    for k in range(min(n, KEYS)):
-        c = (n - 1 - k) // KEYS + 1  # records i < n with i % KEYS == k
-        kb = ints.dumps(k)
-        sums[kb] = ints.dumps(c * k + KEYS * c * (c - 1) // 2)
-        counts[kb] = js.dumps(c)
-        last_i = k + (c - 1) * KEYS
-        if last_i % 3 != 0:
-            last[kb] = js.dumps({"i": last_i})
-    return {"sums": sums, "counts": counts, "last": last}
-
-
 def small_memtables(opts) -> None:  # type: ignore[no-untyped-def]
     # Flushes (and compactions) every few commits, so kills also land in them.
     opts.set_write_buffer_size(64 * 1024)

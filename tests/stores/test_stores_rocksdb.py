@@ -70,19 +70,25 @@ def test_lock_held_by_other_process_then_released_by_sigkill(tmp_path: Path) -> 
 def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "store"
     s = RocksDBStore.open(path, ["a"])
+    s.commit({"a": {b"k": b"1"}}, CP)
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: outlive the parent's close() without exec'ing
-        os.close(r)
-        os.write(w, b"x")
-        time.sleep(3)
-        os._exit(0)
+    if pid == 0:  # child: "closes" its inherited copy, outlives the parent's close(), never execs
+        try:
+            os.close(r)
+            s.close()  # must not flush/close the parent's database or touch its lock
+            os.write(w, b"x")
+            time.sleep(3)
+        finally:
+            os._exit(0)
     try:
         os.close(w)
         assert os.read(r, 1) == b"x"
+        s.commit({"a": {b"k": b"2"}}, CP.replace(generation=9))  # parent still fine
         s.close()
-        with RocksDBStore.open(path, ["a"]) as s2:  # child still alive
-            assert s2.tables == ("a",)
+        with RocksDBStore.open(path, ["a"]) as s2:  # child still alive, lock free
+            assert s2.get("a", b"k") == b"2"
+            assert s2.checkpoint().generation == 9
     finally:
         os.close(r)
         os.kill(pid, signal.SIGKILL)
