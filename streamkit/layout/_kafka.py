@@ -1,0 +1,319 @@
+"""Minimal Kafka I/O for layouts: raw fetches (records + high watermark), topic admin.
+
+High watermarks come from *fetch* responses (DESIGN.md: the test broker answers
+ListOffsets wrongly).  A fetch far beyond the log end returns the high watermark
+without data on Tansu; on brokers that answer it with OFFSET_OUT_OF_RANGE, a small
+fetch from the log start is used instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+    TopicAlreadyExistsError,
+    for_code,
+)
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import TopicPartition
+
+__all__ = ["FetchedRecord", "KafkaIO", "LayoutIOError"]
+
+_BEYOND = 1 << 62
+CREATE_PARTITIONS_API = 37
+
+
+class LayoutIOError(RuntimeError):
+    """The broker could not be reached or refused a request; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+class KafkaIO:
+    """One low-level client for raw fetches, plus an admin client made on demand."""
+
+    def __init__(self, bootstrap: str, *, client_id: str = "streamkit-layout", request_timeout_ms: int = 10_000):
+        self.bootstrap = bootstrap
+        self._client_id = client_id
+        self._timeout_ms = request_timeout_ms
+        self._client: AIOKafkaClient | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def start(self) -> KafkaIO:
+        if self._client is None:
+            client = AIOKafkaClient(
+                bootstrap_servers=self.bootstrap,
+                client_id=self._client_id,
+                request_timeout_ms=self._timeout_ms,
+            )
+            try:
+                await client.bootstrap()
+            except (KafkaConnectionError, KafkaError, OSError) as exc:
+                await client.close()
+                raise LayoutIOError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+            self._client = client
+        return self
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def __aenter__(self) -> KafkaIO:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def client(self) -> AIOKafkaClient:
+        if self._client is None:
+            raise LayoutIOError("KafkaIO not started")
+        return self._client
+
+    async def admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self.bootstrap, request_timeout_ms=self._timeout_ms, client_id=self._client_id
+            )
+            try:
+                await admin.start()
+            except (KafkaConnectionError, KafkaError, OSError) as exc:
+                await admin.close()
+                raise LayoutIOError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+            self._admin = admin
+        return self._admin
+
+    # ------------------------------------------------------------------ metadata
+
+    async def partition_count(self, topic: str, *, refresh: bool = True) -> int | None:
+        """Physical partitions of ``topic`` (None if it does not exist).
+
+        Asks with ``allow_auto_topic_creation=False``: brokers that auto-create topics
+        on metadata requests (Tansu does) must not create it by being asked.
+        """
+        c = self.client
+        for attempt in range(3):
+            node = c.get_random_node()
+            if node is None:
+                await c.force_metadata_update()
+                node = c.get_random_node()
+            try:
+                resp = await c.send(node, MetadataRequest([topic], False))
+            except (NodeNotReadyError, RequestTimedOutError, KafkaConnectionError) as exc:
+                if attempt == 2:
+                    raise LayoutIOError(f"metadata request failed: {exc}") from None
+                await asyncio.sleep(0.05)
+                continue
+            for t in resp.topics:
+                err, name = t[0], t[1]
+                parts = next((x for x in t[2:] if isinstance(x, list)), [])
+                if name == topic:
+                    if err == 0 and parts:
+                        return len(parts)
+                    if err in (0, 3):  # 3: UNKNOWN_TOPIC_OR_PARTITION
+                        return None
+                    if attempt == 2:
+                        raise LayoutIOError(f"metadata of {topic}: {for_code(err).__name__}")
+            await asyncio.sleep(0.05)
+        return None
+
+    async def _leader(self, tp: TopicPartition, timeout: float = 10.0) -> int:
+        c = self.client
+        deadline = time.monotonic() + timeout
+        c.add_topic(tp.topic)
+        while True:
+            leader = c.cluster.leader_for_partition(tp)
+            if leader is not None and leader >= 0:
+                return leader
+            if time.monotonic() > deadline:
+                raise LayoutIOError(f"no leader for {tp.topic}[{tp.partition}] (does the topic exist?)")
+            await c.force_metadata_update()
+            if c.cluster.leader_for_partition(tp) is None:
+                await asyncio.sleep(0.05)
+
+    async def supports_api(self, api_key: int) -> bool:
+        c = self.client
+        node = next(iter(b.nodeId for b in c.cluster.brokers()), None)
+        if node is None:
+            await c.force_metadata_update()
+            node = next(iter(b.nodeId for b in c.cluster.brokers()), None)
+        if node is None:
+            return False
+        conn = await c._get_conn(node)  # noqa: SLF001 - aiokafka keeps ApiVersions on the connection
+        versions = getattr(conn, "_versions", None) or {}
+        return api_key in versions
+
+    # ------------------------------------------------------------------ fetch
+
+    async def _fetch_raw(
+        self, topic: str, partition: int, offset: int, *, max_wait_ms: int, max_bytes: int
+    ) -> tuple[int, int, bytes | None]:
+        tp = TopicPartition(topic, partition)
+        for attempt in range(4):
+            node = await self._leader(tp)
+            req = FetchRequest(max(1, max_wait_ms), 1, max_bytes, 0, [(topic, [(partition, offset, max_bytes)])])
+            try:
+                resp = await self.client.send(node, req)
+            except (NodeNotReadyError, RequestTimedOutError, KafkaConnectionError) as exc:
+                if attempt == 3:
+                    raise LayoutIOError(f"fetch {topic}[{partition}] failed: {exc}") from None
+                self.client.force_metadata_update()
+                await asyncio.sleep(0.05 * (attempt + 1))
+                continue
+            for _t, parts in resp.topics:
+                for p, err, hw, *data in parts:
+                    if p == partition:
+                        return err, hw, data[-1]
+            # Tansu answers an immediate empty response when nothing is there yet.
+            return 0, -1, None
+        raise AssertionError("unreachable")
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int, *, max_wait_ms: int = 1, max_bytes: int = 1 << 20
+    ) -> tuple[list[FetchedRecord], int]:
+        """Records at ``>= offset`` (one response's worth) and the high watermark (-1 if unknown)."""
+        err, hw, data = await self._fetch_raw(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+        if err:
+            raise LayoutIOError(f"fetch {topic}[{partition}]@{offset}: {for_code(err).__name__}")
+        out: list[FetchedRecord] = []
+        if data:
+            mr = MemoryRecords(data)
+            while mr.has_next():
+                batch = mr.next_batch()
+                if batch is None:
+                    break
+                if batch.is_control_batch:
+                    continue
+                for r in batch:
+                    if r.offset >= offset:
+                        out.append(
+                            FetchedRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
+                        )
+        return out, hw
+
+    async def high_watermark(self, topic: str, partition: int) -> int:
+        err, hw, _ = await self._fetch_raw(topic, partition, _BEYOND, max_wait_ms=1, max_bytes=64)
+        if err == 0 and hw >= 0:
+            return hw
+        for start in (0,):
+            err, hw, _ = await self._fetch_raw(topic, partition, start, max_wait_ms=1, max_bytes=64)
+            if err == 0 and hw >= 0:
+                return hw
+        raise LayoutIOError(
+            f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}"
+        )
+
+    async def high_watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        parts = sorted(set(partitions))
+        hws = await asyncio.gather(*(self.high_watermark(topic, p) for p in parts))
+        return dict(zip(parts, hws))
+
+    async def read(
+        self, topic: str, partition: int, start: int, end: int | None = None, *, max_bytes: int = 1 << 20
+    ) -> tuple[list[FetchedRecord], int]:
+        """Records in ``[start, end)`` and ``end``; with ``end`` None, up to the high
+        watermark of the first fetch response (returned as the end; it may be below
+        ``start`` if the log was truncated)."""
+        out: list[FetchedRecord] = []
+        pos, stop, misses = start, end, 0
+        while stop is None or pos < stop:
+            recs, hw = await self.fetch(
+                topic, partition, pos, max_bytes=max_bytes, max_wait_ms=1 if misses == 0 else 20
+            )
+            if stop is None and hw >= 0:
+                stop = hw
+            if recs:
+                misses = 0
+                out.extend(r for r in recs if stop is None or r.offset < stop)
+                pos = recs[-1].offset + 1
+                continue
+            if stop is not None and pos >= stop:
+                break
+            misses += 1
+            if misses > 25:
+                raise LayoutIOError(f"{topic}[{partition}]: no records between offsets {pos} and {stop}")
+        return out, (pos if stop is None else stop)
+
+    async def first_offset_at_or_after(self, topic: str, partition: int, ts_ms: int, hw: int) -> int:
+        """Smallest offset whose record timestamp is >= ``ts_ms`` (binary search by fetches;
+        timestamps are assumed roughly increasing).  ``hw`` if none."""
+        lo, hi = 0, hw
+        while lo < hi:
+            mid = (lo + hi) // 2
+            recs, _ = await self.fetch(topic, partition, mid, max_bytes=1024)
+            if not recs:
+                hi = mid
+                continue
+            r = recs[0]
+            if r.timestamp >= ts_ms:
+                hi = mid
+            else:
+                lo = max(mid + 1, r.offset + 1)
+        return lo
+
+    # ------------------------------------------------------------------ admin
+
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        replication_factor: int = 1,
+        configs: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> bool:
+        """Create ``topic``; False if it already existed.  Waits until it is visible."""
+        admin = await self.admin()
+        created = True
+        try:
+            await admin.create_topics(
+                [NewTopic(topic, partitions, replication_factor, topic_configs=dict(configs or {}))],
+                timeout_ms=int(timeout * 1000),
+            )
+        except TopicAlreadyExistsError:
+            created = False
+        deadline = time.monotonic() + timeout
+        while (await self.partition_count(topic)) is None:
+            if time.monotonic() > deadline:
+                raise LayoutIOError(f"topic {topic} did not appear within {timeout} s")
+            await asyncio.sleep(0.05)
+        return created
+
+    async def create_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
+        admin = await self.admin()
+        await admin.create_partitions({topic: NewPartitions(total_count=total)}, timeout_ms=int(timeout * 1000))
+        deadline = time.monotonic() + timeout
+        while ((await self.partition_count(topic)) or 0) < total:
+            if time.monotonic() > deadline:
+                raise LayoutIOError(f"{topic} did not reach {total} partitions within {timeout} s")
+            await asyncio.sleep(0.1)
+
+    async def committed(self, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        """The group's committed offsets (partitions without a commit are left out)."""
+        admin = await self.admin()
+        res = await admin.list_consumer_group_offsets(group, partitions=[TopicPartition(topic, p) for p in partitions])
+        return {tp.partition: om.offset for tp, om in res.items() if om is not None and om.offset >= 0}

@@ -1,0 +1,451 @@
+"""Ordered delivery across layout changes: PURE logic the processor loop calls.
+
+Seed 000 (Proposed Changes 6-8) realised with seals instead of leader epochs and with
+the group's committed offsets instead of ConsumerGroupPositionRequest.
+
+Constraints
+-----------
+Every expansion and shrink in a layout's history yields *constraints*
+``(partition p, from_offset X, blocker q, need Y)``: records of ``p`` at offsets
+``>= X`` may be delivered only once the group's position (committed offset = next
+offset to consume) of ``q`` is ``>= Y``.
+
+- Expansion at epoch ``e`` (``expansion_blockers``: new partition ``c`` <- ``q``):
+  ``X = announce_offsets[c]`` (the start of ``c``'s incarnation: all of it is gated),
+  ``Y = seal_offsets[q]``: the group must have passed every old-layout record of
+  ``q``; only then may ``c``'s first record, whose key may have lived in ``q``, go out.
+- Shrink at epoch ``e`` (``deletion_blockers``: survivor ``s`` <- drained ``d``):
+  ``X = announce_offsets[s]`` (no record of a moved key can be below it: producers
+  switch only after the announcement), ``Y = seal_offsets[d]`` (the end of ``d``'s
+  old-layout records: ``d`` is ReadOnly, nothing correct is written there after it).
+  Records of ``s`` below ``X`` flow freely; beyond it ``s`` waits for every ``d``.
+- While a change is announced but not sealed, ``Y`` is unknown (None): the gated
+  region is blocked.
+- A constraint is retired when its partition or its blocker is given up
+  (``finish_drain``, ReadOnly -> None) at a later epoch: records of a given-up
+  partition are not delivered, so nothing waits for them, and a partition re-created
+  later starts a new incarnation at its own announce offset.
+- ``ordered_delivery=False`` on the layout: no constraints (seed 000's per-topic
+  switch); None partitions are still skipped and incarnation starts still apply.
+
+Positions are *group* positions: the committed offsets of the consumer group
+(readable by every member), so a member gated on a partition another member
+consumes waits for that member's commit.  The member owning a blocker must therefore
+commit promptly after passing ``Y``; :class:`GateTracker` says when
+(``fire_revoked``), and says when a gated partition opens (``fire_assigned``), which
+is when seed 000's ``onPartitionKeyMaybeRevoked`` / ``onPartitionKeyAssigned`` run.
+
+Late records (the producer-side rule lives in ``streamkit.layout.protocol``)
+---------------------------------------------------------------------------
+Every streamkit record carries header ``streamkit.epoch`` (the layout epoch its
+producer placed it with) and ``streamkit.producer``.  :func:`classify_record` tells
+the consumer what a record is:
+
+- ``NEWER``: stamped with an epoch newer than the consumer's layout: the layout is
+  stale.  Refresh it (``LayoutRegistry.ensure_at_least``) and gate again *before*
+  delivering: records of moved keys exist only after their announcement, so a
+  consumer that sees one re-reads and finds the change (this replaces seed 000's
+  broker-side fetch check).
+- ``LATE``: stamped ``e_r`` and lying at or beyond the ``seal_offsets`` of a later
+  sealed change: its producer missed that change (it was fenced).  Offsets are
+  immutable, so it cannot be re-routed: if its key moved since ``e_r`` (``moved``),
+  delivering it would break the key's order or apply it to state that moved away.
+  The runtime must report it (counter + a violation record naming producer, key,
+  partition, offset, record epoch and seal epoch; ``violation_record``) and not
+  apply it silently.  A late record whose key did not move is harmless.
+- ``MISPLACED``: stamped ``e_r`` but on a partition that was not ReadWrite at
+  ``e_r``, or not where ``e_r``'s layout puts its key (a foreign or buggy writer).
+- ``DEAD``: below the start of the partition's current incarnation (skip it).
+- ``UNSTAMPED``: no epoch header (a foreign producer): cannot be checked.
+- ``OK``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from assignors.linear_hashing import deletion_blockers, expansion_blockers, lh_bucket
+from streamkit.layout.model import ChangeKind, PartitionMode, TopicLayout
+
+__all__ = [
+    "EPOCH_HEADER",
+    "PRODUCER_HEADER",
+    "Constraint",
+    "GateState",
+    "GateTracker",
+    "GateUpdate",
+    "PartitionGate",
+    "RecordStatus",
+    "RecordVerdict",
+    "assign_split",
+    "classify_record",
+    "compute_gate",
+    "constraints",
+    "gate_limits",
+    "record_epoch",
+    "split_for_assignment",
+    "violation_record",
+]
+
+EPOCH_HEADER = "streamkit.epoch"
+PRODUCER_HEADER = "streamkit.producer"
+
+M = TypeVar("M", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Records of ``partition`` at offsets ``>= from_offset`` wait until the group's
+    position of ``blocker`` is ``>= need`` (None: not known yet, blocked)."""
+
+    partition: int
+    from_offset: int
+    blocker: int
+    need: int | None
+    epoch: int
+    kind: ChangeKind
+
+    @property
+    def id(self) -> tuple[int, int, int]:
+        return (self.epoch, self.partition, self.blocker)
+
+    def satisfied(self, group_positions: Mapping[int, int]) -> bool:
+        if self.need is None:
+            return False
+        return group_positions.get(self.blocker, 0) >= self.need
+
+
+@functools.lru_cache(maxsize=512)
+def constraints(layout: TopicLayout) -> tuple[Constraint, ...]:
+    """The live constraints of ``layout`` (see the module docstring)."""
+    if not layout.ordered_delivery:
+        return ()
+    n0 = layout.n0
+    finishes = [(s.epoch, set(s.partitions)) for s in layout.seals if s.kind == ChangeKind.FINISH]
+
+    def retired(epoch: int, *parts: int) -> bool:
+        return any(fe > epoch and any(p in fp for p in parts) for fe, fp in finishes)
+
+    out: list[Constraint] = []
+    for s in layout.seals:
+        if s.kind == ChangeKind.EXPAND:
+            for c, q in sorted(expansion_blockers(n0, s.old_active, s.new_active).items()):
+                if retired(s.epoch, c, q):
+                    continue
+                need = s.seal_offset(q) if s.sealed else None
+                if s.sealed and need is None:
+                    need = 0  # parent had no seal offset recorded: nothing to wait for
+                out.append(Constraint(c, s.announce_offset(c) or 0, q, need, s.epoch, s.kind))
+        elif s.kind == ChangeKind.SHRINK:
+            for sv, ds in sorted(deletion_blockers(n0, s.old_active, s.new_active).items()):
+                for d in sorted(ds):
+                    if retired(s.epoch, sv, d):
+                        continue
+                    need = s.seal_offset(d) if s.sealed else None
+                    if s.sealed and need is None:
+                        need = 0
+                    out.append(Constraint(sv, s.announce_offset(sv) or 0, d, need, s.epoch, s.kind))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PartitionGate:
+    """What one assigned partition may deliver now.
+
+    ``start``: seek to ``max(position, start)`` (older records are leftovers of a
+    previous incarnation).  ``limit``: deliver only offsets ``< limit``; None = no
+    limit.  ``skip``: the partition is None-mode: do not consume it at all.
+    ``waiting_on``: ``(blocker, need)`` of the unsatisfied constraints at ``limit``.
+    """
+
+    partition: int
+    start: int
+    limit: int | None
+    skip: bool = False
+    waiting_on: tuple[tuple[int, int | None], ...] = ()
+
+    def deliverable(self, offset: int) -> bool:
+        return not self.skip and offset >= self.start and (self.limit is None or offset < self.limit)
+
+
+@dataclass(frozen=True)
+class GateState:
+    """The gates of one member's assignment of one topic, at one layout version."""
+
+    topic: str
+    epoch: int
+    gates: Mapping[int, PartitionGate]
+    watch: frozenset[int] = frozenset()
+    """Blockers whose group position (committed offset) this member needs: poll them."""
+    revoke_points: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    """Assigned blockers -> seal offsets other partitions wait for (commit past them)."""
+
+    @property
+    def limits(self) -> dict[int, int | None]:
+        return {p: (g.start if g.skip else g.limit) for p, g in self.gates.items()}
+
+    @property
+    def starts(self) -> dict[int, int]:
+        return {p: g.start for p, g in self.gates.items()}
+
+    @property
+    def skip(self) -> frozenset[int]:
+        return frozenset(p for p, g in self.gates.items() if g.skip)
+
+    @property
+    def blocked(self) -> frozenset[int]:
+        """Assigned partitions that cannot deliver anything beyond their limit now."""
+        return frozenset(p for p, g in self.gates.items() if g.limit is not None and not g.skip)
+
+
+def compute_gate(
+    layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int]
+) -> GateState:
+    """Gate every partition in ``assigned`` given the group's committed positions."""
+    cons = constraints(layout)
+    by_part: dict[int, list[Constraint]] = {}
+    for c in cons:
+        by_part.setdefault(c.partition, []).append(c)
+    assigned = sorted(set(assigned))
+    mine = set(assigned)
+    gates: dict[int, PartitionGate] = {}
+    watch: set[int] = set()
+    revoke: dict[int, set[int]] = {}
+    for c in cons:
+        if c.blocker in mine and c.need is not None and not c.satisfied(group_positions):
+            revoke.setdefault(c.blocker, set()).add(c.need)
+    for p in assigned:
+        start = layout.base_offset(p)
+        if layout.mode(p) == PartitionMode.NONE:
+            gates[p] = PartitionGate(p, start, start, skip=True)
+            continue
+        open_ = [c for c in by_part.get(p, ()) if not c.satisfied(group_positions)]
+        if not open_:
+            gates[p] = PartitionGate(p, start, None)
+            continue
+        limit = max(start, min(c.from_offset for c in open_))
+        waiting = tuple(sorted({(c.blocker, c.need) for c in open_ if c.from_offset <= limit}, key=repr))
+        watch.update(c.blocker for c in open_)
+        gates[p] = PartitionGate(p, start, limit, waiting_on=waiting)
+    return GateState(
+        topic=layout.topic,
+        epoch=layout.epoch,
+        gates=gates,
+        watch=frozenset(watch),
+        revoke_points={q: tuple(sorted(v)) for q, v in revoke.items()},
+    )
+
+
+def gate_limits(
+    layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int]
+) -> dict[int, int | None]:
+    """``{partition: limit}``: deliver offsets ``< limit`` (None: no limit).
+
+    None-mode partitions get ``limit == start`` (nothing); see :func:`compute_gate`
+    for starts, skips and what each partition waits on.
+    """
+    return compute_gate(layout, assigned, group_positions).limits
+
+
+@dataclass(frozen=True)
+class GateUpdate:
+    state: GateState
+    fire_revoked: tuple[int, ...]
+    """Run on_keys_maybe_revoked(topic, these) now, THEN commit their positions."""
+    fire_assigned: tuple[int, ...]
+    """Run on_keys_assigned(topic, these) now, BEFORE delivering beyond their old limit."""
+
+
+class GateTracker:
+    """Remembers which key callbacks fired, per topic, for one member.
+
+    Call :meth:`update` after every layout change, rebalance, commit of the group
+    (fresh committed offsets of ``state.watch``) and whenever a local position passes
+    a ``revoke_point``.  ``local_positions``: this member's own next offsets.
+    """
+
+    def __init__(self) -> None:
+        self._fired: set[tuple[str, str, tuple[int, int, int]]] = set()
+
+    def reset(self) -> None:
+        self._fired.clear()
+
+    def update(
+        self,
+        layout: TopicLayout,
+        assigned: Iterable[int],
+        group_positions: Mapping[int, int],
+        local_positions: Mapping[int, int] | None = None,
+    ) -> GateUpdate:
+        assigned = set(assigned)
+        local = local_positions or {}
+        state = compute_gate(layout, assigned, group_positions)
+        revoked: set[int] = set()
+        opened: set[int] = set()
+        t = layout.topic
+        for c in constraints(layout):
+            if c.satisfied(group_positions):
+                if c.partition in assigned:
+                    key = (t, "a", c.id)
+                    g = state.gates.get(c.partition)
+                    if key in self._fired or g is None or g.skip:
+                        continue
+                    if g.limit is not None and g.limit <= c.from_offset:
+                        continue  # another constraint still holds this region
+                    self._fired.add(key)
+                    pos = local.get(c.partition)
+                    if pos is None or pos <= c.from_offset:
+                        opened.add(c.partition)
+            elif c.blocker in assigned and c.need is not None:
+                key = (t, "r", c.id)
+                if key not in self._fired and local.get(c.blocker, -1) >= c.need:
+                    self._fired.add(key)
+                    revoked.add(c.blocker)
+        return GateUpdate(state, tuple(sorted(revoked)), tuple(sorted(opened)))
+
+
+# ---------------------------------------------------------------------- assignment
+
+
+def split_for_assignment(layout: TopicLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Seed 000 Proposed Change 6: (ReadWrite partitions, draining ReadOnly partitions).
+
+    Assign the two lists separately so that members do not end up with few
+    partitions that receive data and many that only drain.  None partitions are in
+    neither (nobody consumes them).
+    """
+    return layout.writable, layout.draining
+
+
+def _round_robin(parts: Sequence[int], members: Sequence[M], first: int = 0) -> dict[M, list[int]]:
+    out: dict[M, list[int]] = {m: [] for m in members}
+    for i, p in enumerate(parts):
+        out[members[(first + i) % len(members)]].append(p)
+    return out
+
+
+def assign_split(
+    layout: TopicLayout,
+    members: Sequence[M],
+    assign: Callable[[Sequence[int], Sequence[M]], Mapping[M, Sequence[int]]] | None = None,
+) -> dict[M, list[int]]:
+    """Assign ReadWrite and draining partitions separately with ``assign`` and merge.
+
+    Default ``assign``: round robin; the draining list starts at the member after the
+    one that got the last ReadWrite partition, so the two lists even each other out.
+    """
+    if not members:
+        return {}
+    serving, draining = split_for_assignment(layout)
+    if assign is None:
+        a = _round_robin(serving, members)
+        b = _round_robin(draining, members, first=len(serving) % len(members))
+    else:
+        a, b = assign(serving, members), assign(draining, members)
+    return {m: sorted([*a.get(m, ()), *b.get(m, ())]) for m in members}
+
+
+# ---------------------------------------------------------------------- late records
+
+
+class RecordStatus(str, enum.Enum):
+    OK = "ok"
+    UNSTAMPED = "unstamped"
+    NEWER = "newer"
+    LATE = "late"
+    MISPLACED = "misplaced"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    status: RecordStatus
+    record_epoch: int | None = None
+    seal_epoch: int | None = None
+    """The first sealed change the record's producer missed (LATE)."""
+    moved: bool = False
+    """The record's key is placed elsewhere by a later layout than its own."""
+
+    @property
+    def violation(self) -> bool:
+        """True when delivering it as a normal record could break per-key order."""
+        return (self.status == RecordStatus.LATE and self.moved) or self.status == RecordStatus.MISPLACED
+
+
+def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
+    """The ``streamkit.epoch`` header of a record, or None."""
+    for k, v in headers or ():
+        if k == EPOCH_HEADER:
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def classify_record(
+    layout: TopicLayout,
+    partition: int,
+    offset: int,
+    epoch: int | None,
+    key_hash: int | None = None,
+) -> RecordVerdict:
+    """Classify one record by its stamped epoch (see the module docstring)."""
+    if offset < layout.base_offset(partition):
+        return RecordVerdict(RecordStatus.DEAD, epoch)
+    if epoch is None:
+        return RecordVerdict(RecordStatus.UNSTAMPED)
+    if epoch > layout.epoch:
+        return RecordVerdict(RecordStatus.NEWER, epoch)
+    n0 = layout.n0
+    first_epoch = layout.seals[0].epoch if layout.seals else layout.epoch
+    known = epoch >= first_epoch
+    writer_active = layout.active_at(epoch)
+    if known and partition >= writer_active:
+        return RecordVerdict(RecordStatus.MISPLACED, epoch)
+    if known and key_hash is not None and lh_bucket(key_hash, n0, writer_active) != partition:
+        return RecordVerdict(RecordStatus.MISPLACED, epoch)
+    for s in layout.seals:
+        if s.epoch <= epoch or s.kind not in (ChangeKind.EXPAND, ChangeKind.SHRINK) or not s.sealed:
+            continue
+        so = s.seal_offset(partition)
+        if so is None or offset < so:
+            continue
+        moved = True
+        if key_hash is not None:
+            later = [x.new_active for x in layout.seals if x.epoch > epoch] or [layout.active]
+            moved = any(lh_bucket(key_hash, n0, n) != partition for n in later)
+        return RecordVerdict(RecordStatus.LATE, epoch, s.epoch, moved)
+    return RecordVerdict(RecordStatus.OK, epoch)
+
+
+def violation_record(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    verdict: RecordVerdict,
+    producer: str | None,
+    *,
+    layout_epoch: int,
+    group: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a violation report for a late or misplaced record."""
+    return {
+        "type": "ordering_violation",
+        "status": verdict.status.value,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": None if key is None else key.decode("utf-8", "backslashreplace"),
+        "producer": producer,
+        "record_epoch": verdict.record_epoch,
+        "seal_epoch": verdict.seal_epoch,
+        "layout_epoch": layout_epoch,
+        "moved": verdict.moved,
+        "group": group,
+    }

@@ -1,0 +1,552 @@
+"""The streamkit producer: layout-aware placement, epoch stamps, the change protocol.
+
+``Producer`` is usable alone, outside an app::
+
+    async with Producer("127.0.0.1:9092", client_id="orders-api") as p:
+        await p.send("orders", key="customer-7", value={"total": 12})
+        await p.flush()
+
+- **Placement.**  Keyed records of a topic with a layout go to
+  ``lh_bucket(key_hash(key), n0, active)`` (``streamkit.layout.placement``): never a
+  ReadOnly or None partition.  Topics without a layout use Kafka's default
+  partitioner over the physical count.  Records without a key go round robin.
+- **Stamps.**  Every record carries headers ``streamkit.epoch`` (the layout epoch it
+  was placed with, ASCII; 0 for a topic without a layout) and ``streamkit.producer``
+  (this producer's id), so consumers can detect late records.
+- **The change protocol** (``streamkit.layout.protocol``): the producer polls the
+  layout registry every ``refresh_ms``, heartbeats every ``heartbeat_ms`` and holds a
+  lease of ``lease_ms``; on an announced change it switches placement, re-places the
+  records it has not yet handed to the network, waits for the broker to acknowledge
+  everything placed under the older epoch, then acknowledges.  It never places a
+  record with an expired lease: it first heartbeats and re-reads the registry.  If a
+  sealed change names it as fenced (it missed the deadline: paused, partitioned), it
+  logs a warning, appends a :class:`FenceEvent` to :attr:`Producer.fences`, calls
+  ``on_fence`` if it is a callable, writes a ``fenced`` control record, and with
+  ``on_fence="raise"`` makes every later :meth:`Producer.send` raise
+  :class:`ProducerFencedError` until :meth:`Producer.clear_fence`.
+- **Batching.**  Records are appended to one open batch per partition (no await per
+  record) and handed to the broker when full (``batch_bytes``) or ``linger_ms`` old;
+  at most one batch per partition is in flight, so a partition's records keep their
+  order.  :meth:`Producer.send` returns a future of the record's
+  :class:`aiokafka.structs.RecordMetadata`; awaiting it is optional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from assignors.murmur2 import kafka_partition, key_hash_cached
+from streamkit.errors import StreamkitError
+from streamkit.layout.gating import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.placement import Placer
+from streamkit.layout.protocol import (
+    DEFAULT_HEARTBEAT_MS,
+    DEFAULT_LEASE_MS,
+    control_record,
+    ensure_acks_topic,
+    heartbeat_fields,
+)
+from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
+
+__all__ = ["FenceEvent", "Producer", "ProducerFencedError"]
+
+log = logging.getLogger("streamkit.producer")
+
+Headers = Sequence[tuple[str, bytes]] | None
+
+
+class ProducerFencedError(StreamkitError):
+    """This producer missed a layout change (it did not acknowledge in time)."""
+
+
+@dataclass(frozen=True)
+class FenceEvent:
+    topic: str
+    epoch: int
+    change_id: str
+    detected_at: float
+    """``time.time()`` when this producer learnt it."""
+
+
+def _default_key(key: Any) -> bytes | None:
+    if key is None or isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    return orjson.dumps(key)
+
+
+def _default_value(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return orjson.dumps(value)
+
+
+class _TopicState:
+    __slots__ = ("topic", "layout", "epoch", "place", "headers")
+
+    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, pid: bytes) -> None:
+        self.topic = topic
+        self.layout = layout
+        if layout is not None:
+            self.epoch = layout.epoch
+            self.place: Callable[[bytes | None], int] = Placer(layout)
+        else:
+            self.epoch = 0
+            n = physical or 1
+            rr = itertools.cycle(range(n))
+
+            def place(key: bytes | None, _n: int = n, _rr: Any = rr) -> int:
+                if key is None:
+                    return next(_rr)
+                try:
+                    return key_hash_cached(key) % _n
+                except TypeError:
+                    return kafka_partition(bytes(key), _n)
+
+            self.place = place
+        self.headers = [(EPOCH_HEADER, str(self.epoch).encode()), (PRODUCER_HEADER, pid)]
+
+
+class _Open:
+    __slots__ = ("topic", "partition", "builder", "records", "created", "epoch", "done")
+
+    def __init__(self, topic: str, partition: int, builder: Any, epoch: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.records: list[tuple[bytes | None, bytes | None, Headers, int | None, asyncio.Future[Any], int]] = []
+        self.created = time.monotonic()
+        self.epoch = epoch
+        self.done: asyncio.Future[None] | None = None
+
+
+class Producer:
+    """An asyncio producer that follows topic layouts (see the module docstring)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        client_id: str = "streamkit-producer",
+        *,
+        linger_ms: float = 5.0,
+        batch_bytes: int = 512 * 1024,
+        acks: int | str = "all",
+        compression_type: str | None = None,
+        request_timeout_ms: int = 30_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+        refresh_ms: int = 100,
+        on_fence: str | Callable[[FenceEvent], Any] = "warn",
+        key_serializer: Callable[[Any], bytes | None] | None = None,
+        value_serializer: Callable[[Any], bytes | None] | None = None,
+        layouts_topic: str = LAYOUTS_TOPIC,
+        acks_topic: str = ACKS_TOPIC,
+        follow_layouts: bool = True,
+    ) -> None:
+        if heartbeat_ms * 2 > lease_ms:
+            raise ValueError(f"heartbeat_ms ({heartbeat_ms}) must be at most half of lease_ms ({lease_ms})")
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.producer_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
+        self._pidb = self.producer_id.encode()
+        self.linger = linger_ms / 1000
+        self.batch_bytes = batch_bytes
+        self.lease = lease_ms / 1000
+        self.lease_ms = lease_ms
+        self.heartbeat_interval = heartbeat_ms / 1000
+        self.refresh_interval = refresh_ms / 1000
+        self.on_fence = on_fence
+        self._key = key_serializer or _default_key
+        self._value = value_serializer or _default_value
+        self.acks_topic = acks_topic
+        self.follow_layouts = follow_layouts
+        self._kp = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            acks=acks,
+            linger_ms=0,
+            max_batch_size=batch_bytes,
+            max_request_size=max(batch_bytes * 2, 1 << 20),
+            compression_type=compression_type,
+            request_timeout_ms=request_timeout_ms,
+            enable_idempotence=False,
+        )
+        self.registry = LayoutRegistry(bootstrap, client_id=self.producer_id, topic=layouts_topic)
+        self._topics: dict[str, _TopicState] = {}
+        self._open: dict[tuple[str, int], _Open] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._inflight: dict[str, set[asyncio.Future[None]]] = {}
+        self._lease_until = float("-inf")
+        self._last_hb_start = float("-inf")
+        self._renew_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._ack_tasks: set[asyncio.Task[Any]] = set()
+        self._acked: set[tuple[str, int, str]] = set()
+        self._fence_seen: set[tuple[str, int]] = set()
+        self._fenced_error: FenceEvent | None = None
+        self._error: BaseException | None = None
+        self._started = False
+        self._closed = False
+        self.fences: list[FenceEvent] = []
+        self.stats: dict[str, int] = {
+            "records": 0,
+            "batches": 0,
+            "switches": 0,
+            "replaced": 0,
+            "acks": 0,
+            "lease_renewals": 0,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> Producer:
+        if self._started:
+            return self
+        await self._kp.start()
+        if self.follow_layouts:
+            await self.registry.start()
+            await ensure_acks_topic(self.registry.io, self.acks_topic)
+            self.registry.add_listener(self._on_layout)
+            await self._renew()
+            self._tasks.append(asyncio.create_task(self._control_loop(), name=f"{self.producer_id}-control"))
+        self._tasks.append(asyncio.create_task(self._linger_loop(), name=f"{self.producer_id}-linger"))
+        self._started = True
+        return self
+
+    async def stop(self) -> None:
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            for t in self._tasks:
+                t.cancel()
+            for t in list(self._tasks) + list(self._ack_tasks):
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                    pass
+            if self.follow_layouts:
+                try:
+                    key, value = control_record("bye", self.producer_id)
+                    await asyncio.wait_for(self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0), 5)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+                await self.registry.stop()
+            await self._kp.stop()
+
+    async def __aenter__(self) -> Producer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ public API
+
+    def layout(self, topic: str) -> TopicLayout | None:
+        """The layout this producer currently places ``topic``'s records with."""
+        st = self._topics.get(topic)
+        return st.layout if st else self.registry.get(topic)
+
+    def epoch(self, topic: str) -> int:
+        st = self._topics.get(topic)
+        return st.epoch if st else 0
+
+    async def partition_for(self, topic: str, key: Any) -> int:
+        st = self._topics.get(topic) or await self._topic_state(topic)
+        return st.place(self._key(key))
+
+    def clear_fence(self) -> None:
+        """Let sends proceed again after a fence (``on_fence="raise"``)."""
+        self._fenced_error = None
+
+    async def send(
+        self,
+        topic: str,
+        key: Any,
+        value: Any,
+        headers: Headers = None,
+        *,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Place and queue one record; returns a future of its RecordMetadata."""
+        if self._closed or not self._started:
+            raise StreamkitError("the producer is not running (use `async with Producer(...)` or start())")
+        if self._error is not None:
+            raise self._error
+        if self._fenced_error is not None:
+            ev = self._fenced_error
+            raise ProducerFencedError(
+                f"producer {self.producer_id} was fenced at epoch {ev.epoch} of {ev.topic}: it missed a layout "
+                "change and records it sent before may be late; call clear_fence() to go on"
+            )
+        if self.follow_layouts and time.monotonic() >= self._lease_until:
+            await self._renew()
+        st = self._topics.get(topic)
+        if st is None:
+            st = await self._topic_state(topic)
+        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        full = self._append(st, self._key(key), self._value(value), headers, timestamp_ms, fut)
+        if full is not None:
+            await self._dispatch(full)
+        return fut
+
+    async def send_and_wait(self, topic: str, key: Any, value: Any, headers: Headers = None, **kw: Any) -> RecordMetadata:
+        fut = await self.send(topic, key, value, headers, **kw)
+        self._seal_topic(topic)
+        return await fut
+
+    async def send_many(self, topic: str, items: Iterable[tuple[Any, Any]], headers: Headers = None) -> int:
+        """Queue ``(key, value)`` pairs (no futures kept); returns how many."""
+        n = 0
+        for key, value in items:
+            fut = await self.send(topic, key, value, headers)
+            fut.add_done_callback(_ignore)
+            n += 1
+        return n
+
+    async def flush(self) -> None:
+        """Hand every open batch to the broker and wait until all are acknowledged."""
+        for k in list(self._open):
+            ob = self._open.pop(k, None)
+            if ob is not None:
+                await self._dispatch(ob)
+        pending = [f for s in self._inflight.values() for f in s]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._error is not None:
+            raise self._error
+
+    # ------------------------------------------------------------------ batching
+
+    async def _topic_state(self, topic: str) -> _TopicState:
+        layout = self.registry.get(topic) if self.follow_layouts else None
+        physical = None
+        if layout is None:
+            parts = await self._kp.partitions_for(topic)
+            physical = len(parts)
+        st = self._topics.get(topic)
+        if st is None:  # another task may have made it meanwhile
+            st = _TopicState(topic, layout, physical, self._pidb)
+            self._topics[topic] = st
+        return st
+
+    def _append(
+        self,
+        st: _TopicState,
+        kb: bytes | None,
+        vb: bytes | None,
+        headers: Headers,
+        ts: int | None,
+        fut: asyncio.Future[Any],
+    ) -> _Open | None:
+        """Append to the partition's open batch; return a batch that became full."""
+        p = st.place(kb)
+        k = (st.topic, p)
+        ob = self._open.get(k)
+        if ob is None:
+            ob = self._open[k] = _Open(st.topic, p, self._kp.create_batch(), st.epoch)
+        hdrs = st.headers if not headers else st.headers + list(headers)
+        meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
+        full = None
+        if meta is None:
+            full = ob
+            ob = self._open[k] = _Open(st.topic, p, self._kp.create_batch(), st.epoch)
+            meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
+            if meta is None:
+                del self._open[k]
+                fut.set_exception(ValueError(f"record too large for a batch of {self.batch_bytes} bytes"))
+                return full
+        ob.records.append((kb, vb, headers, ts, fut, meta.offset))
+        self.stats["records"] += 1
+        return full
+
+    def _seal_topic(self, topic: str | None = None) -> None:
+        """Dispatch open batches (of one topic) now, in the background."""
+        for k in [k for k in self._open if topic is None or k[0] == topic]:
+            ob = self._open.pop(k)
+            asyncio.ensure_future(self._dispatch(ob))
+
+    async def _dispatch(self, ob: _Open) -> None:
+        """Hand a closed batch to the broker; per partition in FIFO order."""
+        k = (ob.topic, ob.partition)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ob.done = done
+        self._inflight.setdefault(ob.topic, set()).add(done)
+        lock = self._locks.get(k)
+        if lock is None:
+            lock = self._locks[k] = asyncio.Lock()
+        try:
+            async with lock:
+                delivery = await self._kp.send_batch(ob.builder, ob.topic, partition=ob.partition)
+            self.stats["batches"] += 1
+        except BaseException as exc:
+            self._fail(ob, exc)
+            raise
+        delivery.add_done_callback(lambda f, ob=ob: self._delivered(ob, f))
+
+    def _delivered(self, ob: _Open, f: asyncio.Future[Any]) -> None:
+        if f.cancelled():
+            self._fail(ob, asyncio.CancelledError())
+            return
+        exc = f.exception()
+        if exc is not None:
+            self._fail(ob, exc)
+            return
+        md = f.result()
+        base = md.offset
+        tp = TopicPartition(ob.topic, ob.partition)
+        for _k, _v, _h, ts, fut, rel in ob.records:
+            if not fut.done():
+                fut.set_result(RecordMetadata(ob.topic, ob.partition, tp, base + rel, ts or md.timestamp, md.timestamp_type, md.log_start_offset))
+        self._finish(ob)
+
+    def _fail(self, ob: _Open, exc: BaseException) -> None:
+        if self._error is None and not isinstance(exc, asyncio.CancelledError):
+            self._error = exc
+        for *_rest, fut, _rel in ob.records:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._finish(ob)
+
+    def _finish(self, ob: _Open) -> None:
+        if ob.done is not None and not ob.done.done():
+            ob.done.set_result(None)
+            self._inflight.get(ob.topic, set()).discard(ob.done)
+
+    async def _linger_loop(self) -> None:
+        tick = max(self.linger / 2, 0.001)
+        while True:
+            await asyncio.sleep(tick)
+            if not self._open:
+                continue
+            if self.follow_layouts and time.monotonic() >= self._lease_until:
+                try:
+                    await self._renew()  # re-places open batches if the layout moved meanwhile
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("%s: lease renewal failed: %s", self.producer_id, exc)
+                    continue
+            now = time.monotonic()
+            for k in [k for k, ob in self._open.items() if now - ob.created >= self.linger]:
+                ob = self._open.pop(k)
+                asyncio.ensure_future(self._dispatch(ob))
+
+    # ------------------------------------------------------------------ layouts, lease, acks
+
+    async def _heartbeat(self) -> None:
+        started = time.monotonic()
+        key, value = control_record("hb", self.producer_id, **heartbeat_fields(self.client_id, self.lease_ms))
+        await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
+        self._last_hb_start = started
+
+    async def _renew(self) -> None:
+        """Heartbeat and re-read the registry; extend the lease from the older start."""
+        async with self._renew_lock:
+            if time.monotonic() < self._lease_until - self.lease / 2:
+                return  # renewed by another task meanwhile
+            await self._heartbeat()
+            await self.registry.refresh()
+            self._lease_until = min(self._last_hb_start, self.registry.last_refresh_start) + self.lease
+            self.stats["lease_renewals"] += 1
+
+    async def _control_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.sleep(self.refresh_interval)
+                if time.monotonic() - self._last_hb_start >= self.heartbeat_interval:
+                    await self._heartbeat()
+                await self.registry.refresh()
+                self._lease_until = min(self._last_hb_start, self.registry.last_refresh_start) + self.lease
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the lease runs out; sends wait for renewal
+                log.warning("%s: layout refresh failed: %s", self.producer_id, exc)
+
+    async def _on_layout(self, new: TopicLayout, old: TopicLayout | None) -> None:
+        """Registry listener: switch placement, re-place unsent records, acknowledge."""
+        topic = new.topic
+        st = self._topics.get(topic)
+        if st is not None and (st.layout is None or new.epoch > st.layout.epoch):
+            self._switch(new)
+        self._check_fence(new)
+        pend = new.pending
+        # Acknowledge every announced change (also of topics this producer never used:
+        # it may use them next, and the coordinator waits for every live producer).
+        if pend is not None:
+            key = (topic, pend.epoch, pend.change_id)
+            if key not in self._acked:
+                self._acked.add(key)
+                t = asyncio.create_task(self._ack(topic, pend.epoch, pend.change_id))
+                self._ack_tasks.add(t)
+                t.add_done_callback(self._ack_tasks.discard)
+
+    def _switch(self, layout: TopicLayout) -> None:
+        topic = layout.topic
+        old = self._topics.get(topic)
+        st = _TopicState(topic, layout, None, self._pidb)
+        self._topics[topic] = st
+        self.stats["switches"] += 1
+        # Records not yet handed to the network are placed again with the new layout.
+        stale = [self._open.pop(k) for k in [k for k in self._open if k[0] == topic]]
+        for ob in stale:
+            for kb, vb, headers, ts, fut, _rel in ob.records:
+                full = self._append(st, kb, vb, headers, ts, fut)
+                self.stats["records"] -= 1
+                self.stats["replaced"] += 1
+                if full is not None:
+                    asyncio.ensure_future(self._dispatch(full))
+        log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
+
+    async def _ack(self, topic: str, epoch: int, change_id: str) -> None:
+        pending = list(self._inflight.get(topic, ()))
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id)
+        await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
+        self.stats["acks"] += 1
+
+    def _check_fence(self, layout: TopicLayout) -> None:
+        for s in layout.seals:
+            if self.producer_id in s.fenced and (layout.topic, s.epoch) not in self._fence_seen:
+                self._fence_seen.add((layout.topic, s.epoch))
+                ev = FenceEvent(layout.topic, s.epoch, s.change_id, time.time())
+                self.fences.append(ev)
+                log.warning(
+                    "producer %s was fenced by the %s of %s to epoch %d: it did not acknowledge in time "
+                    "(paused or partitioned?); records it had already sent may be late",
+                    self.producer_id, s.kind.value, layout.topic, s.epoch,
+                )
+                key, value = control_record("fenced", self.producer_id, topic=layout.topic, epoch=s.epoch)
+                t = asyncio.ensure_future(self._kp.send(self.acks_topic, value, key=key, partition=0))
+                t.add_done_callback(_ignore)
+                if callable(self.on_fence):
+                    try:
+                        self.on_fence(ev)
+                    except Exception:  # noqa: BLE001
+                        log.exception("on_fence callback failed")
+                elif self.on_fence == "raise":
+                    self._fenced_error = ev
+
+
+def _ignore(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
