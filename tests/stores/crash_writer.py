@@ -6,7 +6,7 @@ checkpoints every ``--every`` records.  Record ``i`` (0, 1, 2, ...) touches key
 
 - ``sums[k]  += i``            (running sum: a replayed record changes it)
 - ``counts[k] += 1``
-- ``last[k] = i``, or *deleted* when ``i % 3 == 0`` (exercises deletes)
+- ``last[k] = {"i": i}``, or *deleted* when ``i % 3 == 0`` (exercises deletes)
 
 The checkpoint's position ("in", 0) is the number of records applied.  On
 start the writer resumes from the store's checkpoint, prints ``START <pos>``
