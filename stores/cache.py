@@ -36,8 +36,18 @@ front and are evicted first; a read-hot key evicted this way costs one store
 read to come back.  Reads do not reorder entries because that would put a
 dict delete + insert on the hottest path.
 
-Measured on the reference machine (2 shared cores; ``python
-tests/stores/bench_cache.py``): see docs/architecture.md, stores section.
+Measured with ``python tests/stores/bench_cache.py`` on the 2-core reference
+machine while shared with other work (so read as upper bounds):
+
+- hot ``t[k] = t.get(k, 0) + 1`` over 10k keys: 3.1-4.9 M pairs/s (205-320 ns;
+  a plain dict does the same in 80-90 ns; per-record rocksdict get + put with
+  orjson: 240-400 k/s).  Single ops: ``get`` hit ~43 ns, ``__setitem__`` ~64 ns.
+- checkpoint of 10k dirty keys (int keys, small JSON dict values), thread CPU:
+  ``pending()`` ~7 ms + ``store.commit`` (RocksDB, one WriteBatch) ~6 ms +
+  ``mark_clean`` 0.1 ms, i.e. ~1.3 us per dirty key.  ``pending()`` alone for
+  10k JSON values measured in isolation: 18-24 ms with glibc's default malloc,
+  2.5 ms after :func:`stores.tuning.relax_malloc_trim` (see there).
+- cold misses (store read + decode + cache fill): 500-830 k/s.
 """
 
 from __future__ import annotations

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+# The test modules import their helpers (stores_testutil, crash_writer) by
+# plain name; make that work under any pytest import mode.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 from stores import MemoryStore, RocksDBStore, Store
 
