@@ -39,9 +39,9 @@ __all__ = [
 ]
 
 # Set at creation so DescribeConfigs reports them: Tansu's DescribeConfigs returns only
-# configs given at creation, and quixstreams refuses an input topic without these two.
-# Values are Kafka's defaults (7 days, unlimited); Tansu does no retention anyway.
-DEFAULT_TOPIC_CONFIGS: dict[str, str] = {"retention.ms": "604800000", "retention.bytes": "-1"}
+# configs given at creation, and quixstreams fails (KeyError 'retention.ms') on an input
+# topic without them. -1 (keep forever) is what Tansu does anyway: it has no retention.
+DEFAULT_TOPIC_CONFIGS: dict[str, str] = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 Key = bytes | str | None
 Record = tuple[Key, Any] | tuple[Key, Any, int | None]

@@ -1,0 +1,63 @@
+"""Suite-wide fixtures: one broker per test session, unique topics, produce/read helpers.
+
+    broker         session-scoped bootstrap address ("host:port"): $STREAMKIT_TEST_BROKER
+                   if set (checked to answer), else an EmbeddedBroker (Tansu, in memory)
+                   stopped at the end of the session.
+    topic_factory  make(partitions=1, *, prefix="t", configs=None) -> unique topic name,
+                   created explicitly on the session broker.
+    produce        produce(topic, records, **kw) -> count: streamkit.testing.produce_json
+                   bound to the session broker.
+    read_all       read_all(topic, **kw) -> list[ConsumerRecord]: streamkit.testing.read_topic
+                   bound to the session broker (up to each partition's fetch high watermark).
+
+The same helpers, without fixtures, are in ``streamkit.testing``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRecord
+
+from streamkit.broker import resolve_broker
+from streamkit.testing import Record, create_topic, produce_json, read_topic, unique_topic_name
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[str]:
+    """Bootstrap address of the suite's broker."""
+    with resolve_broker(os.environ.get("STREAMKIT_TEST_BROKER") or None) as handle:
+        yield handle.bootstrap
+
+
+@pytest.fixture
+def topic_factory(broker: str) -> Callable[..., str]:
+    """``make(partitions=1, *, prefix="t", configs=None) -> name``: a new, uniquely named topic."""
+
+    def make(partitions: int = 1, *, prefix: str = "t", configs: Mapping[str, str] | None = None) -> str:
+        return create_topic(broker, unique_topic_name(prefix), partitions, configs=configs)
+
+    return make
+
+
+@pytest.fixture
+def produce(broker: str) -> Callable[..., int]:
+    """``produce(topic, records, **kw) -> count`` (see ``streamkit.testing.produce_json``)."""
+
+    def _produce(topic: str, records: list[Record], **kwargs: Any) -> int:
+        return produce_json(broker, topic, records, **kwargs)
+
+    return _produce
+
+
+@pytest.fixture
+def read_all(broker: str) -> Callable[..., list[ConsumerRecord]]:
+    """``read_all(topic, **kw) -> records`` (see ``streamkit.testing.read_topic``)."""
+
+    def _read(topic: str, **kwargs: Any) -> list[ConsumerRecord]:
+        return read_topic(broker, topic, **kwargs)
+
+    return _read
