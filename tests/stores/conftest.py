@@ -13,6 +13,16 @@ import pytest
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+# When pytest puts tests/ on sys.path (a test module directly in tests/, with
+# the default "prepend" import mode) and the repository root is not on it (the
+# bare `pytest` script, unlike `python -m pytest`), `import stores` finds this
+# directory as a namespace package before the editable install's finder runs.
+# With the root on sys.path the real (regular) package always wins.
+_REPO = str(Path(__file__).resolve().parents[2])
+if _REPO not in sys.path:
+    sys.path.append(_REPO)
+if getattr(sys.modules.get("stores"), "__file__", "") is None:
+    del sys.modules["stores"]  # the namespace package imported by mistake
 
 from stores import MemoryStore, RocksDBStore, Store
 
