@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from stores.tuning import relax_malloc_trim
 
 from streamkit.app import App, TimerSpec
 from streamkit.broker import EmbeddedBroker, wait_for_broker
@@ -46,6 +47,7 @@ class Worker:
 
     async def prepare(self) -> None:
         """Resolve the broker and the job (p0), check topics, start the producer."""
+        relax_malloc_trim()  # checkpoints serialise many values at once: see stores.tuning
         if not self.app.handlers:
             raise ConfigError(f"app {self.app.name!r} has no @app.processor handler: nothing to run")
         if self.bootstrap is None:
