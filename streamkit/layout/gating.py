@@ -21,10 +21,16 @@ offset to consume) of ``q`` is ``>= Y``.
   Records of ``s`` below ``X`` flow freely; beyond it ``s`` waits for every ``d``.
 - While a change is announced but not sealed, ``Y`` is unknown (None): the gated
   region is blocked.
-- A constraint is retired when its partition or its blocker is given up
-  (``finish_drain``, ReadOnly -> None) at a later epoch: records of a given-up
-  partition are not delivered, so nothing waits for them, and a partition re-created
-  later starts a new incarnation at its own announce offset.
+- Satisfaction is transitive: a constraint holds when the group's position of ``q``
+  is ``>= Y`` AND every constraint on ``q`` from an older epoch holds.  A key that
+  moved ``a -> q`` and later ``q -> p`` may have no record in ``q`` at all, so
+  ``q``'s position alone says nothing about ``a`` (found by the randomized history
+  test: ``tests/layout/test_gating.py``).
+- A blocker given up after the constraint (``finish_drain``, ReadOnly -> None) counts
+  as passed (``need = 0``): its remaining records are not delivered, so nothing waits
+  for them.  The constraint itself stays, so chains through the given-up partition
+  (keys that moved ``a -> d -> s`` with no record in ``d``) still wait for ``a``.  A
+  partition re-created later starts a new incarnation at its announce offset.
 - ``ordered_delivery=False`` on the layout: no constraints (seed 000's per-topic
   switch); None partitions are still skipped and incarnation starts still apply.
 
@@ -87,6 +93,7 @@ __all__ = [
     "constraints",
     "gate_limits",
     "record_epoch",
+    "satisfied",
     "split_for_assignment",
     "violation_record",
 ]
@@ -113,10 +120,51 @@ class Constraint:
     def id(self) -> tuple[int, int, int]:
         return (self.epoch, self.partition, self.blocker)
 
-    def satisfied(self, group_positions: Mapping[int, int]) -> bool:
-        if self.need is None:
-            return False
-        return group_positions.get(self.blocker, 0) >= self.need
+    def blocker_passed(self, group_positions: Mapping[int, int]) -> bool:
+        """The group's position of the blocker reached ``need`` (not the whole condition:
+        see :func:`satisfied`)."""
+        return self.need is not None and group_positions.get(self.blocker, 0) >= self.need
+
+
+class _Eval:
+    """Transitive satisfaction of constraints, memoised for one set of positions.
+
+    A constraint ``(p, X, q, Y, epoch e)`` is satisfied when the group's position of
+    ``q`` is ``>= Y`` AND every constraint on ``q`` from an earlier epoch is
+    satisfied.  The second half matters when ``q``'s gated region is empty: a key
+    that moved ``a -> q`` at epoch e1 and ``q -> p`` at e2 may have no record in
+    ``q`` at all, so ``q``'s position says nothing about ``a``; ``p`` must still wait
+    for ``a``.  Recursion follows strictly older epochs, so it terminates.
+    """
+
+    def __init__(self, cons: Iterable[Constraint], group_positions: Mapping[int, int]) -> None:
+        self.by_part: dict[int, list[Constraint]] = {}
+        for c in cons:
+            self.by_part.setdefault(c.partition, []).append(c)
+        self.pos = group_positions
+        self.memo: dict[tuple[int, int, int], bool] = {}
+        self.watch: set[int] = set()
+
+    def ok(self, c: Constraint) -> bool:
+        key = c.id
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        res = c.blocker_passed(self.pos)
+        if not res:
+            self.watch.add(c.blocker)
+        if res:
+            for c2 in self.by_part.get(c.blocker, ()):
+                if c2.epoch < c.epoch and not self.ok(c2):
+                    res = False
+                    break
+        self.memo[key] = res
+        return res
+
+
+def satisfied(layout: TopicLayout, constraint: Constraint, group_positions: Mapping[int, int]) -> bool:
+    """Whether ``constraint`` of ``layout`` is satisfied (transitively; see ``_Eval``)."""
+    return _Eval(constraints(layout), group_positions).ok(constraint)
 
 
 @functools.lru_cache(maxsize=512)
@@ -127,26 +175,22 @@ def constraints(layout: TopicLayout) -> tuple[Constraint, ...]:
     n0 = layout.n0
     finishes = [(s.epoch, set(s.partitions)) for s in layout.seals if s.kind == ChangeKind.FINISH]
 
-    def retired(epoch: int, *parts: int) -> bool:
-        return any(fe > epoch and any(p in fp for p in parts) for fe, fp in finishes)
+    def given_up(epoch: int, p: int) -> bool:
+        return any(fe > epoch and p in fp for fe, fp in finishes)
 
     out: list[Constraint] = []
     for s in layout.seals:
         if s.kind == ChangeKind.EXPAND:
             for c, q in sorted(expansion_blockers(n0, s.old_active, s.new_active).items()):
-                if retired(s.epoch, c, q):
-                    continue
-                need = s.seal_offset(q) if s.sealed else None
-                if s.sealed and need is None:
-                    need = 0  # parent had no seal offset recorded: nothing to wait for
+                need = (s.seal_offset(q) or 0) if s.sealed else None
+                if need is not None and given_up(s.epoch, q):
+                    need = 0
                 out.append(Constraint(c, s.announce_offset(c) or 0, q, need, s.epoch, s.kind))
         elif s.kind == ChangeKind.SHRINK:
             for sv, ds in sorted(deletion_blockers(n0, s.old_active, s.new_active).items()):
                 for d in sorted(ds):
-                    if retired(s.epoch, sv, d):
-                        continue
-                    need = s.seal_offset(d) if s.sealed else None
-                    if s.sealed and need is None:
+                    need = (s.seal_offset(d) or 0) if s.sealed else None
+                    if need is not None and given_up(s.epoch, d):
                         need = 0
                     out.append(Constraint(sv, s.announce_offset(sv) or 0, d, need, s.epoch, s.kind))
     return tuple(out)
@@ -207,30 +251,27 @@ def compute_gate(
 ) -> GateState:
     """Gate every partition in ``assigned`` given the group's committed positions."""
     cons = constraints(layout)
-    by_part: dict[int, list[Constraint]] = {}
-    for c in cons:
-        by_part.setdefault(c.partition, []).append(c)
+    ev = _Eval(cons, group_positions)
     assigned = sorted(set(assigned))
     mine = set(assigned)
     gates: dict[int, PartitionGate] = {}
-    watch: set[int] = set()
     revoke: dict[int, set[int]] = {}
     for c in cons:
-        if c.blocker in mine and c.need is not None and not c.satisfied(group_positions):
+        if c.blocker in mine and c.need is not None and not c.blocker_passed(group_positions):
             revoke.setdefault(c.blocker, set()).add(c.need)
     for p in assigned:
         start = layout.base_offset(p)
         if layout.mode(p) == PartitionMode.NONE:
             gates[p] = PartitionGate(p, start, start, skip=True)
             continue
-        open_ = [c for c in by_part.get(p, ()) if not c.satisfied(group_positions)]
+        open_ = [c for c in ev.by_part.get(p, ()) if not ev.ok(c)]
         if not open_:
             gates[p] = PartitionGate(p, start, None)
             continue
         limit = max(start, min(c.from_offset for c in open_))
         waiting = tuple(sorted({(c.blocker, c.need) for c in open_ if c.from_offset <= limit}, key=repr))
-        watch.update(c.blocker for c in open_)
         gates[p] = PartitionGate(p, start, limit, waiting_on=waiting)
+    watch = ev.watch
     return GateState(
         topic=layout.topic,
         epoch=layout.epoch,
@@ -287,8 +328,9 @@ class GateTracker:
         revoked: set[int] = set()
         opened: set[int] = set()
         t = layout.topic
+        ev = _Eval(constraints(layout), group_positions)
         for c in constraints(layout):
-            if c.satisfied(group_positions):
+            if ev.ok(c):
                 if c.partition in assigned:
                     key = (t, "a", c.id)
                     g = state.gates.get(c.partition)
@@ -300,7 +342,7 @@ class GateTracker:
                     pos = local.get(c.partition)
                     if pos is None or pos <= c.from_offset:
                         opened.add(c.partition)
-            elif c.blocker in assigned and c.need is not None:
+            elif c.blocker in assigned and c.need is not None and not c.blocker_passed(group_positions):
                 key = (t, "r", c.id)
                 if key not in self._fired and local.get(c.blocker, -1) >= c.need:
                     self._fired.add(key)
