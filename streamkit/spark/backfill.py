@@ -33,7 +33,7 @@ from stores.serde import RawSerde
 from streamkit.app import App
 from streamkit.errors import ConfigError, ReplayError
 from streamkit.spark._deps import require
-from streamkit.spark.staging import BackfillError, Staging, check_fail
+from streamkit.spark.staging import BackfillError, InjectedFailure, Staging, check_fail
 from streamkit.spark import tasks
 
 if TYPE_CHECKING:
@@ -239,6 +239,8 @@ def _translate(exc: BaseException) -> BaseException | None:
     kind, message = m.group(1), m.group(2)
     if kind == "replay":
         return ReplayError(message)
+    if kind == "injected":
+        return InjectedFailure(message)
     return BackfillError(message)
 
 

@@ -28,8 +28,10 @@ def _fast_path(serde: Serde, arr: pa.Array) -> pa.Array | None:
     t = arr.type
     if type(serde) is StrSerde and (pa.types.is_string(t) or pa.types.is_large_string(t)):
         return arr.cast(pa.large_binary())  # zero-copy reinterpretation of the UTF-8 bytes
-    if type(serde) is RawSerde and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        return arr.cast(pa.large_binary())
+    if type(serde) is RawSerde and (
+        pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+    ):
+        return arr.cast(pa.large_binary())  # bytes as they are; text as its UTF-8 bytes
     if type(serde) is IntSerde and pa.types.is_integer(t):
         if arr.null_count:
             return None

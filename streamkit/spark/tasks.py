@@ -177,15 +177,19 @@ class _SstSink:
         directory = os.path.join(self.spec.sst_root, f"processor-{proc}", table)
         final = os.path.join(directory, f"sub-{sub}.sst")
         tmp = f"{final}.tmp-{self.attempt}"
-        check_fail("task", self.spec.fail_at)
+        try:
+            check_fail("task", self.spec.fail_at)
+        except Exception as exc:  # noqa: BLE001 - InjectedFailure, shown as such by the driver
+            raise TaskError("injected", str(exc)) from None
         try:
             if self.spec.fail_at and "task-once" in self.spec.fail_at and _attempt_number() == 0:
                 # Leave a half-written temporary behind, as a killed attempt would.
                 def failing() -> Iterator[tuple[bytes, bytes]]:
                     for i, item in enumerate(items):
-                        if i == 1000:
-                            raise TaskError("injected", "injected failure in the first task attempt")
                         yield item
+                        if i == 10:
+                            break
+                    raise TaskError("injected", "injected failure in the first task attempt")
 
                 written = write_sst(tmp, failing(), self.opts)
             else:

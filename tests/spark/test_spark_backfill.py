@@ -1,0 +1,344 @@
+"""The Spark bridge end to end on local Spark (no broker): both modes, safety, reader."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from stores.base import Checkpoint
+from stores.rocksdb import RocksDBStore
+
+import bf_apps
+from streamkit.errors import ConfigError, ReplayError
+from streamkit.spark import BackfillError, BackfillRefused, backfill_replay, backfill_state, backfill_table, read_stores
+from streamkit.spark.backfill import _murmur3_int, spark_partition_keys
+from streamkit.spark.placement import processor_of
+from streamkit.spark.staging import BACKFILL_DIR, InjectedFailure, live_store_dirs
+
+PARTS = 4
+
+
+def read_all(app_dir: Path, tables: list[str]) -> dict[int, tuple[dict[str, dict[bytes, bytes]], Checkpoint]]:
+    out = {}
+    for proc, path in live_store_dirs(app_dir).items():
+        store = RocksDBStore.open(str(path), tables, create=False)
+        try:
+            out[proc] = ({t: dict(store.items(t)) for t in tables}, store.checkpoint())
+        finally:
+            store.close()
+    return out
+
+
+def count_events(n: int, keys: int, seed: int = 1) -> list[tuple[str, int, int, int, int]]:
+    """(key, amount, partition, offset, ts) with Kafka-like offsets per partition."""
+    from streamkit.testing import default_partition
+
+    rng = random.Random(seed)
+    next_off = [0] * PARTS
+    out = []
+    for i in range(n):
+        key = f"user-{rng.randrange(keys)}"
+        part = default_partition(key.encode(), PARTS)
+        out.append((key, rng.randrange(100), part, next_off[part], 1_700_000_000_000 + i * 1000))
+        next_off[part] += 1
+    return out
+
+
+def final_state(events: list[tuple[str, int, int, int, int]]) -> dict[str, dict[str, int]]:
+    state: dict[str, dict[str, int]] = {}
+    for key, amount, *_ in events:
+        row = state.get(key) or {"count": 0, "sum": 0}
+        state[key] = {"count": row["count"] + 1, "sum": row["sum"] + amount}
+    return state
+
+
+def next_positions(events: list[tuple[str, int, int, int, int]]) -> dict[tuple[str, int], int]:
+    pos: dict[tuple[str, int], int] = {}
+    for _, _, part, off, _ in events:
+        pos[("events", part)] = max(pos.get(("events", part), 0), off + 1)
+    return pos
+
+
+def state_df(spark: Any, events: list[tuple[str, int, int, int, int]]) -> Any:
+    import pyspark.sql.functions as F
+
+    ev = spark.createDataFrame(events, "key string, amount long, partition int, offset long, ts long")
+    return ev.groupBy("key").agg(
+        F.struct(F.count("*").alias("count"), F.sum("amount").alias("sum")).alias("value"),
+        F.max("offset").alias("offset"),
+        F.first("partition").alias("partition"),
+    )
+
+
+def check_counts_stores(app_dir: Path, events: list[tuple[str, int, int, int, int]], p0: int, p: int) -> None:
+    stores = read_all(app_dir, ["totals"])
+    assert sorted(stores) == list(range(p))
+    want = final_state(events)
+    seen = {}
+    for proc, (tables, cp) in stores.items():
+        assert cp.positions == next_positions(events)
+        for k, v in tables["totals"].items():
+            assert processor_of(k, p0, p) == proc, f"{k!r} in the wrong store"
+            seen[k.decode()] = orjson.loads(v)
+    assert seen == want
+
+
+# --------------------------------------------------------------------------- mode 1
+
+
+def test_spark_partition_keys_match_the_jvm(spark: Any) -> None:
+    import pyspark.sql.functions as F
+
+    vals = list(range(-3, 50)) + [2**31 - 1, -(2**31)]
+    got = spark.createDataFrame([(v,) for v in vals], "x int").select(F.hash("x").alias("h")).collect()
+    assert [r.h for r in got] == [_murmur3_int(v) for v in vals]
+    for n in (2, 3, 5):
+        keys = spark_partition_keys(n)
+        df = spark.createDataFrame([(k,) for k in keys], "x int").repartition(n, "x")
+        rows = df.select("x", F.spark_partition_id().alias("pid")).collect()
+        assert {r.x: r.pid for r in rows} == {k: i for i, k in enumerate(keys)}
+
+
+def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_dir: Path) -> None:
+    events = count_events(6000, 700)
+    df = state_df(spark, events)
+    res = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
+                         state_dir=state_dir)
+    app_dir = state_dir / "bf-counts"
+    check_counts_stores(app_dir, events, 3, 3)
+    assert res.rows_read == len(final_state(events)) == res.keys_written["totals"]
+    assert res.stores_published == 3
+    assert res.positions == next_positions(events)
+    first = read_all(app_dir, ["totals"])
+    # re-running the same backfill gives the same stores (contents and checkpoints)
+    res2 = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
+                          state_dir=state_dir)
+    assert res2.run_id != res.run_id
+    assert read_all(app_dir, ["totals"]) == first
+    assert sorted(os.listdir(app_dir / BACKFILL_DIR)) == ["lock"]
+
+
+def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, state_dir: Path) -> None:
+    events = count_events(3000, 400, seed=2)
+    df = state_df(spark, events).drop("offset", "partition")
+    pos = next_positions(events)
+    backfill_table(bf_apps.counts, "totals", df, positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
+                   processors=5, state_dir=state_dir)
+    check_counts_stores(state_dir / "bf-counts", events, 3, 5)
+
+
+def test_duplicate_keys_latest_offset_wins_and_null_means_no_state(spark: Any, state_dir: Path) -> None:
+    rows = [
+        ("a", '{"count":1,"sum":1}', 0, 5),
+        ("a", '{"count":2,"sum":9}', 0, 9),  # latest of a
+        ("b", '{"count":1,"sum":3}', 1, 4),
+        ("b", None, 1, 7),  # b deleted last
+        ("c", '{"count":1,"sum":4}', 1, 8),
+    ]
+    import pyspark.sql.functions as F
+
+    df = spark.createDataFrame(rows, "key string, v string, partition int, offset long")
+    df = df.withColumn("value", F.when(F.col("v").isNotNull(), F.col("v").cast("binary")))
+    res = backfill_table(bf_apps.counts, "totals", df, value_encoded=True, offset_col="offset",
+                         partition_col="partition", state_dir=state_dir)
+    stores = read_all(state_dir / "bf-counts", ["totals"])
+    merged = {k: v for tables, _ in stores.values() for k, v in tables["totals"].items()}
+    assert merged == {b"a": b'{"count":2,"sum":9}', b"c": b'{"count":1,"sum":4}'}
+    assert res.details["duplicates"] == 2 and res.details["null_values"] == 1
+    assert res.positions == {("events", 0): 10, ("events", 1): 9}
+
+
+def test_duplicate_keys_without_offsets_are_refused(spark: Any, state_dir: Path) -> None:
+    df = spark.createDataFrame([("a", 1), ("a", 2)], "key string, value long")
+    with pytest.raises(BackfillError, match="key b'a' appears more than once"):
+        backfill_table(bf_apps.counts, "totals", df, positions={("events", 0): 3}, state_dir=state_dir)
+    assert live_store_dirs(state_dir / "bf-counts") == {}
+
+
+def test_refusals_before_any_work(spark: Any, state_dir: Path) -> None:
+    df = spark.createDataFrame([("a", 1)], "key string, value long")
+    with pytest.raises(ConfigError, match="windowed"):
+        backfill_table(bf_apps.windowed, "per_minute", df, from_start=True, state_dir=state_dir)
+    with pytest.raises(ConfigError, match=r"also has table\(s\) \['last'\]"):
+        backfill_table(bf_apps.multi, "sums", df, from_start=True, state_dir=state_dir)
+    with pytest.raises(ConfigError, match="no resume positions"):
+        backfill_table(bf_apps.counts, "totals", df, state_dir=state_dir)
+    with pytest.raises(ConfigError, match="no table 'nope'"):
+        backfill_table(bf_apps.counts, "nope", df, from_start=True, state_dir=state_dir)
+    with pytest.raises(ConfigError, match=r"column\(s\) \['k'\] not found"):
+        backfill_table(bf_apps.counts, "totals", df, key_col="k", from_start=True, state_dir=state_dir)
+    with pytest.raises(BackfillError, match="does not consume"):
+        backfill_table(bf_apps.counts, "totals", df, positions={("typo", 0): 1}, state_dir=state_dir)
+    ev = spark.createDataFrame([("a", 1, 0, 9)], "key string, value long, partition int, offset long")
+    with pytest.raises(BackfillError, match="counted twice"):
+        backfill_table(bf_apps.counts, "totals", ev, positions={("events", 0): 5}, offset_col="offset",
+                       partition_col="partition", state_dir=state_dir)
+    assert live_store_dirs(state_dir / "bf-counts") == {}
+
+
+def test_a_running_processor_blocks_the_backfill(spark: Any, state_dir: Path) -> None:
+    events = count_events(500, 50, seed=3)
+    df = state_df(spark, events)
+    kw = dict(offset_col="offset", partition_col="partition", state_dir=state_dir)
+    backfill_table(bf_apps.counts, "totals", df, **kw)
+    before = read_all(state_dir / "bf-counts", ["totals"])
+    held = RocksDBStore.open(str(state_dir / "bf-counts" / "processor-2"), ["totals"])
+    try:
+        with pytest.raises(BackfillRefused, match=rf"processor-2 is held by a running processor \(pid {os.getpid()}\)"):
+            backfill_table(bf_apps.counts, "totals", df, **kw)
+    finally:
+        held.close()
+    assert read_all(state_dir / "bf-counts", ["totals"]) == before
+
+
+@pytest.mark.parametrize("point", ["task", "after-spark", "build", "publish"])
+def test_a_failure_at_any_point_leaves_the_live_stores_untouched(spark: Any, state_dir: Path, point: str) -> None:
+    old = count_events(400, 60, seed=4)
+    new = count_events(900, 80, seed=5)
+    kw = dict(offset_col="offset", partition_col="partition", state_dir=state_dir)
+    backfill_table(bf_apps.counts, "totals", state_df(spark, old), **kw)
+    before = read_all(state_dir / "bf-counts", ["totals"])
+    with pytest.raises((InjectedFailure, BackfillError)):
+        backfill_table(bf_apps.counts, "totals", state_df(spark, new), fail_at=point, **kw)
+    assert read_all(state_dir / "bf-counts", ["totals"]) == before
+    assert sorted(os.listdir(state_dir / "bf-counts" / BACKFILL_DIR)) == ["lock"]
+
+
+def test_task_retries_leave_no_partial_files(spark: Any, state_dir: Path) -> None:
+    events = count_events(3000, 500, seed=6)
+    # every first attempt of a writing task dies after a partial SST; the retry succeeds
+    res = backfill_table(bf_apps.counts, "totals", state_df(spark, events), offset_col="offset",
+                         partition_col="partition", state_dir=state_dir, fail_at="task-once")
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+    assert res.keys_written["totals"] == len(final_state(events))
+    leftovers = [str(p) for p in (state_dir / "bf-counts" / BACKFILL_DIR).rglob("*") if p.name != "lock"]
+    assert leftovers == []
+
+
+# --------------------------------------------------------------------------- mode 2
+
+
+def multi_records(n: int, keys: int, seed: int) -> list[tuple[int, int, str | None, int, int, int]]:
+    """(key, amount, tag, partition, offset, ts) for the multi app (int keys)."""
+    from stores.serde import IntSerde
+
+    from streamkit.testing import default_partition
+
+    rng = random.Random(seed)
+    nxt = [0] * PARTS
+    out = []
+    for i in range(n):
+        key = rng.randrange(-keys // 4, keys)
+        part = default_partition(IntSerde().dumps(key), PARTS)
+        amount = rng.randrange(0, 5)
+        tag = rng.choice([None, None, f"t{i}"])
+        out.append((key, amount, tag, part, nxt[part], 1000 * i))
+        nxt[part] += 1
+    return out
+
+
+def multi_reference(records: list[tuple[int, int, str | None, int, int, int]]) -> tuple[dict[int, int], dict[int, str]]:
+    sums: dict[int, int] = defaultdict(int)
+    last: dict[int, str] = {}
+    for key, amount, tag, *_ in records:
+        sums[key] += amount
+        if tag is not None:
+            last[key] = tag
+        elif key in last and amount == 0:
+            del last[key]
+    return dict(sums), last
+
+
+def test_replay_runs_the_apps_handlers_per_key_in_order(spark: Any, state_dir: Path) -> None:
+    from stores.serde import IntSerde
+
+    records = multi_records(5000, 300, seed=7)
+    shuffled = records[:]
+    random.Random(1).shuffle(shuffled)  # the DataFrame's row order must not matter
+    import pyspark.sql.functions as F
+
+    df = spark.createDataFrame(shuffled, "key long, amount long, tag string, partition int, offset long, ts long")
+    df = df.withColumn("value", F.struct("amount", "tag"))
+    res = backfill_replay(bf_apps.multi, df, partition_col="partition", offset_col="offset", timestamp_col="ts",
+                          processors=3, state_dir=state_dir)
+    sums, last = multi_reference(records)
+    stores = read_all(state_dir / "bf-multi", ["sums", "last"])
+    assert sorted(stores) == [0, 1, 2]
+    got_sums: dict[int, int] = {}
+    got_last: dict[int, str] = {}
+    ints = IntSerde()
+    for proc, (tables, cp) in stores.items():
+        for k, v in tables["sums"].items():
+            assert processor_of(k, 2, 3) == proc
+            got_sums[ints.loads(k)] = orjson.loads(v)
+        for k, v in tables["last"].items():
+            assert processor_of(k, 2, 3) == proc
+            got_last[ints.loads(k)] = v.decode()
+        assert cp.positions == {("m-events", p): n for p, n in enumerate(_counts_per_part(records))}
+    assert got_sums == sums
+    assert got_last == last
+    assert res.rows_read == len(records)
+    assert res.keys_written == {"sums": len(sums), "last": len(last)}
+
+
+def _counts_per_part(records: list[tuple[Any, ...]]) -> list[int]:
+    c = [0] * PARTS
+    for r in records:
+        c[r[3]] += 1
+    return c
+
+
+def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
+    from streamkit.tables import WindowKeySerde
+    from stores.serde import StrSerde
+
+    rows = [(f"k{i % 7}", i % 5, 0, i, 1_700_000_000_000 + i * 7_000) for i in range(600)]
+    df = spark.createDataFrame(rows, "key string, amount long, partition int, offset long, ts long")
+    import pyspark.sql.functions as F
+
+    backfill_replay(bf_apps.windowed, df.withColumn("value", F.struct("amount")), partition_col="partition",
+                    offset_col="offset", timestamp_col="ts", state_dir=state_dir)
+    want: dict[tuple[str, int], int] = defaultdict(int)
+    for key, amount, _, _, ts in rows:
+        want[(key, ts - ts % 60_000)] += amount
+    ks = WindowKeySerde(StrSerde())
+    got = {}
+    for _, (tables, _) in read_all(state_dir / "bf-windowed", ["per_minute"]).items():
+        for k, v in tables["per_minute"].items():
+            got[ks.loads(k)] = orjson.loads(v)
+    assert got == dict(want)
+
+
+def test_replay_refuses_a_handler_touching_another_key(spark: Any, state_dir: Path) -> None:
+    df = spark.createDataFrame([("a", "{}", 0, 0), ("b", "{}", 0, 1)], "key string, value string, partition int, offset long")
+    with pytest.raises(ReplayError, match="touched key 'grand-total'") as info:
+        backfill_replay(bf_apps.bad, df, value_encoded=True, partition_col="partition", offset_col="offset",
+                        state_dir=state_dir)
+    assert "Traceback" not in str(info.value) and "\n" not in str(info.value)
+    assert live_store_dirs(state_dir / "bf-bad") == {}
+
+
+# --------------------------------------------------------------------------- reader
+
+
+def test_read_stores_one_partition_per_store(spark: Any, state_dir: Path) -> None:
+    events = count_events(2000, 300, seed=8)
+    backfill_table(bf_apps.counts, "totals", state_df(spark, events), offset_col="offset",
+                   partition_col="partition", processors=4, state_dir=state_dir)
+    raw = read_stores(spark, bf_apps.counts, "totals", state_dir=state_dir)
+    assert raw.rdd.getNumPartitions() == 4
+    rows = raw.collect()
+    assert {r.key.decode(): orjson.loads(r.value) for r in rows} == final_state(events)
+    assert all(processor_of(bytes(r.key), 3, 4) == r.processor for r in rows)
+    decoded = read_stores(spark, "bf_apps:counts", "totals", decode=True, state_dir=state_dir)
+    assert decoded.schema.simpleString() == "struct<processor:int,key:string,value:string>"
+    assert sorted((r.key, r.value) for r in decoded.collect()) == sorted(
+        (r.key.decode(), r.value.decode()) for r in rows
+    )
+    by_path = read_stores(spark, path=state_dir / "bf-counts" / "processor-1", table="totals")
+    assert by_path.count() == sum(1 for r in rows if r.processor == 1)
