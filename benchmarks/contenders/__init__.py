@@ -1,0 +1,125 @@
+import time
+
+PROCESS_START = time.time()  # first statement run by `python -m benchmarks.contenders.X`
+
+"""Benchmark contenders, and the protocol between them and ``benchmarks.harness``.
+
+A contender is a module ``benchmarks/contenders/<module>.py`` run by the harness, in its
+own process, one contender at a time, all on the same input, as::
+
+    python -m benchmarks.contenders.<module> --bootstrap B --topic T --records N \\
+        --partitions P --workdir DIR --session-timeout-ms MS
+
+with the current directory at the repository root. The harness names contenders by
+short names; ``ALIASES`` maps a short name to its module (``faust`` -> ``faust_app``, so
+that the module does not shadow the ``faust`` package); any other name is its module.
+
+Input (prepared once by the harness, see ``benchmarks.input``): topic T with P
+partitions holding exactly N records (a contender given a fraction of the work gets its
+own smaller topic holding exactly its N records, so it always reads a whole topic).
+Record i has key ``b"key-%d" % k`` (k = i % K, the key sequence shuffled
+deterministically) and the orjson value ``{"amount": int, "seq": i}``; keys are placed
+by Kafka's default partitioner; per key, seq increases with the offset.
+
+The contender must:
+
+1. take ``process_start = time.time()`` as the very first statement of the process.
+   This package's first statement does it (``benchmarks.contenders.PROCESS_START``):
+   ``python -m benchmarks.contenders.X`` imports it before X (``benchmarks/__init__.py``
+   is empty). Use that value, or take your own as the first line of the module.
+2. consume T from the beginning (a fresh consumer group, or plain assignment) and do
+   its work on every record until it has processed N records; then stop by itself.
+   ``--workdir`` is an empty directory for its state, removed by the harness afterwards.
+   ``--session-timeout-ms`` is short (a first group join on Tansu waits half of it);
+   keep heartbeats below a third of it.
+3. print exactly one line to stdout, ``RESULT {json}``, and exit 0. Keys:
+
+   records          int, records processed (must equal N)
+   first_record_at  time.time() when the first record was processed
+   last_record_at   time.time() when the last (N-th) record was processed
+   process_start    time.time() at interpreter start (point 1)
+   check            optional: {"keys": distinct keys seen, "count": records,
+                    "sum": sum of all amounts}; the harness compares every field it
+                    also knows with the expected values (same work done)
+   error            optional: a one-line reason; the run is reported as failed
+   anything else    kept in the JSON report (e.g. "contender", "stopped_at")
+
+   Logs go to stderr (the harness keeps them in a file and shows the tail on failure).
+
+The harness measures, per contender process: CPU seconds (user + sys, its children
+included, from ``os.wait4``), peak RSS, wall time; and computes records/s first to last
+record (steady) and from process start.
+
+A contender whose module is missing, or whose ``REQUIRES`` (optional module-level tuple
+of top-level package names, or the harness's own list for known peers) cannot be found,
+is reported as skipped with the reason.
+
+Helpers for contenders: ``parse_args()`` parses the protocol's arguments (unknown ones
+are ignored), ``emit_result(...)`` prints the RESULT line. This module imports only the
+standard library, lazily, so that it costs nothing at start-up.
+"""
+
+from typing import Any  # noqa: E402
+
+__all__ = ["PROCESS_START", "ALIASES", "REQUIRES", "emit_result", "module_for", "parse_args"]
+
+# short name -> module under benchmarks.contenders
+ALIASES: dict[str, str] = {"faust": "faust_app", "streamkit": "streamkit_app"}
+
+# short name -> top-level packages a contender needs (checked before running it)
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "raw": ("aiokafka", "orjson"),
+    "streamkit": ("streamkit", "stores", "rocksdict"),
+    "quix": ("quixstreams",),
+    "faust": ("faust", "rocksdict"),
+}
+
+
+def module_for(name: str) -> str:
+    """Short contender name -> module name under ``benchmarks.contenders``."""
+    return ALIASES.get(name, name)
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None):
+    """The protocol's arguments as an ``argparse.Namespace`` (bootstrap, topic, records,
+    partitions, workdir, session_timeout_ms); unknown arguments are ignored."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--records", type=int, required=True)
+    parser.add_argument("--partitions", type=int, required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    args, _unknown = parser.parse_known_args(argv)
+    return args
+
+
+def emit_result(
+    *,
+    records: int,
+    first_record_at: float | None,
+    last_record_at: float | None,
+    process_start: float,
+    check: dict[str, Any] | None = None,
+    error: str | None = None,
+    **extra: Any,
+) -> None:
+    """Print the one ``RESULT {json}`` line and flush stdout."""
+    import json
+    import sys
+
+    result: dict[str, Any] = {
+        "records": records,
+        "first_record_at": first_record_at,
+        "last_record_at": last_record_at,
+        "process_start": process_start,
+    }
+    if check is not None:
+        result["check"] = check
+    if error:
+        result["error"] = error
+    result.update(extra)
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()

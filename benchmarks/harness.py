@@ -1,0 +1,409 @@
+"""Benchmark harness: every contender on the same input, on one broker, one at a time.
+
+    python -m benchmarks.harness [--records N] [--keys K] [--partitions P]
+        [--contenders raw,streamkit,quix,faust] [--faust-fraction 0.1]
+        [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1]
+
+Starts ONE embedded broker (or uses --bootstrap), prepares the input ONCE (see
+benchmarks.input; a contender given a fraction of the work gets its own topic holding
+the first records of the same input), then runs each contender as its own process
+(protocol: benchmarks/contenders/__init__.py). Per contender it measures CPU seconds
+(user + sys, children included) and peak RSS from ``os.wait4``, and the broker's CPU
+seconds during the run; from the contender's RESULT line it computes records/s from
+first to last record (steady) and from process start. Prints a table, the ratios of
+every contender against every other, and writes everything as JSON under .bench/.
+
+Figures depend on the machine's load: the harness records the load average before each
+contender; compare figures only from quiet runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.contenders import REQUIRES, module_for
+from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONTENDERS = "raw,streamkit,quix,faust"
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def availability(name: str) -> str | None:
+    """None if contender ``name`` can run, else the reason it is skipped."""
+    module = f"benchmarks.contenders.{module_for(name)}"
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        return f"{module}: {exc}"
+    if spec is None:
+        return f"no module {module}"
+    needs = list(REQUIRES.get(name, ()))
+    if spec.origin and spec.origin.endswith(".py"):
+        # A contender may declare REQUIRES = ("pkg", ...) at module level; read it
+        # without importing the module.
+        import ast
+
+        try:
+            tree = ast.parse(Path(spec.origin).read_text())
+            for node in tree.body:
+                if (
+                    isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets)
+                ):
+                    needs += list(ast.literal_eval(node.value))
+        except (OSError, SyntaxError, ValueError):
+            pass
+    for package in needs:
+        if importlib.util.find_spec(package) is None:
+            return f"package {package!r} not installed (pip install -e '.[bench]')"
+    return None
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _cpu_of(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except Exception:  # psutil missing or process gone
+        return None
+
+
+def run_contender(
+    name: str,
+    *,
+    bootstrap: str,
+    topic: str,
+    records: int,
+    partitions: int,
+    session_timeout_ms: int,
+    timeout: float,
+    logdir: Path,
+    broker_pid: int | None,
+) -> dict[str, Any]:
+    """Run one contender process to completion; its measurements and RESULT."""
+    module = f"benchmarks.contenders.{module_for(name)}"
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    cmd = [
+        sys.executable, "-m", module,
+        "--bootstrap", bootstrap,
+        "--topic", topic,
+        "--records", str(records),
+        "--partitions", str(partitions),
+        "--workdir", str(workdir),
+        "--session-timeout-ms", str(session_timeout_ms),
+    ]
+    out_path, err_path = logdir / f"{name}.stdout", logdir / f"{name}.stderr"
+    load_before = os.getloadavg()[0]
+    broker_cpu_before = _cpu_of(broker_pid)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout)}
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        launched = time.time()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        waited: list[tuple[int, int, Any]] = []
+        waiter = threading.Thread(target=lambda: waited.append(os.wait4(proc.pid, 0)), daemon=True)
+        waiter.start()
+        waiter.join(timeout + 30)
+        timed_out = waiter.is_alive()
+        if timed_out:
+            os.killpg(proc.pid, signal.SIGKILL)
+            waiter.join(30)
+        ended = time.time()
+    _pid, status, usage = waited[0]
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, tell Popen
+    broker_cpu_after = _cpu_of(broker_pid)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+    stdout = out_path.read_text(errors="replace")
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    row: dict[str, Any] = {
+        "contender": name,
+        "module": module,
+        "records_requested": records,
+        "topic": topic,
+        "exit_code": proc.returncode,
+        "wall_s": ended - launched,
+        "launched_at": launched,
+        "cpu_user_s": usage.ru_utime,
+        "cpu_sys_s": usage.ru_stime,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024.0,  # KiB on Linux
+        "load_avg_1m_before": load_before,
+        "stdout_log": str(out_path),
+        "stderr_log": str(err_path),
+    }
+    if broker_cpu_before is not None and broker_cpu_after is not None:
+        row["broker_cpu_s"] = broker_cpu_after - broker_cpu_before
+    if timed_out:
+        row["status"] = "failed"
+        row["reason"] = f"timed out after {timeout:.0f}s"
+        return row
+    if not lines:
+        row["status"] = "failed"
+        row["reason"] = _failure_reason(err_path, proc.returncode)
+        if "ModuleNotFoundError" in row["reason"] or "ImportError" in row["reason"]:
+            row["status"] = "skipped"
+        return row
+    result = json.loads(lines[-1][len("RESULT "):])
+    row["result"] = result
+    n = result.get("records") or 0
+    first, last, start = (result.get(k) for k in ("first_record_at", "last_record_at", "process_start"))
+    if n and first and last and last > first:
+        row["steady_rps"] = n / (last - first)
+    if n and start and last and last > start:
+        row["from_start_rps"] = n / (last - start)
+        row["startup_s"] = (first - start) if first else None
+    if n:
+        row["cpu_us_per_record"] = row["cpu_s"] / n * 1e6
+    if result.get("error"):
+        row["status"] = "failed"
+        row["reason"] = str(result["error"]).splitlines()[0]
+    elif n != records:
+        row["status"] = "failed"
+        row["reason"] = f"processed {n} of {records} records"
+    elif proc.returncode != 0:
+        row["status"] = "failed"
+        row["reason"] = f"exit code {proc.returncode}"
+    else:
+        row["status"] = "ok"
+    return row
+
+
+def _failure_reason(err_path: Path, code: int) -> str:
+    lines = [line.strip() for line in err_path.read_text(errors="replace").splitlines() if line.strip()]
+    tail = lines[-1] if lines else ""
+    return f"no RESULT line (exit code {code}){': ' + tail if tail else ''}"
+
+
+def compare_check(row: dict[str, Any], expected: dict[str, int]) -> None:
+    check = (row.get("result") or {}).get("check")
+    if not isinstance(check, dict):
+        row["check"] = "n/a"
+        return
+    mismatches = {
+        k: (check[k], v) for k, v in expected.items() if k in check and check[k] != v
+    }
+    if mismatches:
+        row["check"] = "MISMATCH " + ", ".join(f"{k}={a} (expected {b})" for k, (a, b) in mismatches.items())
+        if row.get("status") == "ok":
+            row["status"] = "wrong"
+    else:
+        row["check"] = "ok" if any(k in check for k in expected) else "n/a"
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _fmt_rate(v: float | None) -> str:
+    return f"{v:,.0f}" if v else "-"
+
+
+def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=header, title_justify="left")
+    for col, justify in [
+        ("contender", "left"), ("records", "right"), ("rec/s steady", "right"),
+        ("rec/s from start", "right"), ("startup s", "right"), ("CPU s", "right"),
+        ("CPU µs/rec", "right"), ("peak RSS MB", "right"), ("broker CPU s", "right"),
+        ("load", "right"), ("check", "left"), ("status", "left"),
+    ]:
+        table.add_column(col, justify=justify)
+    for r in rows:
+        if r["status"] == "skipped" and "cpu_s" not in r:
+            table.add_row(r["contender"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
+            continue
+        result = r.get("result") or {}
+        status = r["status"]
+        table.add_row(
+            r["contender"],
+            f"{result.get('records', 0):,}",
+            _fmt_rate(r.get("steady_rps")),
+            _fmt_rate(r.get("from_start_rps")),
+            f"{r['startup_s']:.2f}" if r.get("startup_s") is not None else "-",
+            f"{r['cpu_s']:.2f}",
+            f"{r['cpu_us_per_record']:.2f}" if r.get("cpu_us_per_record") else "-",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['broker_cpu_s']:.2f}" if r.get("broker_cpu_s") is not None else "-",
+            f"{r['load_avg_1m_before']:.1f}",
+            "ok" if r.get("check") == "ok" else ("mismatch" if str(r.get("check")).startswith("MISMATCH") else "n/a"),
+            status,
+        )
+    console.print(table)
+    for r in rows:
+        if r["status"] != "ok" or str(r.get("check", "")).startswith("MISMATCH"):
+            detail = r.get("reason") or r.get("check")
+            if str(r.get("check", "")).startswith("MISMATCH") and r.get("reason"):
+                detail = f"{r['reason']}; {r['check']}"
+            console.print(f"  {r['contender']}: {r['status']}: {detail}")
+
+    measured = [r for r in rows if r.get("steady_rps") and r["status"] in ("ok", "wrong")]
+    if len(measured) < 2:
+        return
+    for metric, label in [("steady_rps", "steady"), ("from_start_rps", "from process start")]:
+        ratios = Table(
+            title=f"ratios, records/s {label}: row / column (>1: the row is faster)",
+            title_justify="left",
+        )
+        ratios.add_column("")
+        for c in measured:
+            ratios.add_column(f"vs {c['contender']}", justify="right")
+        for r in measured:
+            cells = []
+            for c in measured:
+                a, b = r.get(metric), c.get(metric)
+                cells.append("-" if r is c or not a or not b else f"{a / b:.2f}x")
+            ratios.add_row(r["contender"], *cells)
+        console.print(ratios)
+
+
+def _tansu_version(log_path: Path | None) -> str | None:
+    try:
+        first = log_path.read_text().splitlines()[0] if log_path else ""
+    except (OSError, IndexError):
+        return None
+    return first.strip() or None
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.harness", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--contenders", default=DEFAULT_CONTENDERS,
+                    help=f"comma list of short names (default {DEFAULT_CONTENDERS})")
+    ap.add_argument("--faust-fraction", type=float, default=0.1,
+                    help="faust processes this fraction of the records (it is ~300x slower)")
+    ap.add_argument("--session-timeout-ms", type=int, default=6000)
+    ap.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
+    ap.add_argument("--producers", type=int, default=1,
+                    help="producer processes for the input (each owns some partitions); 1 is
+                         "usually fastest on 2 cores")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="per-contender timeout in seconds (default 120 + 1 ms per record)")
+    ap.add_argument("--out", type=Path, default=ROOT / ".bench")
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+
+    from streamkit.broker import EmbeddedBroker, resolve_broker
+
+    console = Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
+    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    fractions = {n: (args.faust_fraction if n == "faust" else 1.0) for n in names}
+    spec = InputSpec(args.records, args.keys, args.partitions)
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    logdir = args.out / f"harness-{run_id}"
+    logdir.mkdir(parents=True, exist_ok=True)
+
+    rows: list[dict[str, Any]] = []
+    runnable = []
+    for name in names:
+        reason = availability(name)
+        if reason:
+            rows.append({"contender": name, "status": "skipped", "reason": reason})
+        else:
+            runnable.append(name)
+
+    report: dict[str, Any] = {
+        "run_id": run_id,
+        "config": {**vars(args), "out": str(args.out), "seed": spec.seed},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "load_avg_at_start": os.getloadavg(),
+        },
+    }
+
+    with resolve_broker(args.bootstrap) as broker:
+        broker_pid = broker.pid
+        if isinstance(broker, EmbeddedBroker):
+            report["broker"] = {"kind": "embedded", "version": _tansu_version(broker.log_path)}
+        else:
+            report["broker"] = {"kind": "external", "bootstrap": broker.bootstrap}
+        console.print(f"broker {broker.bootstrap} ({report['broker'].get('version') or report['broker']['kind']})")
+
+        topics: dict[int, str] = {}
+        ks = key_indices(spec.records, spec.keys, spec.seed)
+        prep = []
+        sizes = sorted({max(1, round(spec.records * fractions[n])) for n in runnable}, reverse=True)
+        for size in sizes:
+            topic = f"bench-{run_id.lower()}-{size}-{uuid.uuid4().hex[:6]}"
+            written, seconds = prepare_topic(broker.bootstrap, topic, spec, size, producers=args.producers)
+            topics[size] = topic
+            prep.append({"topic": topic, "records": written, "seconds": seconds, "rps": written / seconds})
+            console.print(
+                f"prepared {written:,} records, {spec.keys:,} keys, {spec.partitions} partitions "
+                f"into {topic} in {seconds:.2f}s ({written / seconds:,.0f} records/s)"
+            )
+        report["preparation"] = prep
+        expected = {size: expected_check(ks, size) for size in sizes}
+
+        for name in runnable:
+            size = max(1, round(spec.records * fractions[name]))
+            timeout = args.timeout if args.timeout is not None else 120 + size / 1000
+            console.print(f"running {name} on {size:,} records ...")
+            row = run_contender(
+                name, bootstrap=broker.bootstrap, topic=topics[size], records=size,
+                partitions=spec.partitions, session_timeout_ms=args.session_timeout_ms,
+                timeout=timeout, logdir=logdir, broker_pid=broker_pid,
+            )
+            row["fraction"] = fractions[name]
+            row["expected_check"] = expected[size]
+            compare_check(row, expected[size])
+            rows.append(row)
+            if row["status"] != "ok":
+                console.print(f"  {name}: {row['status']}: {row.get('reason', row.get('check'))} "
+                              f"(logs: {row.get('stderr_log', '-')})")
+            elif row.get("steady_rps"):
+                console.print(f"  {name}: {row['steady_rps']:,.0f} records/s steady, "
+                              f"{row.get('from_start_rps', 0):,.0f} from process start")
+
+    rows.sort(key=lambda r: names.index(r["contender"]))
+    report["results"] = rows
+    report["machine"]["load_avg_at_end"] = os.getloadavg()
+    header = (
+        f"{spec.records:,} records, {spec.keys:,} keys, {spec.partitions} partitions, "
+        f"session timeout {args.session_timeout_ms} ms, {os.cpu_count()} CPUs "
+        f"(load at start {report['machine']['load_avg_at_start'][0]:.1f})"
+    )
+    print_report(rows, header, console)
+
+    path = args.out / f"harness-{run_id}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    shutil.copyfile(path, args.out / "harness-latest.json")
+    console.print(f"results: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    failed = [r for r in rows if r["status"] in ("failed", "wrong")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
