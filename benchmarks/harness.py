@@ -304,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
     ap.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     ap.add_argument("--producers", type=int, default=1,
-                    help="producer processes for the input (each owns some partitions); 1 is
-                         "usually fastest on 2 cores")
+                    help="producer processes for the input (each owns some partitions); "
+                         "1 is usually fastest on 2 cores")
     ap.add_argument("--timeout", type=float, default=None,
                     help="per-contender timeout in seconds (default 120 + 1 ms per record)")
     ap.add_argument("--out", type=Path, default=ROOT / ".bench")
