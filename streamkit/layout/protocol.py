@@ -327,32 +327,35 @@ class LayoutCoordinator:
     async def expand(self, topic: str, partitions: int, *, grow: bool = True) -> ChangeResult:
         """Grow the active count to ``partitions`` (see the module docstring)."""
         layout = await self._load_settled(topic)
-        finished: tuple[int, ...] = ()
-        due = self._due_drains(layout)
-        if due:
-            layout = await self.registry.publish(model.finish_drain(layout, due))
-            finished = due
-            self._progress(f"{topic}: drain deadline passed for partitions {list(due)}: given up")
         if partitions <= layout.active:
             model.expand(layout, partitions)  # raises the explanatory error
         broker_count = await self.io.partition_count(topic)
         if broker_count is None:
             raise LayoutError(f"{topic} has a layout but no topic on the broker (was it deleted?)")
         physical = max(layout.physical, broker_count)
-        if partitions > physical and not layout.draining:
+        grow_to = None
+        if partitions > physical:
             if not grow:
                 raise LayoutError(f"{topic} has {physical} physical partitions, fewer than {partitions}")
-            if await self.io.supports_api(CREATE_PARTITIONS_API):
-                self._progress(f"{topic}: adding physical partitions {physical} -> {partitions} (CreatePartitions)")
-                await self.io.create_partitions(topic, partitions)
-                physical = partitions
-            else:
+            if not await self.io.supports_api(CREATE_PARTITIONS_API):
                 raise LayoutError(
                     f"cannot expand {topic} to {partitions}: it has {physical} physical partitions and this broker "
                     f"does not support CreatePartitions; add partitions with the broker's own tools "
                     f"(e.g. kafka-topics --alter --partitions {partitions}) and run this again, or create topics "
                     f"with reserved capacity (streamkit topics create T --partitions N --capacity C)"
                 )
+            grow_to = partitions
+        finished: tuple[int, ...] = ()
+        due = self._due_drains(layout)
+        if due:
+            layout = await self.registry.publish(model.finish_drain(layout, due))
+            finished = due
+            self._progress(f"{topic}: drain deadline passed for partitions {list(due)}: given up")
+        model.expand(layout, partitions, physical=max(physical, grow_to or 0))  # validate (draining, ...)
+        if grow_to is not None:
+            self._progress(f"{topic}: adding physical partitions {physical} -> {grow_to} (CreatePartitions)")
+            await self.io.create_partitions(topic, grow_to)
+            physical = grow_to
         hws = await self.io.high_watermarks(topic, range(physical))
         announced = model.expand(layout, partitions, physical=physical, announce_offsets=hws)
         result = await self._run(announced)
