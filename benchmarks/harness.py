@@ -8,7 +8,8 @@ Starts ONE embedded broker (or uses --bootstrap), prepares the input ONCE (see
 benchmarks.input; a contender given a fraction of the work gets its own topic holding
 the first records of the same input), then runs each contender as its own process
 (protocol: benchmarks/contenders/__init__.py). Per contender it measures CPU seconds
-(user + sys, children included) and peak RSS from ``os.wait4``, and the broker's CPU
+(user + sys, children included) and peak RSS from ``os.wait4`` (through a small
+launcher process, see LAUNCHER), and the broker's CPU
 seconds during the run; from the contender's RESULT line it computes records/s from
 first to last record (steady) and from process start. Prints a table, the ratios of
 every contender against every other, and writes everything as JSON under .bench/.
@@ -30,7 +31,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -92,6 +92,25 @@ def _cpu_of(pid: int | None) -> float | None:
         return None
 
 
+# Started fresh (exec) by the harness, it starts the contender and reports the
+# contender's rusage. Why not wait4 the contender directly: a child's ru_maxrss starts
+# at its parent's RSS high-water mark at fork time (Linux keeps the pre-exec mm's
+# high-water in signal->maxrss across exec), so children of the harness (which holds
+# the input's key list) would all report the harness's RSS as their peak. The launcher
+# is a bare interpreter, smaller than any contender, so max() is the contender's own.
+LAUNCHER = """
+import json, os, subprocess, sys
+usage_path, cmd = sys.argv[1], sys.argv[2:]
+proc = subprocess.Popen(cmd)
+_, status, ru = os.wait4(proc.pid, 0)
+proc.returncode = os.waitstatus_to_exitcode(status)
+with open(usage_path, "w") as fh:
+    json.dump({"utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss,
+               "exit_code": proc.returncode}, fh)
+sys.exit(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
+"""
+
+
 def run_contender(
     name: str,
     *,
@@ -120,23 +139,31 @@ def run_contender(
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout)}
+    usage_path = logdir / f"{name}.rusage.json"
+    usage_path.unlink(missing_ok=True)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         launched = time.time()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        waited: list[tuple[int, int, Any]] = []
-        waiter = threading.Thread(target=lambda: waited.append(os.wait4(proc.pid, 0)), daemon=True)
-        waiter.start()
-        waiter.join(timeout + 30)
-        timed_out = waiter.is_alive()
-        if timed_out:
+        # The launcher gets its own session (process group); the contender stays in it,
+        # so a timeout kills both with one killpg.
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, str(usage_path), *cmd],
+            cwd=ROOT, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=timeout + 30)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)
-            waiter.join(30)
+            proc.wait(30)
         ended = time.time()
-    _pid, status, usage = waited[0]
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, tell Popen
     broker_cpu_after = _cpu_of(broker_pid)
     shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        usage = json.loads(usage_path.read_text())
+    except (OSError, ValueError):
+        usage = {"utime": 0.0, "stime": 0.0, "maxrss_kb": 0, "exit_code": proc.returncode}
 
     stdout = out_path.read_text(errors="replace")
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
@@ -145,13 +172,13 @@ def run_contender(
         "module": module,
         "records_requested": records,
         "topic": topic,
-        "exit_code": proc.returncode,
+        "exit_code": usage["exit_code"],
         "wall_s": ended - launched,
         "launched_at": launched,
-        "cpu_user_s": usage.ru_utime,
-        "cpu_sys_s": usage.ru_stime,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_mb": usage.ru_maxrss / 1024.0,  # KiB on Linux
+        "cpu_user_s": usage["utime"],
+        "cpu_sys_s": usage["stime"],
+        "cpu_s": usage["utime"] + usage["stime"],
+        "peak_rss_mb": usage["maxrss_kb"] / 1024.0,  # KiB on Linux
         "load_avg_1m_before": load_before,
         "stdout_log": str(out_path),
         "stderr_log": str(err_path),
@@ -164,7 +191,7 @@ def run_contender(
         return row
     if not lines:
         row["status"] = "failed"
-        row["reason"] = _failure_reason(err_path, proc.returncode)
+        row["reason"] = _failure_reason(err_path, usage["exit_code"])
         if "ModuleNotFoundError" in row["reason"] or "ImportError" in row["reason"]:
             row["status"] = "skipped"
         return row
@@ -185,9 +212,9 @@ def run_contender(
     elif n != records:
         row["status"] = "failed"
         row["reason"] = f"processed {n} of {records} records"
-    elif proc.returncode != 0:
+    elif usage["exit_code"] != 0:
         row["status"] = "failed"
-        row["reason"] = f"exit code {proc.returncode}"
+        row["reason"] = f"exit code {usage['exit_code']}"
     else:
         row["status"] = "ok"
     return row
