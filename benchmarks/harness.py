@@ -249,6 +249,14 @@ def _fmt_rate(v: float | None) -> str:
     return f"{v:,.0f}" if v else "-"
 
 
+def _fmt_ratio(x: float) -> str:
+    if x >= 10:
+        return f"{x:,.0f}x"
+    if x >= 1:
+        return f"{x:.2f}x"
+    return f"{x:.2g}x"
+
+
 def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
     from rich.table import Table
 
@@ -303,7 +311,7 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
             cells = []
             for c in measured:
                 a, b = r.get(metric), c.get(metric)
-                cells.append("-" if r is c or not a or not b else f"{a / b:.2f}x")
+                cells.append("-" if r is c or not a or not b else _fmt_ratio(a / b))
             ratios.add_row(r["contender"], *cells)
         console.print(ratios)
 
