@@ -36,7 +36,8 @@ high watermark) + lease_ms`` (3 s by default); otherwise it first heartbeats and
 re-reads the registry.  The coordinator waits for the producers that heartbeated
 within ``2 * lease_ms + 1 s`` before the announcement (others hold no valid lease and
 will read the announcement before their next record), until
-``max(ack_timeout, their lease_ms + 1 s)`` after the start of the wait.
+``max(ack_timeout, lease_ms + 1 s)`` (each producer's own lease) after the start of
+the wait.
 
 Fencing and late records (the rule)
 -----------------------------------
@@ -460,13 +461,19 @@ class LayoutCoordinator:
             for pid, d in acks.last.items()
             if d.get("type") == "hb" and _hb_ts(d) >= pend.ts_ms - live_window_ms(int(d.get("lease_ms", DEFAULT_LEASE_MS)))
         }
-        max_lease = max([0] + [int(d.get("lease_ms", 0)) for d in live.values()]) / 1000
-        deadline = started + max(self.ack_timeout, max_lease + 1.0)
+        # Each producer is waited for until its own deadline: ack_timeout, but at least
+        # its lease + 1 s (by then its lease has run out: it cannot place records with
+        # the old layout any more without reading the new one).
+        deadlines = {
+            pid: started + max(self.ack_timeout, int(d.get("lease_ms", DEFAULT_LEASE_MS)) / 1000 + 1.0)
+            for pid, d in live.items()
+        }
         waiting = set(live)
         while True:
             acked = acks.acked(announced.topic, pend.epoch, pend.change_id)
-            waiting = set(live) - acked
-            if not waiting or time.monotonic() >= deadline:
+            now = time.monotonic()
+            waiting = {p for p in set(live) - acked}
+            if not any(deadlines[p] > now for p in waiting):
                 break
             await acks.poll(wait_ms=50)
         acked = acks.acked(announced.topic, pend.epoch, pend.change_id)

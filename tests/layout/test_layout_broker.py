@@ -1,0 +1,369 @@
+"""Layouts on the real broker: the registry, the change protocol, producers (also in
+other processes, also paused with SIGSTOP), late-record detection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from typer.testing import CliRunner
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from streamkit.cli import app as cli_app
+from streamkit.layout import model
+from streamkit.layout._kafka import FetchedRecord, KafkaIO
+from streamkit.layout.gating import classify_record, compute_gate, record_epoch
+from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.protocol import LayoutCoordinator, check_topic
+from streamkit.layout.registry import (
+    LAYOUTS_TOPIC,
+    ConcurrentChangeError,
+    LayoutRegistry,
+    StaleLayoutError,
+    encode_layout_record,
+)
+from streamkit.producer import Producer
+
+HERE = Path(__file__).parent
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def read_partitions(bootstrap: str, layout: TopicLayout) -> dict[int, list[FetchedRecord]]:
+    async with KafkaIO(bootstrap) as io:
+        return {p: (await io.read(layout.topic, p, 0))[0] for p in range(layout.physical)}
+
+
+def deliver(layout: TopicLayout, recs: dict[int, list[FetchedRecord]], *, gated: bool = True) -> list[FetchedRecord]:
+    """An adversarial single consumer: it always delivers the next record of the
+    highest-index partition whose gate allows one (new partitions as early as
+    possible); the group position is its own position (committed at once)."""
+    readable = sorted(layout.readable, reverse=True)
+    idx = {p: 0 for p in readable}
+    pos = {p: layout.base_offset(p) for p in readable}
+    out: list[FetchedRecord] = []
+    for p in readable:  # skip leftovers of earlier incarnations
+        lst = recs.get(p, [])
+        while idx[p] < len(lst) and lst[idx[p]].offset < pos[p]:
+            idx[p] += 1
+    while True:
+        gate = compute_gate(layout, readable, pos)
+        for p in readable:
+            lst = recs.get(p, [])
+            if idx[p] >= len(lst):
+                continue
+            r = lst[idx[p]]
+            lim = gate.gates[p].limit
+            if gated and lim is not None and r.offset >= lim:
+                continue
+            out.append(r)
+            pos[p] = r.offset + 1
+            idx[p] += 1
+            break
+        else:
+            left = sum(len(recs.get(p, [])) - idx[p] for p in readable)
+            assert left == 0, f"gated delivery stuck with {left} records left"
+            return out
+
+
+def misordered(records: Sequence[FetchedRecord]) -> list[FetchedRecord]:
+    """Records delivered after a record of the same producer and key with a higher seq."""
+    last: dict[tuple[str, str], int] = {}
+    bad = []
+    for r in records:
+        v = orjson.loads(r.value)
+        k = (v["p"], v["k"])
+        if v["seq"] <= last.get(k, 0):
+            bad.append(r)
+        last[k] = max(last.get(k, 0), v["seq"])
+    return bad
+
+
+class Proc:
+    """A producer_proc.py child process (only processes this test started are signalled)."""
+
+    def __init__(self, broker: str, topic: str, name_: str, tmp: Path, **opts: Any) -> None:
+        self.out = tmp / f"{name_}.json"
+        self.stop_file = tmp / f"{name_}.stop"
+        args = [sys.executable, str(HERE / "producer_proc.py"), broker, topic, name_, str(self.out),
+                "--stop-file", str(self.stop_file)]
+        for k, v in opts.items():
+            args += [f"--{k.replace('_', '-')}", str(v)]
+        env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready"):
+            self.proc.kill()
+            raise AssertionError(f"producer {name_} did not start: {line!r} {self.proc.stderr.read()}")
+        self.producer_id = line.split()[1]
+
+    def finish(self, timeout: float = 30.0) -> dict[str, Any]:
+        self.stop_file.touch()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        assert self.proc.returncode == 0, self.proc.stderr.read()
+        return orjson.loads(self.out.read_bytes())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---------------------------------------------------------------- registry round trips
+
+
+def test_create_expand_shrink_describe_round_trip(broker: str) -> None:
+    topic = name("lay-rt")
+
+    async def go() -> tuple[TopicLayout, TopicLayout, Any]:
+        async with LayoutCoordinator(broker, ack_timeout=2.0) as co:
+            created = await co.create(topic, 2, capacity=8)
+            assert (created.epoch, created.active, created.physical) == (1, 2, 8)
+            r = await co.expand(topic, 5)
+            assert r.layout.epoch == 2 and r.layout.pending is None and r.fenced == frozenset()
+            r = await co.shrink(topic, 3, delay=600)
+            assert r.layout.draining == (3, 4)
+            with pytest.raises(model.LayoutError, match="still draining"):
+                await co.expand(topic, 6)
+            lay, done, kept = await co.finish_drain(topic, [3])
+            assert done == () and "drains until" in kept[3]
+            lay, done, _ = await co.finish_drain(topic, [3], force=True)
+            assert done == (3,) and lay.epoch == 4 and lay.mode(3) == PartitionMode.NONE
+            info = await co.describe(topic)
+        async with LayoutRegistry(broker) as fresh:
+            again = await fresh.load(topic)
+        return lay, again, info
+
+    lay, again, info = asyncio.run(go())
+    assert again == lay  # read back from the internal topic by a new client
+    assert info.physical == 8 and set(info.high_watermarks) == set(range(8))
+    runner = CliRunner()
+    res = runner.invoke(cli_app, ["topics", "describe", topic, "-b", broker], env={"COLUMNS": "160"})
+    assert res.exit_code == 0, res.output
+    for word in ("epoch 4", "ReadOnly", "None", "ReadWrite", "shrink", "finish", "active 3", "physical 8"):
+        assert word in res.output
+    res = runner.invoke(cli_app, ["topics", "describe", topic, "--json", "-b", broker])
+    assert TopicLayout.from_dict(orjson.loads(res.output)) == lay
+    res = runner.invoke(cli_app, ["topics", "expand", topic, "-p", "6", "-b", broker])
+    assert res.exit_code != 0 and "partitions [4] are still draining" in str(res.exception)
+    res = runner.invoke(cli_app, ["topics", "expand", topic, "-p", "9", "-b", broker])
+    assert res.exit_code != 0 and "does not support CreatePartitions" in str(res.exception)
+
+
+def test_stale_layout_is_refused_and_reread(broker: str) -> None:
+    topic = name("lay-stale")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=1.0) as co:
+            await co.create(topic, 2, capacity=8)
+            e2 = (await co.expand(topic, 3)).layout
+            e3 = (await co.expand(topic, 4)).layout
+        async with LayoutRegistry(broker) as reg:
+            assert (await reg.load(topic)).epoch == 3
+            # a zombie coordinator re-writes epoch 2 (older) into the registry
+            p = AIOKafkaProducer(bootstrap_servers=broker)
+            await p.start()
+            try:
+                key, value = encode_layout_record(e2, by="zombie")
+                await p.send_and_wait(LAYOUTS_TOPIC, value, key=key, partition=0)
+            finally:
+                await p.stop()
+            before = reg.stale_refused
+            await reg.refresh()
+            assert reg.get(topic) == e3 and reg.stale_refused == before + 1
+            assert reg.refusals[-1].topic == topic and reg.refusals[-1].reason.startswith("stale")
+            # metadata from another path (an assignment, a checkpoint): older -> refused, re-read
+            assert await reg.offer(e2) == e3
+            assert reg.stale_refused == before + 2
+            with pytest.raises(StaleLayoutError):
+                await reg.publish(e2)
+            # a newer epoch named by a checkpoint: wait until the registry has it
+            waiter = asyncio.create_task(reg.ensure_at_least(topic, 4, timeout=10))
+            await asyncio.sleep(0.2)
+            assert not waiter.done()
+            async with LayoutCoordinator(broker, ack_timeout=1.0) as co:
+                await co.expand(topic, 5)
+            assert (await waiter).epoch == 4
+        async with LayoutRegistry(broker) as fresh:  # from scratch: the zombie record is refused too
+            assert (await fresh.load(topic)).epoch == 4
+            assert any(r.topic == topic for r in fresh.refusals)
+        # two coordinators announcing the same epoch: the first in the log wins
+        async with LayoutRegistry(broker, client_id="a") as a, LayoutRegistry(broker, client_id="b") as b:
+            base = await a.load(topic)
+            await b.load(topic)
+            await a.publish(model.expand(base, 6))
+            with pytest.raises((ConcurrentChangeError, StaleLayoutError)):
+                await b.publish(model.expand(base, 7))
+            won = await b.load(topic)
+            assert won.active == 6 and won.pending is not None
+        async with LayoutCoordinator(broker, ack_timeout=1.0) as co:  # the stopped change is resumed
+            r = await co.resume(topic)
+            assert r.layout.pending is None and r.layout.epoch == 5
+
+    asyncio.run(go())
+
+
+# ---------------------------------------------------------------- producers
+
+
+def test_two_producer_processes_ack_expansion_and_shrink(broker: str, tmp_path: Path) -> None:
+    topic = name("lay-2p")
+
+    async def setup() -> None:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 2, capacity=8)
+
+    asyncio.run(setup())
+    procs = [Proc(broker, topic, f"p{i}", tmp_path, keys=40, rate=1500) for i in range(2)]
+    try:
+
+        async def changes() -> list[Any]:
+            out = []
+            async with LayoutCoordinator(broker, ack_timeout=5.0) as co:
+                await asyncio.sleep(0.6)
+                out.append(await co.expand(topic, 4))
+                await asyncio.sleep(0.4)
+                out.append(await co.expand(topic, 6))
+                await asyncio.sleep(0.4)
+                out.append(await co.shrink(topic, 3, delay=0))
+                await asyncio.sleep(0.4)
+            return out
+
+        results = asyncio.run(changes())
+        outs = [p.finish() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    ids = {p.producer_id for p in procs}
+    for r in results:
+        assert ids <= r.acked and r.fenced == frozenset(), r
+        assert r.waited < 3.0
+    for o in outs:
+        assert o["fences"] == [] and o["stats"]["acks"] >= 3 and o["epoch"] == 4 and o["sent"] > 500
+
+    async def verify() -> tuple[TopicLayout, dict[int, list[FetchedRecord]], Any]:
+        async with LayoutRegistry(broker) as reg:
+            lay = await reg.load(topic)
+        return lay, await read_partitions(broker, lay), await check_topic(broker, topic)
+
+    lay, recs, report = asyncio.run(verify())
+    assert report.violations == [] and report.counts["ok"] == sum(o["sent"] for o in outs)
+    # every record sits where its stamped epoch's layout put its key
+    for p, lst in recs.items():
+        for r in lst:
+            assert lh_bucket(key_hash(r.key), lay.n0, lay.active_at(record_epoch(r.headers))) == p
+    delivered = deliver(lay, recs)
+    assert len(delivered) == report.counts["ok"]
+    assert misordered(delivered) == []
+    # the same adversarial consumer without the gates does break the order: the test can fail
+    assert misordered(deliver(lay, recs, gated=False))
+
+
+def test_paused_producer_is_fenced_not_silently_misordered(broker: str, tmp_path: Path) -> None:
+    topic = name("lay-stop")
+
+    async def setup() -> None:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 2, capacity=4)
+
+    asyncio.run(setup())
+    normal = Proc(broker, topic, "steady", tmp_path, keys=30, rate=1500)
+    paused = Proc(broker, topic, "sleeper", tmp_path, keys=30, rate=3000, lease_ms=1500, heartbeat_ms=500)
+    try:
+        time.sleep(0.5)
+        os.kill(paused.proc.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+
+        async def change() -> Any:
+            async with LayoutCoordinator(broker, ack_timeout=2.0) as co:
+                return await co.expand(topic, 4)
+
+        t0 = time.monotonic()
+        res = asyncio.run(change())
+        waited = time.monotonic() - t0
+        os.kill(paused.proc.pid, signal.SIGCONT)
+        time.sleep(1.0)
+        outs = {"steady": normal.finish(), "sleeper": paused.finish()}
+    finally:
+        normal.kill()
+        paused.kill()
+    assert res.fenced == frozenset({paused.producer_id})
+    assert normal.producer_id in res.acked
+    assert 2.0 <= waited < 6.0
+    assert res.layout.seals[-1].fenced == (paused.producer_id,)
+    # the paused producer learnt it was fenced; the other one was not
+    assert outs["sleeper"]["fences"] == [[topic, 2]] and outs["steady"]["fences"] == []
+    assert outs["sleeper"]["epoch"] == 2 and outs["sleeper"]["stats"]["acks"] >= 1
+
+    async def verify() -> tuple[TopicLayout, dict[int, list[FetchedRecord]], Any]:
+        async with LayoutRegistry(broker) as reg:
+            lay = await reg.load(topic)
+        return lay, await read_partitions(broker, lay), await check_topic(broker, topic)
+
+    lay, recs, report = asyncio.run(verify())
+    delivered = deliver(lay, recs)
+    # Not silent: every record delivered out of order is recognised as late by its epoch.
+    for r in misordered(delivered):
+        v = classify_record(lay, r.partition, r.offset, record_epoch(r.headers), key_hash(r.key))
+        assert v.violation, (r, v)
+    flagged = {(v["partition"], v["offset"]) for v in report.violations}
+    assert {(r.partition, r.offset) for r in misordered(delivered)} <= flagged
+    for v in report.violations:
+        assert v["producer"] == paused.producer_id and v["record_epoch"] == 1 and v["seal_epoch"] == 2
+
+
+def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> None:
+    """The case fencing cannot prevent, made deterministic: a batch that was already on
+    its way when its producer stopped lands after the seal with the old epoch."""
+    topic = name("lay-late")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=1.0) as co:
+            lay = await co.create(topic, 1, capacity=2)
+            key = next(f"k{i}" for i in range(1000) if lh_bucket(key_hash(f"k{i}".encode()), 1, 2) == 1)
+            stay = next(f"s{i}" for i in range(1000) if lh_bucket(key_hash(f"s{i}".encode()), 1, 2) == 0)
+            async with Producer(broker, client_id="good") as p:
+                await (await p.send(topic, key, {"p": "x", "k": key, "seq": 1}))
+                await (await p.send(topic, stay, {"p": "x", "k": stay, "seq": 1}))
+                r = await co.expand(topic, 2)
+                assert p.layout(topic).epoch == 2
+                raw = AIOKafkaProducer(bootstrap_servers=broker)
+                await raw.start()
+                try:
+                    hdr = [("streamkit.epoch", b"1"), ("streamkit.producer", b"ghost-1")]
+                    for k in (key, stay):
+                        await raw.send_and_wait(topic, orjson.dumps({"p": "x", "k": k, "seq": 2}), key=k.encode(),
+                                                partition=0, headers=hdr)
+                finally:
+                    await raw.stop()
+                md = await (await p.send(topic, key, {"p": "x", "k": key, "seq": 3}))
+                assert md.partition == 1
+            lay = r.layout
+            rep = await check_topic(broker, topic)
+            assert len(rep.violations) == 1 and rep.late_harmless == 1
+            v = rep.violations[0]
+            assert (v["producer"], v["key"], v["record_epoch"], v["seal_epoch"], v["moved"]) == ("ghost-1", key, 1, 2, True)
+            recs = await read_partitions(broker, lay)
+            bad = misordered(deliver(lay, recs))
+            assert [(r.partition, orjson.loads(r.value)["seq"]) for r in bad] == [(0, 2)]
+
+    asyncio.run(go())
