@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,7 +102,7 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         import os, sys, time
         from streamkit.broker import EmbeddedBroker
         b = EmbeddedBroker()
-        print(b.pid, flush=True)
+        print(b.pid, b.log_path.parent, flush=True)
         if sys.argv[1] == "exit":
             sys.exit(0)
         time.sleep(60)
@@ -112,7 +113,8 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
             [sys.executable, "-c", script, mode], stdout=subprocess.PIPE, text=True, cwd=ROOT
         )
         try:
-            broker_pid = int(read_line(proc, 20))
+            pid_text, log_dir = read_line(proc, 20).split()
+            broker_pid = int(pid_text)
             if mode == "sigkill":
                 proc.kill()
             proc.wait(timeout=20)
@@ -120,6 +122,11 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         finally:
             proc.kill()
             proc.wait()
+            proc.stdout.close()
+        if mode == "sigkill":  # nobody was left to remove the log
+            shutil.rmtree(log_dir, ignore_errors=True)
+        else:
+            assert not Path(log_dir).exists()  # a clean stop at exit removes it
 
 
 def test_resolve_broker_uses_a_given_address_and_checks_it(broker: str) -> None:
