@@ -16,7 +16,7 @@ from stores.tuning import relax_malloc_trim
 from streamkit.app import App, TimerSpec
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.context import Context, Outbox
-from streamkit.errors import BrokerUnreachableError, ConfigError
+from streamkit.errors import ConfigError
 from streamkit.kafka import ensure_topic, partition_counts, start_admin
 from streamkit.runtime.jobmeta import resolve_processor_count
 from streamkit.runtime.member import GroupMember
@@ -55,10 +55,7 @@ class Worker:
             self.bootstrap = self._embedded.bootstrap
             log.warning("no broker given: started an embedded broker at %s", self.bootstrap)
         else:
-            try:
-                await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)
-            except Exception as exc:  # noqa: BLE001 - say it in one line
-                raise BrokerUnreachableError(f"no Kafka broker answers at {self.bootstrap}: {exc}") from None
+            await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)  # BrokerError: one line
         admin = await start_admin(self.bootstrap)
         try:
             counts = await partition_counts(admin, self.app.input_topics)
