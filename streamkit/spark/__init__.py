@@ -28,6 +28,7 @@ __all__ = [
     "BackfillError",
     "BackfillRefused",
     "BackfillResult",
+    "InjectedFailure",
     "Reporter",
     "SparkExtraMissing",
     "backfill_replay",
@@ -50,6 +51,7 @@ _LAZY = {
     "BackfillBusy": "streamkit.spark.staging",
     "BackfillError": "streamkit.spark.staging",
     "BackfillRefused": "streamkit.spark.staging",
+    "InjectedFailure": "streamkit.spark.staging",
 }
 
 

@@ -108,8 +108,8 @@ class Reporter:
     def spark_job(self, spark: "SparkSession", group: str) -> None:
         """Called right before the Spark job of job group ``group`` starts."""
 
-    def spark_job_done(self) -> None:
-        """Called right after the Spark job finishes (or fails)."""
+    def spark_job_done(self, ok: bool) -> None:
+        """Called right after the Spark job finishes (``ok``) or fails."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -264,6 +264,17 @@ class _Plan:
     from_start: bool
     fail_at: str | None
     keep_backup: bool
+    topic_partitions: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def _layouts(spec: Mapping[str, int | tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for topic, v in (spec or {}).items():
+        n0, n = (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+        if not 1 <= n0 <= n:
+            raise ConfigError(f"topic_partitions[{topic!r}] must be N or (N0, N) with 1 <= N0 <= N, got {v!r}")
+        out[topic] = (n0, n)
+    return out
 
 
 def _layout(spark: "SparkSession", p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
@@ -303,15 +314,17 @@ def _run(
             with reporter.phase("spark", "encode, place, shuffle, sort, write SST files"):
                 df = build(staging, plan.subs, plan.num_partitions, spark_partition_keys(plan.num_partitions), acc)
                 reporter.spark_job(spark, group)
+                ok = False
                 try:
                     rows = df.collect()
+                    ok = True
                 except Exception as exc:  # noqa: BLE001 - Py4J / PythonException
                     clean = _translate(exc)
                     if clean is not None:
                         raise clean from None
                     raise
                 finally:
-                    reporter.spark_job_done()
+                    reporter.spark_job_done(ok)
         finally:
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", old_batch)
             sc.setLocalProperty("spark.jobGroup.id", None)
@@ -322,6 +335,7 @@ def _run(
         ssts: dict[int, dict[str, list[str]]] = {p: {} for p in range(plan.p)}
         keys_written = {t: 0 for t in plan.tables}
         max_off: dict[tuple[str, int], int] = {}
+        owners: dict[tuple[str, int], set[int]] = {}
         rows_read = 0
         task_s = write_s = replay_s = 0.0
         infos: list[str] = []
@@ -334,6 +348,7 @@ def _run(
             elif r.kind == "offset":
                 key = (r.topic, r.part)
                 max_off[key] = max(max_off.get(key, -1), r.max_off)
+                owners.setdefault(key, set()).add(r.proc)
             elif r.kind == "stats":
                 rows_read += r.rows or 0
                 task_s += r.seconds or 0.0
@@ -359,14 +374,20 @@ def _run(
             )
 
         positions = _final_positions(plan, max_off)
+        per_proc, stamped_everywhere = _stamp(plan, positions, owners)
+        if stamped_everywhere:
+            warnings.append(
+                f"no partition data for {sorted(stamped_everywhere)}: their positions are stamped into every "
+                "store (give the partition column or topic_partitions to stamp only their owners)"
+            )
 
         # -- stores --------------------------------------------------------------------------
         extra = {"backfill": {"mode": plan.mode, "tables": sorted(plan.tables), "p0": plan.p0, "processors": plan.p}}
-        checkpoint = Checkpoint(positions=dict(positions), layout_epochs=dict(plan.layout_epochs), extra=extra)
         all_tables = sorted(app.tables)
         with reporter.phase("build", f"ingest SST files into {plan.p} fresh store(s)"):
             for proc in range(plan.p):
                 files = {t: sorted(fs) for t, fs in ssts[proc].items()}
+                checkpoint = Checkpoint(positions=per_proc[proc], layout_epochs=dict(plan.layout_epochs), extra=extra)
                 staging.build_store(proc, all_tables, files, checkpoint)
                 if proc == 0:
                     check_fail("build", plan.fail_at)
@@ -397,6 +418,48 @@ def _run(
                  "skipped_decode": skipped, "buckets": plan.p * plan.subs, "spark_partitions": plan.num_partitions},
         warnings=warnings,
     )
+
+
+def _stamp(
+    plan: _Plan, positions: Mapping[tuple[str, int], int], owners: Mapping[tuple[str, int], set[int]]
+) -> tuple[dict[int, dict[tuple[str, int], int]], set[tuple[str, int]]]:
+    """Which processors' checkpoints get which positions.
+
+    A processor's checkpoint says "every record before these positions is reflected in
+    this store", so a position goes to the processors that own keys of that partition,
+    exactly as the runtime's own checkpoints hold only the partitions a processor reads:
+    known from the history itself (rows of the partition placed on the processor) or,
+    failing that, from the topic layout (``topic_partitions``). With neither, the
+    position goes to every store (reported as a warning).
+    """
+    per_proc: dict[int, dict[tuple[str, int], int]] = {p: {} for p in range(plan.p)}
+    layout_owners: dict[tuple[str, int], set[int]] = {}
+    if plan.topic_partitions:
+        from assignors.placement import assign_partitions
+
+        assignment = assign_partitions(plan.topic_partitions, plan.p0, plan.p)
+        for proc, slots in assignment.items():
+            for topic, part, _filter in slots:
+                layout_owners.setdefault((topic, part), set()).add(proc)
+    for tp, procs in owners.items():
+        expected = layout_owners.get(tp)
+        if expected is not None and not procs <= expected:
+            raise BackfillError(
+                f"keys of {tp[0]}[{tp[1]}] in the history are placed on processor(s) {sorted(procs - expected)}, "
+                f"but the topic layout gives that partition to {sorted(expected)}: the key bytes differ from the "
+                "producer's (check the key serde / --key-encoded) or the producer used another partitioner"
+            )
+    everywhere: set[tuple[str, int]] = set()
+    for tp, nxt in positions.items():
+        procs = owners.get(tp) or layout_owners.get(tp)
+        if procs is None and plan.topic_partitions and tp[0] in plan.topic_partitions:
+            raise BackfillError(f"position {tp[0]}:{tp[1]} is outside topic {tp[0]!r}'s layout {plan.topic_partitions[tp[0]]}")
+        if procs is None:
+            everywhere.add(tp)
+            procs = set(range(plan.p))
+        for proc in procs:
+            per_proc[proc][tp] = nxt
+    return per_proc, everywhere
 
 
 def _final_positions(plan: _Plan, max_off: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -480,6 +543,7 @@ def backfill_state(
     processors: int | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
+    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
     allow_partial: bool = False,
     num_partitions: int | None = None,
     subs: int | None = None,
@@ -525,6 +589,7 @@ def backfill_state(
         positions=parse_positions(positions), derive_positions=offset_col is not None,
         topics=app_obj.input_topics, layout_epochs=dict(layout_epochs or {}),
         allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions),
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(
@@ -634,6 +699,7 @@ def backfill_replay(
     processors: int | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
+    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
     allow_partial: bool = False,
     num_partitions: int | None = None,
     subs: int | None = None,
@@ -689,6 +755,7 @@ def backfill_replay(
         positions=parse_positions(positions), derive_positions=offset_col is not None,
         topics=[topic], layout_epochs=dict(layout_epochs or {}),
         allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions),
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(

@@ -227,9 +227,9 @@ def load_spec_app(spec: Spec) -> Any:
 
             app = load_app(spec.app_ref)
         else:
-            import cloudpickle
+            import pickle  # written by pyspark's cloudpickle; plain pickle reads it
 
-            app = cloudpickle.loads(spec.app_pickle)
+            app = pickle.loads(spec.app_pickle)
         _APPS[key] = app
     return app
 
@@ -335,27 +335,37 @@ def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
 
 
 class _Offsets:
-    """Per (topic, partition): the highest offset seen (vectorised per batch)."""
+    """Per (processor, topic, partition): the highest offset seen (vectorised per batch).
 
-    def __init__(self) -> None:
-        self.max: dict[tuple[str, int], int] = {}
+    The driver derives the resume positions from these (highest + 1) and stamps each
+    position only into the stores of processors that own keys of that partition.
+    """
+
+    def __init__(self, subs: int) -> None:
+        self.subs = subs
+        self.max: dict[tuple[int, str, int], int] = {}
 
     def add(self, batch: pa.RecordBatch) -> None:
         off = batch.column("_off")
         if off.null_count == len(off):
             return
-        t = pa.Table.from_batches([batch.select(["_topic", "_part", "_off"])])
+        procs = pa.array(batch.column("_b").to_numpy() // self.subs, pa.int32())
+        t = pa.table([procs, batch.column("_topic"), batch.column("_part"), off], names=["_p", "_topic", "_part", "_off"])
         t = t.filter(t.column("_off").is_valid())
         if t.column("_topic").null_count or t.column("_part").null_count:
             raise TaskError("offsets", "rows with an offset must also have a topic and a partition")
-        g = t.group_by(["_topic", "_part"]).aggregate([("_off", "max")])
-        for topic, part, mx in zip(g.column("_topic").to_pylist(), g.column("_part").to_pylist(), g.column("_off_max").to_pylist()):
-            key = (topic, part)
-            if mx > self.max.get(key, -1):
-                self.max[key] = mx
+        g = t.group_by(["_p", "_topic", "_part"]).aggregate([("_off", "max")])
+        for key in zip(g.column("_p").to_pylist(), g.column("_topic").to_pylist(), g.column("_part").to_pylist(),
+                       g.column("_off_max").to_pylist()):
+            k, mx = key[:3], key[3]
+            if mx > self.max.get(k, -1):
+                self.max[k] = mx
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"kind": "offset", "topic": t, "part": p, "max_off": o} for (t, p), o in sorted(self.max.items())]
+        return [
+            {"kind": "offset", "proc": p, "topic": t, "part": q, "max_off": o}
+            for (p, t, q), o in sorted(self.max.items())
+        ]
 
 
 def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -367,7 +377,7 @@ def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     """
     t0 = time.perf_counter()
     sink = _SstSink(spec)
-    offsets = _Offsets()
+    offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "dups": 0, "nulls": 0}
     have_offsets = spec.offset_col is not None
 
@@ -433,7 +443,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     assert spec.topic is not None
     replayer = Replayer(app, spec.topic)
     sink = _SstSink(spec)
-    offsets = _Offsets()
+    offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "keys": 0}
     wanted = {c.name for c in spec.tables}
 

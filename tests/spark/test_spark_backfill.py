@@ -75,13 +75,27 @@ def state_df(spark: Any, events: list[tuple[str, int, int, int, int]]) -> Any:
     )
 
 
-def check_counts_stores(app_dir: Path, events: list[tuple[str, int, int, int, int]], p0: int, p: int) -> None:
+def owned_positions(
+    keys_parts: list[tuple[bytes, str, int]], positions: dict[tuple[str, int], int], p0: int, p: int
+) -> dict[int, dict[tuple[str, int], int]]:
+    """Per processor: the positions of the partitions it owns keys of (what a checkpoint holds)."""
+    owned: dict[int, dict[tuple[str, int], int]] = {proc: {} for proc in range(p)}
+    for key, topic, part in keys_parts:
+        owned[processor_of(key, p0, p)][(topic, part)] = positions[(topic, part)]
+    return owned
+
+
+def check_counts_stores(
+    app_dir: Path, events: list[tuple[str, int, int, int, int]], p0: int, p: int, everywhere: bool = False
+) -> None:
     stores = read_all(app_dir, ["totals"])
     assert sorted(stores) == list(range(p))
     want = final_state(events)
     seen = {}
+    pos = next_positions(events)
+    owned = owned_positions([(e[0].encode(), "events", e[2]) for e in events], pos, p0, p)
     for proc, (tables, cp) in stores.items():
-        assert cp.positions == next_positions(events)
+        assert cp.positions == (pos if everywhere else owned[proc])
         for k, v in tables["totals"].items():
             assert processor_of(k, p0, p) == proc, f"{k!r} in the wrong store"
             seen[k.decode()] = orjson.loads(v)
@@ -127,9 +141,11 @@ def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, stat
     events = count_events(3000, 400, seed=2)
     df = state_df(spark, events).drop("offset", "partition")
     pos = next_positions(events)
-    backfill_table(bf_apps.counts, "totals", df, positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
-                   processors=5, state_dir=state_dir)
-    check_counts_stores(state_dir / "bf-counts", events, 3, 5)
+    res = backfill_table(bf_apps.counts, "totals", df, positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
+                         processors=5, state_dir=state_dir)
+    # without partition data, every store gets every position (and the result says so)
+    check_counts_stores(state_dir / "bf-counts", events, 3, 5, everywhere=True)
+    assert any("stamped into every store" in w for w in res.warnings)
 
 
 def test_duplicate_keys_latest_offset_wins_and_null_means_no_state(spark: Any, state_dir: Path) -> None:
@@ -272,6 +288,8 @@ def test_replay_runs_the_apps_handlers_per_key_in_order(spark: Any, state_dir: P
     got_sums: dict[int, int] = {}
     got_last: dict[int, str] = {}
     ints = IntSerde()
+    pos = {("m-events", p): n for p, n in enumerate(_counts_per_part(records))}
+    owned = owned_positions([(ints.dumps(r[0]), "m-events", r[3]) for r in records], pos, 2, 3)
     for proc, (tables, cp) in stores.items():
         for k, v in tables["sums"].items():
             assert processor_of(k, 2, 3) == proc
@@ -279,7 +297,7 @@ def test_replay_runs_the_apps_handlers_per_key_in_order(spark: Any, state_dir: P
         for k, v in tables["last"].items():
             assert processor_of(k, 2, 3) == proc
             got_last[ints.loads(k)] = v.decode()
-        assert cp.positions == {("m-events", p): n for p, n in enumerate(_counts_per_part(records))}
+        assert cp.positions == owned[proc]
     assert got_sums == sums
     assert got_last == last
     assert res.rows_read == len(records)
