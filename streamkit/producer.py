@@ -27,8 +27,9 @@
 - **Batching.**  Records are appended to one open batch per partition (no await per
   record) and handed to the broker when full (``batch_bytes``) or ``linger_ms`` old;
   at most one batch per partition is in flight, so a partition's records keep their
-  order.  :meth:`Producer.send` returns a future of the record's
-  :class:`aiokafka.structs.RecordMetadata`; awaiting it is optional.
+  order.  :meth:`Producer.send` returns a :class:`Delivery`: await it for the
+  record's :class:`aiokafka.structs.RecordMetadata` (optional; errors also surface
+  in :meth:`Producer.flush` and later sends).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from streamkit.layout.protocol import (
 )
 from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
 
-__all__ = ["FenceEvent", "Producer", "ProducerFencedError"]
+__all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]
 
 log = logging.getLogger("streamkit.producer")
 
@@ -124,17 +125,67 @@ class _TopicState:
         self.headers = [(EPOCH_HEADER, str(self.epoch).encode()), (PRODUCER_HEADER, pid)]
 
 
+_REPLACED = object()
+
+
 class _Open:
-    __slots__ = ("topic", "partition", "builder", "records", "created", "epoch", "done")
+    """An open (then dispatched) batch of one partition; ``future`` resolves with the
+    batch's RecordMetadata (base offset) or with ``_REPLACED`` if its records were
+    placed again after a layout change before it was dispatched."""
+
+    __slots__ = ("topic", "partition", "builder", "records", "created", "epoch", "future")
 
     def __init__(self, topic: str, partition: int, builder: Any, epoch: int) -> None:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.records: list[tuple[bytes | None, bytes | None, Headers, int | None, asyncio.Future[Any], int]] = []
+        self.records: list[tuple[bytes | None, bytes | None, Headers, int | None, Delivery]] = []
         self.created = time.monotonic()
         self.epoch = epoch
-        self.done: asyncio.Future[None] | None = None
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+
+class Delivery:
+    """What :meth:`Producer.send` returns: await it for the record's RecordMetadata.
+
+    Lighter than a future per record (the batch has one future); follows the record
+    if it is placed again after a layout change.
+    """
+
+    __slots__ = ("_ob", "_rel", "_ts")
+
+    def __init__(self, ob: _Open, rel: int, ts: int | None) -> None:
+        self._ob = ob
+        self._rel = rel
+        self._ts = ts
+
+    @property
+    def partition(self) -> int:
+        """The partition the record is (currently) placed on."""
+        return self._ob.partition
+
+    def done(self) -> bool:
+        f = self._ob.future
+        return f.done() and (f.cancelled() or f.exception() is not None or f.result() is not _REPLACED)
+
+    def _meta(self, ob: _Open, md: Any) -> RecordMetadata:
+        tp = TopicPartition(ob.topic, ob.partition)
+        ts = self._ts if self._ts is not None else md.timestamp
+        return RecordMetadata(ob.topic, ob.partition, tp, md.offset + self._rel, ts, md.timestamp_type, md.log_start_offset)
+
+    def result(self) -> RecordMetadata:
+        ob = self._ob
+        md = ob.future.result()
+        if md is _REPLACED:  # pragma: no cover - the delivery follows its record
+            raise asyncio.InvalidStateError("record not delivered yet")
+        return self._meta(ob, md)
+
+    def __await__(self) -> Any:
+        while True:
+            ob = self._ob
+            md = yield from ob.future.__await__()
+            if md is not _REPLACED:
+                return self._meta(ob, md)
 
 
 class Producer:
@@ -287,8 +338,8 @@ class Producer:
         headers: Headers = None,
         *,
         timestamp_ms: int | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
-        """Place and queue one record; returns a future of its RecordMetadata."""
+    ) -> Delivery:
+        """Place and queue one record; returns an awaitable of its RecordMetadata."""
         if self._closed or not self._started:
             raise StreamkitError("the producer is not running (use `async with Producer(...)` or start())")
         if self._error is not None:
@@ -304,23 +355,23 @@ class Producer:
         st = self._topics.get(topic)
         if st is None:
             st = await self._topic_state(topic)
-        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-        full = self._append(st, self._key(key), self._value(value), headers, timestamp_ms, fut)
+        kb = key if type(key) is bytes else self._key(key)
+        vb = value if type(value) is bytes else self._value(value)
+        d, full = self._append(st, kb, vb, headers, timestamp_ms, None)
         if full is not None:
             await self._dispatch(full)
-        return fut
+        return d
 
     async def send_and_wait(self, topic: str, key: Any, value: Any, headers: Headers = None, **kw: Any) -> RecordMetadata:
-        fut = await self.send(topic, key, value, headers, **kw)
+        d = await self.send(topic, key, value, headers, **kw)
         self._seal_topic(topic)
-        return await fut
+        return await d
 
     async def send_many(self, topic: str, items: Iterable[tuple[Any, Any]], headers: Headers = None) -> int:
-        """Queue ``(key, value)`` pairs (no futures kept); returns how many."""
+        """Queue ``(key, value)`` pairs; returns how many (errors surface in :meth:`flush`)."""
         n = 0
         for key, value in items:
-            fut = await self.send(topic, key, value, headers)
-            fut.add_done_callback(_ignore)
+            await self.send(topic, key, value, headers)
             n += 1
         return n
 
@@ -357,9 +408,10 @@ class Producer:
         vb: bytes | None,
         headers: Headers,
         ts: int | None,
-        fut: asyncio.Future[Any],
-    ) -> _Open | None:
-        """Append to the partition's open batch; return a batch that became full."""
+        d: Delivery | None,
+    ) -> tuple[Delivery, _Open | None]:
+        """Append to the partition's open batch; return the delivery and a batch that
+        became full (to dispatch)."""
         p = st.place(kb)
         k = (st.topic, p)
         ob = self._open.get(k)
@@ -374,11 +426,14 @@ class Producer:
             meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
             if meta is None:
                 del self._open[k]
-                fut.set_exception(ValueError(f"record too large for a batch of {self.batch_bytes} bytes"))
-                return full
-        ob.records.append((kb, vb, headers, ts, fut, meta.offset))
+                raise ValueError(f"record of {len(vb or b'') + len(kb or b'')} bytes is too large for a batch of {self.batch_bytes}")
+        if d is None:
+            d = Delivery(ob, meta.offset, ts)
+        else:
+            d._ob, d._rel = ob, meta.offset
+        ob.records.append((kb, vb, headers, ts, d))
         self.stats["records"] += 1
-        return full
+        return d, full
 
     def _seal_topic(self, topic: str | None = None) -> None:
         """Dispatch open batches (of one topic) now, in the background."""
@@ -389,9 +444,7 @@ class Producer:
     async def _dispatch(self, ob: _Open) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ob.done = done
-        self._inflight.setdefault(ob.topic, set()).add(done)
+        self._inflight.setdefault(ob.topic, set()).add(ob.future)
         lock = self._locks.get(k)
         if lock is None:
             lock = self._locks[k] = asyncio.Lock()
@@ -407,31 +460,20 @@ class Producer:
     def _delivered(self, ob: _Open, f: asyncio.Future[Any]) -> None:
         if f.cancelled():
             self._fail(ob, asyncio.CancelledError())
-            return
-        exc = f.exception()
-        if exc is not None:
-            self._fail(ob, exc)
-            return
-        md = f.result()
-        base = md.offset
-        tp = TopicPartition(ob.topic, ob.partition)
-        for _k, _v, _h, ts, fut, rel in ob.records:
-            if not fut.done():
-                fut.set_result(RecordMetadata(ob.topic, ob.partition, tp, base + rel, ts or md.timestamp, md.timestamp_type, md.log_start_offset))
-        self._finish(ob)
+        elif f.exception() is not None:
+            self._fail(ob, f.exception())
+        else:
+            if not ob.future.done():
+                ob.future.set_result(f.result())
+            self._inflight.get(ob.topic, set()).discard(ob.future)
 
     def _fail(self, ob: _Open, exc: BaseException) -> None:
         if self._error is None and not isinstance(exc, asyncio.CancelledError):
             self._error = exc
-        for *_rest, fut, _rel in ob.records:
-            if not fut.done():
-                fut.set_exception(exc)
-        self._finish(ob)
-
-    def _finish(self, ob: _Open) -> None:
-        if ob.done is not None and not ob.done.done():
-            ob.done.set_result(None)
-            self._inflight.get(ob.topic, set()).discard(ob.done)
+        if not ob.future.done():
+            ob.future.set_exception(exc)
+            ob.future.exception()  # mark retrieved: errors surface through flush()/send()
+        self._inflight.get(ob.topic, set()).discard(ob.future)
 
     async def _linger_loop(self) -> None:
         tick = max(self.linger / 2, 0.001)
@@ -508,12 +550,13 @@ class Producer:
         # Records not yet handed to the network are placed again with the new layout.
         stale = [self._open.pop(k) for k in [k for k in self._open if k[0] == topic]]
         for ob in stale:
-            for kb, vb, headers, ts, fut, _rel in ob.records:
-                full = self._append(st, kb, vb, headers, ts, fut)
+            for kb, vb, headers, ts, d in ob.records:
+                _d, full = self._append(st, kb, vb, headers, ts, d)
                 self.stats["records"] -= 1
                 self.stats["replaced"] += 1
                 if full is not None:
                     asyncio.ensure_future(self._dispatch(full))
+            ob.future.set_result(_REPLACED)
         log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
 
     async def _ack(self, topic: str, epoch: int, change_id: str) -> None:

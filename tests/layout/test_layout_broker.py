@@ -367,3 +367,5 @@ def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> No
             assert [(r.partition, orjson.loads(r.value)["seq"]) for r in bad] == [(0, 2)]
 
     asyncio.run(go())
+    res = CliRunner().invoke(cli_app, ["topics", "check", topic, "-b", broker])
+    assert res.exit_code == 2 and "VIOLATION late" in res.output and "ghost-1" in res.output

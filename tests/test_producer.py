@@ -1,0 +1,158 @@
+"""The streamkit producer, used alone (outside an app), on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import kafka_partition, key_hash
+from streamkit.layout import model
+from streamkit.layout._kafka import KafkaIO
+from streamkit.layout.gating import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
+from streamkit.layout.protocol import LayoutCoordinator
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.producer import Producer, ProducerFencedError
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def read(broker: str, topic: str, partitions: int) -> dict[int, list]:
+    async with KafkaIO(broker) as io:
+        return {p: (await io.read(topic, p, 0))[0] for p in range(partitions)}
+
+
+def test_places_by_layout_stamps_epoch_and_batches(broker: str) -> None:
+    topic = name("prod-lay")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 3, capacity=8)
+            await co.expand(topic, 5)
+        keys = [f"user-{i}" for i in range(500)]
+        async with Producer(broker, client_id="alone") as p:
+            assert p.layout(topic) is None or p.layout(topic).epoch == 2
+            ds = [await p.send(topic, k, {"i": i}) for i, k in enumerate(keys * 20)]
+            null = [await p.send(topic, None, b"raw") for _ in range(10)]
+            await p.flush()
+            metas = [await d for d in ds]
+            assert p.epoch(topic) == 2
+            assert p.stats["batches"] < len(ds) / 50  # batched, not one request per record
+        for k, m in zip(keys * 20, metas):
+            assert m.partition == lh_bucket(key_hash(k.encode()), 3, 5)
+        by_part: dict[int, list[int]] = {}
+        for m in metas:
+            by_part.setdefault(m.partition, []).append(m.offset)
+        for offs in by_part.values():
+            assert offs == sorted(offs) and len(set(offs)) == len(offs)
+        assert {(await d).partition for d in null} <= set(range(5))
+        recs = await read(broker, topic, 8)
+        assert sum(len(v) for v in recs.values()) == len(keys) * 20 + 10
+        assert not recs[5] and not recs[6] and not recs[7]  # never a None partition
+        for p_, lst in recs.items():
+            for r in lst:
+                h = dict(r.headers)
+                assert record_epoch(r.headers) == 2 and h[PRODUCER_HEADER].startswith(b"alone-")
+
+    asyncio.run(go())
+
+
+def test_topic_without_layout_uses_kafkas_partitioner_then_follows_a_new_layout(broker: str, topic_factory) -> None:
+    topic = topic_factory(4, prefix="prod-plain")
+
+    async def go() -> None:
+        async with Producer(broker, client_id="plain") as p:
+            ms = [await (await p.send(topic, f"k{i}", i)) for i in range(50)]
+            for i, m in enumerate(ms):
+                assert m.partition == kafka_partition(f"k{i}".encode(), 4)
+            assert p.epoch(topic) == 0
+            async with LayoutCoordinator(broker) as co:
+                await co.create(topic, 4)  # adopt: same placement, now with a layout
+                deadline = time.monotonic() + 5
+                while p.epoch(topic) != 1 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert p.epoch(topic) == 1
+        recs = await read(broker, topic, 4)
+        epochs = sorted({record_epoch(r.headers) for lst in recs.values() for r in lst})
+        assert epochs == [0]
+
+    asyncio.run(go())
+
+
+def test_unsent_records_are_placed_again_after_a_change(broker: str) -> None:
+    """Records still in an open batch when a change is announced go where the new
+    layout puts them, stamped with the new epoch (they were not produced yet)."""
+    topic = name("prod-replace")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=5) as co:
+            await co.create(topic, 1, capacity=2)
+            movers = [f"m{i}" for i in range(200) if lh_bucket(key_hash(f"m{i}".encode()), 1, 2) == 1][:20]
+            async with Producer(broker, client_id="slow", linger_ms=60_000) as p:
+                ds = [await p.send(topic, k, 1) for k in movers]
+                assert {d.partition for d in ds} == {0}
+                res = await co.expand(topic, 2)  # the producer acks while its batch is still open
+                assert p.producer_id in res.acked
+                assert p.stats["replaced"] == len(movers)
+                await p.flush()
+                assert {(await d).partition for d in ds} == {1}
+        recs = await read(broker, topic, 2)
+        assert recs[0] == [] and [record_epoch(r.headers) for r in recs[1]] == [2] * len(movers)
+
+    asyncio.run(go())
+
+
+def test_fence_raise_mode_and_clear(broker: str) -> None:
+    topic = name("prod-fence")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker) as co:
+            lay = await co.create(topic, 2, capacity=4)
+        seen = []
+        async with Producer(broker, client_id="strict", on_fence="raise") as p, Producer(
+            broker, client_id="cb", on_fence=seen.append
+        ) as q:
+            await (await p.send(topic, "a", 1))
+            async with LayoutRegistry(broker) as reg:
+                await reg.load(topic)
+                ann = await reg.publish(model.expand(lay, 3))
+                # a coordinator sealed without their acks: both are named as fenced
+                await reg.publish(model.seal(ann, {0: 1, 1: 1, 2: 0}, fenced=[p.producer_id, q.producer_id]))
+            deadline = time.monotonic() + 5
+            while not (p.fences and q.fences) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert [(f.topic, f.epoch) for f in p.fences] == [(topic, 2)]
+            assert seen and seen[0].epoch == 2
+            with pytest.raises(ProducerFencedError, match="fenced at epoch 2"):
+                await p.send(topic, "a", 2)
+            await (await q.send(topic, "a", 2))  # callback mode keeps going
+            p.clear_fence()
+            m = await (await p.send(topic, "a", 3))
+            assert m.partition == lh_bucket(key_hash(b"a"), 2, 3)
+
+    asyncio.run(go())
+
+
+def test_lease_blocks_sends_until_layout_reread(broker: str) -> None:
+    topic = name("prod-lease")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 1, capacity=2)
+        async with Producer(broker, client_id="lease", lease_ms=600, heartbeat_ms=200) as p:
+            await (await p.send(topic, "k", 1))
+            for t in p._tasks:  # simulate a stalled control loop (as if paused)
+                if t.get_name().endswith("-control"):
+                    t.cancel()
+            await asyncio.sleep(0.7)
+            before = p.stats["lease_renewals"]
+            await (await p.send(topic, "k", 2))  # renews first: heartbeat + registry read
+            assert p.stats["lease_renewals"] == before + 1
+        assert EPOCH_HEADER == "streamkit.epoch"
+
+    asyncio.run(go())
