@@ -25,6 +25,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
@@ -216,13 +217,22 @@ class KafkaIO:
         return out, hw
 
     async def high_watermark(self, topic: str, partition: int) -> int:
+        """The partition's high watermark, from a fetch response.
+
+        A fetch far beyond the end answers it without data on Tansu.  Brokers that
+        answer such a fetch with OFFSET_OUT_OF_RANGE (Apache Kafka) implement
+        ListOffsets correctly, which is then used.
+        """
         err, hw, _ = await self._fetch_raw(topic, partition, _BEYOND, max_wait_ms=1, max_bytes=64)
         if err == 0 and hw >= 0:
             return hw
-        for start in (0,):
-            err, hw, _ = await self._fetch_raw(topic, partition, start, max_wait_ms=1, max_bytes=64)
-            if err == 0 and hw >= 0:
-                return hw
+        tp = TopicPartition(topic, partition)
+        node = await self._leader(tp)
+        resp = await self.client.send(node, OffsetRequest(-1, 0, [(topic, [(partition, -1)])]))
+        for _t, parts in resp.topics:
+            for part in parts:
+                if part[0] == partition and part[1] == 0:
+                    return int(part[-1] if len(part) <= 4 else part[3])
         raise LayoutIOError(
             f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}"
         )

@@ -369,3 +369,33 @@ def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> No
     asyncio.run(go())
     res = CliRunner().invoke(cli_app, ["topics", "check", topic, "-b", broker])
     assert res.exit_code == 2 and "VIOLATION late" in res.output and "ghost-1" in res.output
+
+
+def test_expand_uses_create_partitions_where_the_broker_has_it(broker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu lacks CreatePartitions; pretend it has it and check the call (before any
+    announcement), then that a refusal leaves the layout untouched."""
+    topic = name("lay-grow")
+    calls: list[tuple[str, int]] = []
+
+    class Refused(Exception):
+        pass
+
+    async def supports(self: KafkaIO, api_key: int) -> bool:
+        return api_key == 37
+
+    async def create_partitions(self: KafkaIO, t: str, total: int, timeout: float = 30.0) -> None:
+        calls.append((t, total))
+        raise Refused("pretend the broker refused")
+
+    async def go() -> TopicLayout:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 2, capacity=3)
+            monkeypatch.setattr(KafkaIO, "supports_api", supports)
+            monkeypatch.setattr(KafkaIO, "create_partitions", create_partitions)
+            with pytest.raises(Refused):
+                await co.expand(topic, 6)
+            return await co.registry.load(topic)
+
+    lay = asyncio.run(go())
+    assert calls == [(topic, 6)]
+    assert lay.epoch == 1 and lay.active == 2
