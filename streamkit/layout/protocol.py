@@ -61,7 +61,6 @@ silently applying them out of order.  :func:`check_topic` scans a topic for them
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
