@@ -27,11 +27,27 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from assignors.placement import KeyFilter, assign_partitions, assign_processors_to_members
+from assignors.placement import (
+    KeyFilter,
+    assign_partitions,
+    assign_processors_to_members,
+    processors_for_partition,
+)
 
 log = logging.getLogger(__name__)
 
 PartitionSlot = tuple[str, int, "KeyFilter | None"]
+
+
+@dataclass(frozen=True)
+class TopicShape:
+    """What placement needs of a topic's layout: n0, the active (ReadWrite) count, the
+    partitions still draining after a shrink (ReadOnly), and the layout epoch."""
+
+    n0: int
+    active: int
+    draining: tuple[int, ...] = ()
+    epoch: int = 0
 
 
 @dataclass
@@ -41,24 +57,22 @@ class MemberInfo:
     p0: int
     p: int
     hosted: list[int] = field(default_factory=list)
-    # per topic (n0, n): the layout this member follows; empty: physical partition count
-    layouts: dict[str, tuple[int, int]] = field(default_factory=dict)
-    epochs: dict[str, int] = field(default_factory=dict)
+    # per topic: the layout this member follows; absent: the physical partition count
+    layouts: dict[str, TopicShape] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {"p0": self.p0, "p": self.p, "hosted": self.hosted,
-             "layouts": self.layouts, "epochs": self.epochs}
-        )
+        return orjson.dumps({
+            "p0": self.p0, "p": self.p, "hosted": self.hosted,
+            "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
+        })
 
     @classmethod
     def decode(cls, data: bytes) -> "MemberInfo | None":
         if not data:
             return None
         d = orjson.loads(data)
-        return cls(d["p0"], d["p"], list(d["hosted"]),
-                   {t: (v[0], v[1]) for t, v in d.get("layouts", {}).items()},
-                   dict(d.get("epochs", {})))
+        layouts = {t: TopicShape(v[0], v[1], tuple(v[2]), v[3]) for t, v in d.get("layouts", {}).items()}
+        return cls(d["p0"], d["p"], list(d["hosted"]), layouts)
 
 
 @dataclass
@@ -121,23 +135,27 @@ class StreamkitAssignor(AbstractPartitionAssignor):
             if info is None:
                 raise ValueError(f"member {member_id} did not send streamkit member info")
             infos[member_id] = info
-        ref = max(infos.values(), key=lambda i: sum(i.epochs.values()))
-        p0, p = ref.p0, max(i.p for i in infos.values())
+        p0, p = next(iter(infos.values())).p0, max(i.p for i in infos.values())
         topics = sorted({t for meta in members.values() for t in meta.subscription})
-        shapes: dict[str, tuple[int, int]] = {}
+        shapes: dict[str, TopicShape] = {}
         epochs: dict[str, int] = {}
         for topic in topics:
-            if topic in ref.layouts:
-                shapes[topic] = ref.layouts[topic]
-                epochs[topic] = ref.epochs.get(topic, 0)
+            known = [i.layouts[topic] for i in infos.values() if topic in i.layouts]
+            if known:  # the newest layout any member follows
+                shapes[topic] = max(known, key=lambda s: s.epoch)
+                epochs[topic] = shapes[topic].epoch
                 continue
             parts = cluster.partitions_for_topic(topic)
             if not parts:
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
-            shapes[topic] = (len(parts), len(parts))
+            shapes[topic] = TopicShape(len(parts), len(parts))
         hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p)
-        slots = assign_partitions(shapes, p0, p)
+        slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
+        for topic, shape in shapes.items():
+            for part in shape.draining:  # a draining partition's keys keep their processor
+                for pid, key_filter in processors_for_partition(part, shape.n0, part + 1, p0, p).items():
+                    slots.setdefault(pid, []).append((topic, part, key_filter))
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, pids in hosting.items():
             procs = {pid: slots.get(pid, []) for pid in pids}

@@ -62,14 +62,9 @@ class ProcessorState:
         for name, cache in self.caches.items():
             tables[name].bind(cache)
 
-    def commit(self, generation: int, layout_epochs: dict[str, int]) -> None:
-        """Write cached changes and positions in one atomic batch (the checkpoint)."""
+    def commit(self, checkpoint: Checkpoint) -> None:
+        """Write cached changes and `checkpoint` in one atomic batch."""
         changes = {name: cache.pending() for name, cache in self.caches.items()}
-        checkpoint = Checkpoint(
-            positions=dict(self.positions),
-            layout_epochs=dict(layout_epochs),
-            generation=generation,
-        )
         self.store.commit(changes, checkpoint)
         self.loaded = checkpoint
         for cache in self.caches.values():

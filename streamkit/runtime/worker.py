@@ -18,7 +18,12 @@ from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.context import Context, Outbox
 from streamkit.errors import ConfigError
 from streamkit.kafka import ensure_topic, partition_counts, start_admin
+from streamkit.layout._kafka import KafkaIO
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.producer import Producer
 from streamkit.runtime.jobmeta import resolve_processor_count
+from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
@@ -43,6 +48,10 @@ class Worker:
         self._stop = asyncio.Event()
         self._beat = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
+        self._output_producer: Producer | None = None
+        self.io: KafkaIO | None = None
+        self.registry: LayoutRegistry = None  # type: ignore[assignment]  # set by prepare()
+        self.progress: ProgressLog
         self.output: Output
 
     async def prepare(self) -> None:
@@ -63,22 +72,38 @@ class Worker:
             await ensure_topic(admin, STATUS_TOPIC, 1)
         finally:
             await admin.close()
-        first = self.app.input_topics[0]
-        self.p0 = await resolve_processor_count(
-            self.bootstrap, self.app.name, self.app.settings.processors, counts[first]
+        self._producer = AIOKafkaProducer(  # internal records: heartbeats, progress
+            bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all", linger_ms=0,
         )
-        too_few = {t: n for t, n in counts.items() if n < self.p0}
+        await self._producer.start()
+        self.io = await KafkaIO(self.bootstrap, client_id=self.client_id).start()
+        self.registry = LayoutRegistry(self.bootstrap, client_id=self.client_id, io=self.io)
+        await self.registry.start()
+        await self.registry.refresh()
+        # a topic with a layout counts its initial and active partitions, not its physical ones
+        initial, active = dict(counts), dict(counts)
+        for topic in counts:
+            if (layout := self.registry.get(topic)) is not None:
+                initial[topic], active[topic] = layout.n0, layout.active
+        self.p0 = await resolve_processor_count(
+            self.bootstrap, self.app.name, self.app.settings.processors, initial[self.app.input_topics[0]]
+        )
+        too_few = {t: n for t, n in active.items() if n < self.p0}
         if too_few:
             raise ConfigError(
                 f"job {self.app.name!r} has {self.p0} processors but topics {too_few} have fewer "
                 "partitions; key-range shared tasks are not available yet: add partitions first"
             )
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
-            linger_ms=5, max_batch_size=512 * 1024,
-        )
-        await self._producer.start()
-        self.output = Output(self.app, self._producer)
+        self.registry.add_listener(self._on_layout_change)
+        self.registry.watch(0.2)
+        self.progress = ProgressLog(self.io, self._producer, self.app.group_id)
+        await self.progress.start()
+        self._output_producer = await Producer(self.bootstrap, client_id=self.client_id).start()
+        self.output = Output(self.app, self._output_producer)
+
+    def _on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
+        for member in self.members:
+            member.on_layout_change(new, old)
 
     async def run(self) -> None:
         await self.prepare()
@@ -119,11 +144,17 @@ class Worker:
                 await m.stop(checkpoint=clean)
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("%s: error while stopping", m.name)
+        if self._output_producer is not None:
+            await self._output_producer.stop()
+        if self.registry is not None:
+            await self.registry.stop()
         if self._producer is not None:
             try:
                 await self._publish_status(alive=False)
             finally:
                 await self._producer.stop()
+        if self.io is not None:
+            await self.io.close()
         if self._embedded is not None:
             self._embedded.stop()
 

@@ -1,0 +1,108 @@
+"""The group's progress, fenced by generation: streamkit's own commit log.
+
+Kafka's committed offsets are what other members see of our progress (seed 001's T1)
+and what gates ordered delivery (seed 000's group positions). A zombie (a member that
+was paused through a rebalance) must not move them. Kafka brokers refuse a commit from
+an old generation, but the reference broker does not (measured: Tansu 0.6 accepts a
+stale generation, and drops commit metadata), so every commit is also written here,
+stamped with the member's generation and layout epochs, and readers keep, per
+partition, only records of the newest generation seen for it. A member about to
+checkpoint reads this log first: if a newer generation owns one of its partitions, it
+is the zombie, and its checkpoint is rejected (see `checkpointing`).
+
+Records (topic `__streamkit_progress`, one partition, key = group):
+    {"group", "member", "gen", "epochs": {topic: epoch}, "parts": [[topic, partition, offset|null]]}
+`offset` null is a fence: "generation `gen` owns this partition now" (written when an
+assignment arrives, before the member knows its positions).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from streamkit.layout._kafka import KafkaIO
+
+log = logging.getLogger(__name__)
+
+PROGRESS_TOPIC = "__streamkit_progress"
+
+TP = tuple[str, int]
+
+
+@dataclass
+class Rejected:
+    member: str
+    generation: int
+    newer: int
+    partition: TP
+
+
+@dataclass
+class _Owner:
+    generation: int
+    offset: int
+
+
+@dataclass
+class ProgressLog:
+    io: KafkaIO
+    producer: AIOKafkaProducer
+    group: str
+    _state: dict[TP, _Owner] = field(default_factory=dict)
+    _offset: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+
+    async def start(self) -> None:
+        await self.io.create_topic(PROGRESS_TOPIC, 1, configs={"retention.ms": "-1", "retention.bytes": "-1"})
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Read the log to its high watermark."""
+        recs, end = await self.io.read(PROGRESS_TOPIC, 0, self._offset)
+        key = self.group.encode()
+        for rec in recs:
+            if rec.key == key and rec.value:
+                self._apply(orjson.loads(rec.value))
+        self._offset = max(self._offset, end)
+
+    def _apply(self, d: Mapping[str, object]) -> None:
+        gen = int(d["gen"])  # type: ignore[call-overload]
+        for topic, part, offset in d["parts"]:  # type: ignore[union-attr]
+            tp = (topic, part)
+            cur = self._state.get(tp)
+            if cur is not None and gen < cur.generation:
+                self.rejected.append(Rejected(str(d["member"]), gen, cur.generation, tp))
+                log.warning("progress of %s[%d] from generation %d (member %s) rejected: generation %d owns it",
+                            topic, part, gen, d["member"], cur.generation)
+                continue
+            base = cur.offset if cur is not None else 0
+            self._state[tp] = _Owner(gen, base if offset is None else int(offset))
+
+    def position(self, topic: str, partition: int) -> int:
+        """The group's position of a partition: the newest generation's last commit (0: none)."""
+        cur = self._state.get((topic, partition))
+        return cur.offset if cur is not None else 0
+
+    def positions(self, topic: str) -> dict[int, int]:
+        return {p: o.offset for (t, p), o in self._state.items() if t == topic}
+
+    def newest_generation(self, partitions: Iterable[TP]) -> int:
+        return max((self._state[tp].generation for tp in partitions if tp in self._state), default=-1)
+
+    async def record(
+        self, member: str, generation: int, epochs: Mapping[str, int], parts: Mapping[TP, int | None]
+    ) -> None:
+        """Append a commit (or a fence, for offsets None) and wait until it is stored."""
+        if not parts:
+            return
+        body = {
+            "group": self.group, "member": member, "gen": generation, "epochs": dict(epochs),
+            "parts": [[t, p, o] for (t, p), o in sorted(parts.items())],
+        }
+        await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
+        self._apply(body)
