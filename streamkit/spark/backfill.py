@@ -337,7 +337,7 @@ def _run(
         max_off: dict[tuple[str, int], int] = {}
         owners: dict[tuple[str, int], set[int]] = {}
         rows_read = 0
-        task_s = write_s = replay_s = 0.0
+        task_s = write_s = replay_s = wait_s = 0.0
         infos: list[str] = []
         dups = nulls = handler_errors = skipped = 0
         for r in rows:
@@ -367,6 +367,8 @@ def _run(
                     infos.extend(rest.splitlines())
             elif r.kind == "timing" and r.info == "replay":
                 replay_s += r.seconds or 0.0
+            elif r.kind == "timing" and r.info == "input_wait":
+                wait_s += r.seconds or 0.0
         if handler_errors or skipped:
             warnings.append(
                 f"{handler_errors} handler error(s) and {skipped} undecodable record(s) were skipped, "
@@ -398,6 +400,7 @@ def _run(
     timings["tasks_stage_a_cpu"] = float(acc.value)
     timings["tasks_stage_b_cpu"] = task_s
     timings["tasks_sst_write_cpu"] = write_s
+    timings["tasks_stage_b_input_wait"] = wait_s
     if plan.mode == "replay":
         timings["tasks_replay_cpu"] = replay_s
     return BackfillResult(
@@ -648,7 +651,8 @@ _STATE_A_DDL = "_sp int, _b int, _t int, _k binary, _v binary, _topic string, _p
 
 
 def _timed(fn: Callable[..., Iterator[Any]], acc: Any, spec: tasks.Spec, *args: Any) -> Iterator[Any]:
-    """Run a stage A generator, adding its Python time to ``acc`` and the ``_sp`` column."""
+    """Run a stage A generator, adding the ``_sp`` column, and its CPU time (the Python
+    worker's, so neither waits for the JVM nor CPU contention count) to ``acc``."""
     import pyarrow as pa
 
     batches = args[-1]
@@ -661,7 +665,7 @@ def _timed(fn: Callable[..., Iterator[Any]], acc: Any, spec: tasks.Spec, *args: 
     spent = 0.0
     gen = fn(spec, *head, batches)
     while True:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         try:
             batch = next(gen)
         except StopIteration:
@@ -669,7 +673,7 @@ def _timed(fn: Callable[..., Iterator[Any]], acc: Any, spec: tasks.Spec, *args: 
         b = batch.column(0).to_numpy()
         sp = pa.array(lookup[b % n], pa.int32())
         out = pa.RecordBatch.from_arrays([sp, *batch.columns], names=["_sp", *batch.schema.names])
-        spent += time.perf_counter() - t0
+        spent += time.process_time() - t0
         yield out
     if acc is not None:
         acc.add(spent)

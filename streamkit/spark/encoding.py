@@ -42,6 +42,54 @@ def _fast_path(serde: Serde, arr: pa.Array) -> pa.Array | None:
     return None
 
 
+_CHUNK = 4096
+
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'  # what JSON (and orjson) escapes in a string
+
+
+def _json_text(arr: pa.Array) -> pa.Array | None:
+    """``orjson.dumps`` of every element as Arrow string compute, or None when that is not
+    provably identical: ints, bools, strings without characters JSON escapes, and
+    structs of those (nested), nulls as ``null``. Floats, temporals, lists and maps go
+    through orjson itself (their text forms differ between Arrow and orjson)."""
+    import pyarrow.compute as pc
+
+    t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        text = arr.cast(pa.large_string())
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        if len(arr) and pc.any(pc.match_substring_regex(arr, _NEEDS_ESCAPE)).as_py():
+            return None
+        text = pc.binary_join_element_wise(_lit('"'), arr.cast(pa.large_string()), _lit('"'), _lit(""))
+    elif pa.types.is_struct(t):
+        if t.num_fields == 0:
+            return None
+        import orjson
+
+        children = arr.flatten()
+        parts: list[Any] = []
+        for i, child in enumerate(children):
+            sub = _json_text(child)
+            if sub is None:
+                return None
+            name = orjson.dumps(t.field(i).name).decode()
+            parts.append(_lit(("{" if i == 0 else ",") + name + ":"))
+            parts.append(sub)
+        parts.append(_lit("}"))
+        text = pc.binary_join_element_wise(*parts, _lit(""))
+        if arr.null_count:  # a null struct is null, not an object of nulls
+            text = pc.if_else(arr.is_valid(), text, pa.scalar(None, pa.large_string()))
+    else:
+        return None
+    if text.null_count:
+        text = pc.fill_null(text, _lit("null"))
+    return text
+
+
+def _lit(s: str) -> pa.Scalar:
+    return pa.scalar(s, pa.large_string())
+
+
 def to_python(arr: pa.Array) -> list[Any]:
     """Elements as the Python objects a handler would see (maps become dicts)."""
     values = arr.to_pylist()
@@ -86,15 +134,33 @@ def encode_array(
     fast = _fast_path(serde, arr)
     if fast is not None:
         return fast
+    if type(serde) is JsonSerde and serde.option == 0:
+        text = _json_text(arr)
+        if text is not None:
+            out_arr = text.cast(pa.large_binary())
+            if arr.null_count:  # a null value stays null (no value), not the text "null"
+                import pyarrow.compute as pc
+
+                out_arr = pc.if_else(arr.is_valid(), out_arr, pa.scalar(None, pa.large_binary()))
+            return out_arr
     dumps: Callable[[Any], bytes] = serde.dumps
+    # In chunks: orjson.dumps results each pin ~4 KiB of heap until freed (its output
+    # buffer is shrunk in place), so a whole batch of them at once costs hundreds of MB.
+    chunks = []
     try:
-        if arr.null_count:
-            out = [None if v is None else dumps(v) for v in to_python(arr)]
-        else:
-            out = [dumps(v) for v in to_python(arr)]
+        for start in range(0, len(arr), _CHUNK):
+            part = arr.slice(start, _CHUNK)
+            if part.null_count:
+                out = [None if v is None else dumps(v) for v in to_python(part)]
+            else:
+                out = [dumps(v) for v in to_python(part)]
+            chunks.append(pa.array(out, type=pa.large_binary()))
+            del out
     except Exception as exc:  # noqa: BLE001 - the serde's own error, with context
         raise EncodeError(f"{what}: {serde!r} cannot encode a {arr.type} value: {type(exc).__name__}: {exc}") from exc
-    return pa.array(out, type=pa.large_binary())
+    if not chunks:
+        return pa.array([], type=pa.large_binary())
+    return pa.concat_arrays(chunks) if len(chunks) > 1 else chunks[0]
 
 
 def decode_to_text(serde: Serde, values: list[bytes]) -> list[str | None]:

@@ -33,6 +33,7 @@ from streamkit.spark.placement import buckets_of, hashes_of
 from streamkit.spark.staging import check_fail
 
 _RAW = RawSerde()
+_cpu = time.process_time  # task timings are CPU seconds of the Python worker (contention-proof)
 
 # Markers that let the driver turn a task failure back into a one-line error.
 ERROR_MARK = "STREAMKIT-BACKFILL-ERROR<<"
@@ -162,6 +163,25 @@ def _col(batch: pa.RecordBatch, name: str | None) -> pa.Array | None:
 
 def _null_array(t: pa.DataType, n: int) -> pa.Array:
     return pa.nulls(n, type=t)
+
+
+class Clocked:
+    """An iterator wrapper that adds up the time spent waiting for the next item
+    (in a Spark task: the JVM producing the input), so Python's own time can be told apart."""
+
+    def __init__(self, it: Iterable[Any]) -> None:
+        self.it = iter(it)
+        self.wait = 0.0
+
+    def __iter__(self) -> Clocked:
+        return self
+
+    def __next__(self) -> Any:
+        t = time.perf_counter()
+        try:
+            return next(self.it)
+        finally:
+            self.wait += time.perf_counter() - t
 
 
 class _SstSink:
@@ -368,6 +388,88 @@ class _Offsets:
         ]
 
 
+def _segments(spec: Spec, batches: Iterable[pa.RecordBatch], stats: dict[str, int], offsets: _Offsets
+               ) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
+    """Deduplicated runs of rows sorted by (_b, _t, _k, _off): ``((bucket, table), keys, values)``.
+
+    Vectorised per batch: of several rows of one key the last (highest offset) is kept;
+    a kept null value means "no state" and is dropped. The last row of a batch is held
+    back until the next batch shows whether the same key continues there.
+    """
+    import pyarrow.compute as pc
+
+    have_offsets = spec.offset_col is not None
+    pending: tuple[tuple[int, int], bytes, bytes | None] | None = None
+
+    def refuse(table: int, key: bytes) -> TaskError:
+        return TaskError(
+            "duplicate",
+            f"table {spec.tables[table].name!r}: key {key[:64]!r} appears more than once in the final-state "
+            "DataFrame; give the offset column so the latest row wins, or deduplicate",
+        )
+
+    def flush(item: tuple[tuple[int, int], bytes, bytes | None]) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
+        group, k, v = item
+        if v is None:
+            stats["nulls"] += 1
+        else:
+            yield group, [k], [v]
+
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        stats["rows"] += n
+        offsets.add(batch)
+        b = batch.column("_b").to_numpy()
+        t = batch.column("_t").to_numpy()
+        k = batch.column("_k")
+        v = batch.column("_v")
+        # rows whose successor has the same (bucket, table, key) are superseded
+        same_next = np.zeros(n, dtype=bool)
+        if n > 1:
+            same_next[:-1] = (b[1:] == b[:-1]) & (t[1:] == t[:-1]) & pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(
+                zero_copy_only=False
+            )
+        first_group = (int(b[0]), int(t[0]))
+        kl = k.to_pylist()
+        if pending is not None:
+            if pending[0] == first_group and pending[1] == kl[0]:
+                if not have_offsets:
+                    raise refuse(first_group[1], kl[0])
+                stats["dups"] += 1
+            else:
+                yield from flush(pending)
+            pending = None
+        dups = int(same_next.sum())
+        if dups:
+            if not have_offsets:
+                i = int(np.flatnonzero(same_next)[0])
+                raise refuse(int(t[i]), kl[i])
+            stats["dups"] += dups
+        keep = ~same_next
+        keep[-1] = False  # held back
+        pending = ((int(b[-1]), int(t[-1])), kl[-1], v[n - 1].as_py())
+        valid = v.is_valid().to_numpy(zero_copy_only=False)
+        stats["nulls"] += int((keep & ~valid).sum())
+        keep &= valid
+        vl = v.to_pylist()
+        # split the kept rows into runs of one (bucket, table)
+        starts = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (t[1:] != t[:-1])])
+        ends = np.r_[starts[1:], n]
+        for s0, e0 in zip(starts.tolist(), ends.tolist()):
+            idx = np.flatnonzero(keep[s0:e0])
+            if idx.size == 0:
+                continue
+            if idx.size == e0 - s0:
+                yield (int(b[s0]), int(t[s0])), kl[s0:e0], vl[s0:e0]
+            else:
+                idx += s0
+                yield (int(b[s0]), int(t[s0])), [kl[i] for i in idx], [vl[i] for i in idx]
+    if pending is not None:
+        yield from flush(pending)
+
+
 def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Mode 1, stage B: rows sorted by (_b, _t, _k, _off) -> one SST per (bucket, table).
 
@@ -375,60 +477,24 @@ def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     given, otherwise the backfill is refused (the final state would be ambiguous). A
     key whose winning value is null has no state.
     """
-    t0 = time.perf_counter()
+    t0 = _cpu()
+    batches = Clocked(batches)
     sink = _SstSink(spec)
     offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "dups": 0, "nulls": 0}
-    have_offsets = spec.offset_col is not None
-
-    def rows() -> Iterator[tuple[int, int, bytes, bytes | None]]:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            stats["rows"] += batch.num_rows
-            offsets.add(batch)
-            yield from zip(
-                batch.column("_b").to_pylist(),
-                batch.column("_t").to_pylist(),
-                batch.column("_k").to_pylist(),
-                batch.column("_v").to_pylist(),
-            )
-
-    def latest(group: Iterable[tuple[int, int, bytes, bytes | None]], table: str) -> Iterator[tuple[bytes, bytes]]:
-        prev_k: bytes | None = None
-        prev_v: bytes | None = None
-        for _, _, k, v in group:
-            if k == prev_k:
-                if not have_offsets:
-                    raise TaskError(
-                        "duplicate",
-                        f"table {table!r}: key {k[:64]!r} appears more than once in the final-state "
-                        "DataFrame; give the offset column so the latest row wins, or deduplicate",
-                    )
-                stats["dups"] += 1
-            elif prev_k is not None:
-                if prev_v is None:
-                    stats["nulls"] += 1
-                else:
-                    yield prev_k, prev_v
-            prev_k, prev_v = k, v
-        if prev_k is not None:
-            if prev_v is None:
-                stats["nulls"] += 1
-            else:
-                yield prev_k, prev_v
-
     out: list[dict[str, Any]] = []
-    for (b, t), group in itertools.groupby(rows(), key=lambda r: (r[0], r[1])):
+    for (b, t), runs in itertools.groupby(_segments(spec, batches, stats, offsets), key=lambda r: r[0]):
         codec = spec.tables[t]
-        w0 = time.perf_counter()
-        path, n = sink.write(b, codec.name, latest(group, codec.name))
+        w0 = _cpu()
+        items = (kv for _, ks, vs in runs for kv in zip(ks, vs))
+        path, n = sink.write(b, codec.name, items)
         if path is not None:
             out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": codec.name,
-                        "path": path, "keys": n, "seconds": time.perf_counter() - w0})
+                        "path": path, "keys": n, "seconds": _cpu() - w0})
     out.extend(offsets.rows())
     info = f"dups={stats['dups']} nulls={stats['nulls']}"
-    out.append({"kind": "stats", "rows": stats["rows"], "info": info, "seconds": time.perf_counter() - t0})
+    out.append({"kind": "stats", "rows": stats["rows"], "info": info, "seconds": _cpu() - t0})
+    out.append({"kind": "timing", "info": "input_wait", "seconds": batches.wait})
     yield _meta(out)
 
 
@@ -438,7 +504,8 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     from streamkit.errors import ReplayError
     from streamkit.replay import Replayer
 
-    t0 = time.perf_counter()
+    t0 = _cpu()
+    batches = Clocked(batches)
     app = load_spec_app(spec)
     assert spec.topic is not None
     replayer = Replayer(app, spec.topic)
@@ -472,25 +539,26 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     try:
         for b, bucket_rows in itertools.groupby(rows(), key=lambda r: r[0]):
             state: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in wanted}
-            r0 = time.perf_counter()
+            r0 = _cpu()
             for k, key_rows in itertools.groupby(bucket_rows, key=lambda r: r[1]):
                 stats["keys"] += 1
                 result = replayer.run_key(k, ((r[2], r[3], r[4], r[5]) for r in key_rows))
                 for name, kv in result.items():
                     if name in state and kv:
-                        state[name].extend(kv.items())
-            replay_s += time.perf_counter() - r0
+                        # compact copies: a serde's bytes (orjson's) may pin ~4 KiB each
+                        state[name].extend((k, bytes(memoryview(v))) for k, v in kv.items())
+            replay_s += _cpu() - r0
             for name in sorted(state):
                 items = state[name]
                 if not items:
                     continue
                 if any(items[i][0] >= items[i + 1][0] for i in range(len(items) - 1)):
                     items.sort(key=lambda kv: kv[0])
-                w0 = time.perf_counter()
+                w0 = _cpu()
                 path, n = sink.write(b, name, items)
                 if path is not None:
                     out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": name,
-                                "path": path, "keys": n, "seconds": time.perf_counter() - w0})
+                                "path": path, "keys": n, "seconds": _cpu() - w0})
     except ReplayError as exc:
         raise TaskError("replay", str(exc)) from None
     finally:
@@ -501,6 +569,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     for err in st.errors[:5]:
         info += f"\n{err}"
     out.append({"kind": "stats", "rows": stats["rows"], "keys": stats["keys"], "info": info,
-                "seconds": time.perf_counter() - t0})
+                "seconds": _cpu() - t0})
     out.append({"kind": "timing", "info": "replay", "seconds": replay_s})
+    out.append({"kind": "timing", "info": "input_wait", "seconds": batches.wait})
     yield _meta(out)

@@ -113,3 +113,43 @@ def test_vectorised_hash_is_fast_enough() -> None:
     processors_of(keys, 4, 4)
     assert time.perf_counter() - t0 < 2.0
     assert np.all(processors_of(keys.slice(0, 10), 4, 4) >= 0)
+
+
+def _random_text(rng: random.Random) -> str:
+    alphabet = ["a", "Z", "0", " ", "é", "ü", "日", "\u2028", "\u2029", "\U0001f600", "/", "<", "'"]
+    rare = ['"', "\\", "\n", "\t", "\x00", "\x1f", "\x7f"]
+    chars = [rng.choice(alphabet) if rng.random() > 0.05 else rng.choice(rare) for _ in range(rng.randrange(0, 12))]
+    return "".join(chars)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_json_fast_path_is_byte_identical_to_orjson(seed: int) -> None:
+    rng = random.Random(seed)
+    n = 400
+
+    def maybe(v: object) -> object:
+        return None if rng.random() < 0.1 else v
+
+    ints = [maybe(rng.choice([0, -1, 1, 2**63 - 1, -(2**63), rng.randrange(-10**12, 10**12)])) for _ in range(n)]
+    bools = [maybe(rng.random() < 0.5) for _ in range(n)]
+    texts = [maybe(_random_text(rng)) for _ in range(n)]
+    plain_texts = [maybe("".join(rng.choice("abcé日 ") for _ in range(rng.randrange(6)))) for _ in range(n)]
+    rows = [
+        maybe({"i": i, "b": b, "s": s, "inner": maybe({"t": t, "j": i})})
+        for i, b, s, t in zip(ints, bools, plain_texts, texts)
+    ]
+    columns = {
+        "int64": pa.array(ints, pa.int64()),
+        "uint64": pa.array([None if v is None else abs(v) for v in ints], pa.uint64()),
+        "int8": pa.array([None if v is None else v % 100 for v in ints], pa.int8()),
+        "bool": pa.array(bools),
+        "text": pa.array(texts),
+        "plain_text": pa.array(plain_texts, pa.large_string()),
+        "struct": pa.array(rows),
+        "floats": pa.array([maybe(rng.random() * 10 ** rng.randrange(-5, 20)) for _ in range(n)]),
+    }
+    for name, arr in columns.items():
+        for view in (arr, arr.slice(7, 300)):
+            got = encode_array(JsonSerde(), view, what=name, nulls="keep").to_pylist()
+            want = [None if v is None else orjson.dumps(v) for v in view.to_pylist()]
+            assert got == want, name
