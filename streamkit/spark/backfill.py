@@ -806,8 +806,9 @@ def backfill_replay(
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
         return (
             placed.repartition(n, "_sp")
-            .sortWithinPartitions("_b", "_k", *[f"_o{i}" for i in range(len(order))], "_part", "_off", "_v")
-            .drop("_sp")
+            .withColumn("_h", F.xxhash64("_k"))  # a long to sort on first: Spark's prefix sort
+            .sortWithinPartitions("_h", "_k", *[f"_o{i}" for i in range(len(order))], "_part", "_off", "_v")
+            .drop("_sp", "_h")
             .mapInArrow(functools.partial(tasks.write_replay, spec), tasks.META_DDL)
         )
 

@@ -498,9 +498,17 @@ def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     yield _meta(out)
 
 
+def _first(item: tuple[bytes, bytes]) -> bytes:
+    return item[0]
+
+
 def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Mode 2, stage B: records sorted by (_b, _k, order...) -> run the handlers per key,
-    emitting nothing, and write the resulting state as one SST per (bucket, table)."""
+    """Mode 2, stage B: records sorted by (key hash, key, order...) -> run the handlers
+    per key, emitting nothing, and write the resulting state as one SST per (bucket, table).
+
+    Sorting on a 64-bit hash of the key first makes Spark's sort compare longs (its
+    prefix sort) instead of key bytes; each key's records are still contiguous and in
+    order, and the state is put in key order here before the SST files are written."""
     from streamkit.errors import ReplayError
     from streamkit.replay import Replayer
 
@@ -514,46 +522,72 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     stats = {"rows": 0, "keys": 0}
     wanted = {c.name for c in spec.tables}
 
-    def rows() -> Iterator[tuple[int, bytes, bytes | None, int, int, int]]:
+    def runs() -> Iterator[tuple[bytes, int, Iterable[tuple[Any, int, int, int]]]]:
+        """(key, bucket, records) per key: runs found vectorised per batch; a run that
+        reaches the end of a batch is carried into the next one."""
+        import pyarrow.compute as pc
+
+        carry: tuple[bytes, int, list[Any], list[int], list[int], list[int]] | None = None
         for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            stats["rows"] += batch.num_rows
-            offsets.add(batch)
             n = batch.num_rows
-            part = batch.column("_part")
-            off = batch.column("_off")
-            parts = [-1] * n if part.null_count == n else [(-1 if x is None else x) for x in part.to_pylist()]
-            offs = [-1] * n if off.null_count == n else [(-1 if x is None else x) for x in off.to_pylist()]
-            yield from zip(
-                batch.column("_b").to_pylist(),
-                batch.column("_k").to_pylist(),
-                batch.column("_v").to_pylist(),
-                batch.column("_ts").to_pylist(),
-                parts,
-                offs,
-            )
+            if n == 0:
+                continue
+            stats["rows"] += n
+            offsets.add(batch)
+            k = batch.column("_k")
+            kl = k.to_pylist()
+            vl = batch.column("_v").to_pylist()
+            tl = batch.column("_ts").to_pylist()
+            part, off = batch.column("_part"), batch.column("_off")
+            pl = [-1] * n if part.null_count == n else part.fill_null(-1).to_pylist()
+            ol = [-1] * n if off.null_count == n else off.fill_null(-1).to_pylist()
+            bl = batch.column("_b").to_numpy()
+            change = np.ones(n, dtype=bool)
+            if n > 1:
+                change[1:] = pc.invert(pc.equal(k.slice(1), k.slice(0, n - 1))).to_numpy(zero_copy_only=False)
+            starts = np.flatnonzero(change).tolist()
+            ends = starts[1:] + [n]
+            for s0, e0 in zip(starts, ends):
+                if carry is not None:
+                    if s0 == 0 and carry[0] == kl[0]:
+                        for acc, src in zip(carry[2:], (vl, tl, pl, ol)):
+                            acc.extend(src[0:e0])
+                        if e0 == n:
+                            continue
+                        yield carry[0], carry[1], zip(*carry[2:])
+                        carry = None
+                        continue
+                    yield carry[0], carry[1], zip(*carry[2:])
+                    carry = None
+                if e0 == n:
+                    carry = (kl[s0], int(bl[s0]), vl[s0:e0], tl[s0:e0], pl[s0:e0], ol[s0:e0])
+                else:
+                    yield kl[s0], int(bl[s0]), zip(vl[s0:e0], tl[s0:e0], pl[s0:e0], ol[s0:e0])
+        if carry is not None:
+            yield carry[0], carry[1], zip(*carry[2:])
 
     out: list[dict[str, Any]] = []
-    replay_s = 0.0
+    states: dict[int, dict[str, list[tuple[bytes, bytes]]]] = {}
+    r0 = _cpu()
     try:
-        for b, bucket_rows in itertools.groupby(rows(), key=lambda r: r[0]):
-            state: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in wanted}
-            r0 = _cpu()
-            for k, key_rows in itertools.groupby(bucket_rows, key=lambda r: r[1]):
-                stats["keys"] += 1
-                result = replayer.run_key(k, ((r[2], r[3], r[4], r[5]) for r in key_rows))
-                for name, kv in result.items():
-                    if name in state and kv:
-                        # compact copies: a serde's bytes (orjson's) may pin ~4 KiB each
-                        state[name].extend((k, bytes(memoryview(v))) for k, v in kv.items())
-            replay_s += _cpu() - r0
-            for name in sorted(state):
-                items = state[name]
+        # Records arrive grouped by key (sorted by key hash, key, order): one handler run per key.
+        for k, b, records in runs():
+            stats["keys"] += 1
+            result = replayer.run_key(k, records)
+            state = states.get(b)
+            if state is None:
+                state = states[b] = {name: [] for name in wanted}
+            for name, kv in result.items():
+                if name in state and kv:
+                    # compact copies: a serde's bytes (orjson's) may pin ~4 KiB each
+                    state[name].extend((sk, bytes(memoryview(v))) for sk, v in kv.items())
+        replay_s = _cpu() - r0
+        for b in sorted(states):
+            for name in sorted(states[b]):
+                items = states[b][name]
                 if not items:
                     continue
-                if any(items[i][0] >= items[i + 1][0] for i in range(len(items) - 1)):
-                    items.sort(key=lambda kv: kv[0])
+                items.sort(key=_first)  # store key order (keys arrived in hash order)
                 w0 = _cpu()
                 path, n = sink.write(b, name, items)
                 if path is not None:
