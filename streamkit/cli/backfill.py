@@ -225,6 +225,8 @@ def backfill(
     from_start: bool = typer.Option(False, "--from-start", help="no positions: none of the history is in Kafka"),
     p0: int | None = typer.Option(None, "--p0", min=1, help="the job's initial processor count (default: the app's)"),
     processors: int | None = typer.Option(None, "--processors", min=1, help="current processor count (default p0)"),
+    broker: str | None = typer.Option(None, "--broker", "-b",
+                                      help="check/record p0 in the cluster (default: the app's broker)"),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="default: the app's state_dir"),
     allow_partial: bool = typer.Option(False, "--allow-partial", help="leave the app's other tables empty"),
     keep_backup: bool = typer.Option(False, "--keep-backup", help="keep the replaced stores under .backfill/"),
@@ -270,7 +272,7 @@ def backfill(
     common: dict[str, Any] = dict(
         key_col=key_col, value_col=value_col, key_encoded=key_encoded, value_encoded=value_encoded,
         partition_col=partition_col, offset_col=offset_col, positions=position or None, from_start=from_start,
-        p0=p0, processors=processors, state_dir=state_dir, allow_partial=allow_partial, keep_backup=keep_backup,
+        p0=p0, processors=processors, broker=broker, state_dir=state_dir, allow_partial=allow_partial, keep_backup=keep_backup,
         num_partitions=num_partitions, reporter=reporter, fail_at=fail_at,
     )
     with reporter:

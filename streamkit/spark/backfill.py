@@ -201,17 +201,52 @@ def _resolve_app(app: App | str) -> tuple[App, str | None]:
     return app, _find_ref(app)
 
 
-def _counts(app: App, p0: int | None, processors: int | None) -> tuple[int, int]:
-    p0 = p0 if p0 is not None else app.processor_count
-    if p0 is None:
-        raise ConfigError(
-            f"app {app.name!r} does not fix its processor count (processors=None: decided at first "
-            "start); pass p0= (CLI: --p0) with the job's initial processor count"
+def _counts(app: App, p0: int | None, processors: int | None, broker: str | None) -> tuple[int, int, list[str]]:
+    """The job's initial processor count p0 and the current count p, checked against (and
+    recorded in) the cluster when a broker is known: placement of every key depends on
+    p0, so a backfill made for one p0 must never be opened by a job running another."""
+    notes: list[str] = []
+    bootstrap = broker or app.settings.broker
+    configured = p0 if p0 is not None else app.processor_count
+    if bootstrap is None:
+        if configured is None:
+            raise ConfigError(
+                f"app {app.name!r} does not fix its processor count (processors=None: decided at first "
+                "start); pass p0= (CLI: --p0) with the job's initial processor count, or broker= to read it"
+            )
+        notes.append(
+            f"p0={configured} was not checked against the cluster (no broker given): start the job with "
+            f"processors={configured}"
         )
+        p0 = configured
+    else:
+        import asyncio
+
+        from streamkit.errors import JobMismatchError
+        from streamkit.runtime.jobmeta import recorded_processor_count, resolve_processor_count
+
+        try:
+            if configured is None:
+                p0 = asyncio.run(recorded_processor_count(bootstrap, app.name))
+                if p0 is None:
+                    raise ConfigError(
+                        f"job {app.name!r} has not started yet and does not fix its processor count; "
+                        "pass p0= (CLI: --p0)"
+                    )
+            else:
+                # records p0 for a job that has not started yet: its workers must then agree
+                p0 = asyncio.run(resolve_processor_count(bootstrap, app.name, configured, configured))
+        except JobMismatchError as exc:
+            message = str(exc).split(". The initial")[0].replace("this worker is configured with", "this backfill uses")
+            raise ConfigError(f"{message}; a backfill must use the job's initial processor count") from None
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - unreachable broker etc.: one line
+            raise ConfigError(f"cannot check the job's processor count at {bootstrap}: {type(exc).__name__}: {exc}") from None
     p = processors if processors is not None else p0
     if p0 < 1 or p < p0:
         raise ConfigError(f"processor counts must satisfy 1 <= p0 <= processors, got p0={p0}, processors={p}")
-    return int(p0), int(p)
+    return int(p0), int(p), notes
 
 
 def _value_expr(F: Any, value_col: str | Sequence[str]) -> "Column":
@@ -231,11 +266,18 @@ def _check_columns(df: "DataFrame", names: Sequence[str | None], what: str) -> N
 
 
 def _translate(exc: BaseException) -> BaseException | None:
-    """A Spark failure carrying a task's one-line error -> that error."""
+    """A Spark failure -> the task's own one-line error (or the last line of the Python
+    traceback of a task that failed otherwise); None if it is not a task failure."""
     text = str(exc)
     m = re.search(re.escape(tasks.ERROR_MARK) + r"(\w+)\|(.*?)" + re.escape(tasks.ERROR_END), text, re.S)
     if m is None:
-        return None
+        if "Traceback (most recent call last)" not in text:
+            return None
+        python_part = text.split("Traceback (most recent call last)", 1)[1].split("\n\tat ", 1)[0]
+        lines = [ln.strip() for ln in python_part.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt|Warning)\b.*", ln)]
+        last = errors[-1] if errors else (lines[-1] if lines else "unknown error")
+        return BackfillError(f"a Spark task failed: {last}")
     kind, message = m.group(1), m.group(2)
     if kind == "replay":
         return ReplayError(message)
@@ -265,6 +307,7 @@ class _Plan:
     fail_at: str | None
     keep_backup: bool
     topic_partitions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def _layouts(spec: Mapping[str, int | tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
@@ -298,7 +341,7 @@ def _run(
     t_start = time.perf_counter()
     app = plan.app
     app_dir = plan.state_dir / app.name
-    warnings: list[str] = []
+    warnings: list[str] = list(plan.notes)
     with Staging(app_dir, fail_at=plan.fail_at, keep_backup=plan.keep_backup) as staging:
         if staging.recovered:
             warnings.append("rolled back a publish that an earlier backfill left unfinished")
@@ -544,6 +587,7 @@ def backfill_state(
     from_start: bool = False,
     p0: int | None = None,
     processors: int | None = None,
+    broker: str | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
@@ -583,7 +627,7 @@ def backfill_state(
         if len(inputs) != 1:
             raise ConfigError(f"offset_col needs topic= or topic_col (app consumes {inputs})")
         topic = inputs[0]
-    p0_, p = _counts(app_obj, p0, processors)
+    p0_, p, notes = _counts(app_obj, p0, processors, broker)
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
@@ -592,7 +636,7 @@ def backfill_state(
         positions=parse_positions(positions), derive_positions=offset_col is not None,
         topics=app_obj.input_topics, layout_epochs=dict(layout_epochs or {}),
         allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions),
+        topic_partitions=_layouts(topic_partitions), notes=notes,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(
@@ -701,6 +745,7 @@ def backfill_replay(
     tables: Sequence[str] | None = None,
     p0: int | None = None,
     processors: int | None = None,
+    broker: str | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
@@ -750,7 +795,7 @@ def backfill_replay(
         raise ConfigError("offset_col needs partition_col (offsets are per partition)")
     if any(app_obj.tables[n].window is not None for n in names) and timestamp_col is None:
         raise ConfigError("a windowed table needs the records' timestamps: give timestamp_col")
-    p0_, p = _counts(app_obj, p0, processors)
+    p0_, p, notes = _counts(app_obj, p0, processors, broker)
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
@@ -759,7 +804,7 @@ def backfill_replay(
         positions=parse_positions(positions), derive_positions=offset_col is not None,
         topics=[topic], layout_epochs=dict(layout_epochs or {}),
         allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions),
+        topic_partitions=_layouts(topic_partitions), notes=notes,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(

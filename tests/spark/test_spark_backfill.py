@@ -319,6 +319,8 @@ def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
     df = spark.createDataFrame(rows, "key string, amount long, partition int, offset long, ts long")
     import pyspark.sql.functions as F
 
+    # the timestamp as a Spark TIMESTAMP column (converted to epoch ms for ctx.timestamp)
+    df = df.withColumn("ts", F.timestamp_millis("ts"))
     backfill_replay(bf_apps.windowed, df.withColumn("value", F.struct("amount")), partition_col="partition",
                     offset_col="offset", timestamp_col="ts", state_dir=state_dir)
     want: dict[tuple[str, int], int] = defaultdict(int)

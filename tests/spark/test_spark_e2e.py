@@ -25,6 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from stores.rocksdb import RocksDBStore
 
+from streamkit.errors import ConfigError
 from streamkit.spark import InjectedFailure, backfill_replay, backfill_table
 from streamkit.testing import create_topic, produce_json, read_topic
 
@@ -190,8 +191,12 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
         ).alias("value"),
         F.max("offset").alias("offset"), F.first("partition").alias("partition"),
     )
-    r1 = backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition",
+    r1 = backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition", broker=bootstrap,
                         state_dir=workers.state_dir)
+    # p0 is now recorded for the job: a backfill for another p0 is refused before any work
+    with pytest.raises(ConfigError, match="created with 3 processors"):
+        backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition", p0=2, broker=bootstrap,
+                       state_dir=workers.state_dir)
     assert r1.positions == {(topic, p): c for p, c in cut.items()}
     for pid, (_, cp) in workers.raw(a1.name).items():  # each store: the partitions it reads
         assert cp.positions == {(topic, q): c for q, c in cut.items() if q % 3 == pid}

@@ -153,3 +153,29 @@ def test_json_fast_path_is_byte_identical_to_orjson(seed: int) -> None:
             got = encode_array(JsonSerde(), view, what=name, nulls="keep").to_pylist()
             want = [None if v is None else orjson.dumps(v) for v in view.to_pylist()]
             assert got == want, name
+
+
+def test_missing_spark_extra_is_named_clearly() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['pyspark'] = None\n"
+        "sys.modules['pyarrow'] = None\n"
+        "import streamkit.spark as sk\n"  # the package itself imports without the extra
+        "from streamkit.spark import SparkExtraMissing\n"
+        "try:\n"
+        "    sk.backfill_table\n"
+        "except SparkExtraMissing as exc:\n"
+        "    print('ERR', exc)\n"
+        "from streamkit.spark._deps import require\n"
+        "try:\n"
+        "    require('pyspark')\n"
+        "except ImportError as exc:\n"
+        "    print('ERR', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("ERR")]
+    assert len(lines) == 2
+    assert all("'spark' extra" in ln and "pip install 'streamkit[spark]'" in ln for ln in lines)
