@@ -230,6 +230,7 @@ def backfill(
     state_dir: Path | None = typer.Option(None, "--state-dir", help="default: the app's state_dir"),
     allow_partial: bool = typer.Option(False, "--allow-partial", help="leave the app's other tables empty"),
     keep_backup: bool = typer.Option(False, "--keep-backup", help="keep the replaced stores under .backfill/"),
+    allow_timers: bool = typer.Option(False, "--allow-timers", help="replay: the app's timers do not change state"),
     option: list[str] = typer.Option([], "--option", "-o", help="reader option KEY=VALUE"),
     cores: int = typer.Option(2, "--cores", min=1, help="local Spark cores"),
     spark_conf: list[str] = typer.Option([], "--spark-conf", help="Spark setting KEY=VALUE"),
@@ -283,7 +284,7 @@ def backfill(
             df = load_source(spark, source[0], reader_options)
             result = backfill_replay(
                 app, df, spark=spark, topic=topic, order_by=order_by.split(",") if order_by else None,
-                timestamp_col=timestamp_col, tables=table or None, **common,
+                timestamp_col=timestamp_col, tables=table or None, allow_timers=allow_timers, **common,
             )
         else:
             frames = {name: load_source(spark, src, reader_options) for name, src in zip(table, source)}

@@ -750,6 +750,7 @@ def backfill_replay(
     layout_epochs: Mapping[str, int] | None = None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
     allow_partial: bool = False,
+    allow_timers: bool = False,
     num_partitions: int | None = None,
     subs: int | None = None,
     keep_backup: bool = False,
@@ -765,7 +766,9 @@ def backfill_replay(
     timestamp (ms or a timestamp column; what ``ctx.timestamp`` and windowed tables
     see). Records are grouped by key (each key's state is built by one task), ordered,
     and replayed with :class:`streamkit.replay.Replayer`: no output is sent, and a
-    handler that touches another key's state is refused with ``ReplayError``.
+    handler that touches another key's state is refused with ``ReplayError``. Apps with
+    per-processor timers are refused unless ``allow_timers`` (timers do not run here);
+    rebalance callbacks do not run either (they move state, they should not make it).
     """
     F = require("pyspark.sql.functions")
     app_obj, app_ref = _resolve_app(app)
@@ -784,6 +787,14 @@ def backfill_replay(
         raise ConfigError(
             f"app {app_obj.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "
             "does not include; pass allow_partial=True (CLI: --allow-partial) if their state may start empty"
+        )
+    stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
+    if stateful_timers and not allow_timers:
+        names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
+        raise ConfigError(
+            f"app {app_obj.name!r} has per-processor timers ({names}) that run with its tables bound; the replay "
+            "runs handlers only and cannot reproduce what timers do to state. Pass allow_timers=True "
+            "(CLI: --allow-timers) if they do not change table state"
         )
     if order_by is None:
         if offset_col is None:

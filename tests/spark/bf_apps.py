@@ -56,3 +56,20 @@ b_totals = bad.table("totals", default=int)
 def b_handle(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     b_totals[key] += 1
     b_totals["grand-total"] += 1
+
+
+# a per-processor timer changes state: the replay cannot reproduce it
+timed = streamkit.App("bf-timed", processors=2)
+t_events = timed.topic("t-events")
+t_totals = timed.table("totals", default=int)
+
+
+@timed.processor(t_events)
+def t_handle(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+    t_totals[key] += 1
+
+
+@timed.every(60)
+def t_decay(ctx: streamkit.Context) -> None:
+    for key, n in list(t_totals.items()):
+        t_totals[key] = n // 2

@@ -341,6 +341,9 @@ def test_replay_refuses_a_handler_touching_another_key(spark: Any, state_dir: Pa
                         state_dir=state_dir)
     assert "Traceback" not in str(info.value) and "\n" not in str(info.value)
     assert live_store_dirs(state_dir / "bf-bad") == {}
+    with pytest.raises(ConfigError, match="per-processor timers .*t_decay"):
+        backfill_replay(bf_apps.timed, df, value_encoded=True, partition_col="partition", offset_col="offset",
+                        state_dir=state_dir)
 
 
 # --------------------------------------------------------------------------- reader
@@ -360,5 +363,10 @@ def test_read_stores_one_partition_per_store(spark: Any, state_dir: Path) -> Non
     assert sorted((r.key, r.value) for r in decoded.collect()) == sorted(
         (r.key.decode(), r.value.decode()) for r in rows
     )
-    by_path = read_stores(spark, path=state_dir / "bf-counts" / "processor-1", table="totals")
-    assert by_path.count() == sum(1 for r in rows if r.processor == 1)
+    # stores are read read-only: it works while a processor holds one
+    held = RocksDBStore.open(str(state_dir / "bf-counts" / "processor-1"), ["totals"])
+    try:
+        by_path = read_stores(spark, path=state_dir / "bf-counts" / "processor-1", table="totals")
+        assert by_path.count() == sum(1 for r in rows if r.processor == 1)
+    finally:
+        held.close()

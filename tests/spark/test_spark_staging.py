@@ -145,3 +145,15 @@ def test_lock_store_conflicts_with_an_open_store(app_dir: Path) -> None:
             RocksDBStore.open(str(app_dir / "processor-0"), TABLES)
     finally:
         lock.release()
+
+
+def test_keep_backup_keeps_the_replaced_stores(app_dir: Path) -> None:
+    before = snapshot(app_dir)
+    with Staging(app_dir, keep_backup=True) as staging:
+        stage(staging, 3, b"new")
+        staging.publish(3)
+        run = staging.run_id
+    backup = app_dir / BACKFILL_DIR / f"backup-{run}"
+    assert sorted(p.name for p in backup.iterdir()) == ["processor-0", "processor-1", "processor-2"]
+    kept = snapshot(backup)
+    assert kept == before
