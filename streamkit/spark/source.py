@@ -39,8 +39,6 @@ DECODED_SCHEMA = "processor int, key string, value string"
 
 def store_paths(path: str | os.PathLike[str]) -> list[tuple[int, str]]:
     """``[(processor, store dir)]`` under an app directory (or the one store at ``path``)."""
-    from stores.rocksdb import LOCK_FILE  # noqa: F401 - stores must be importable
-
     p = Path(path)
     if (p / "CURRENT").exists():
         name = p.name

@@ -169,6 +169,28 @@ def test_duplicate_keys_latest_offset_wins_and_null_means_no_state(spark: Any, s
     assert res.positions == {("events", 0): 10, ("events", 1): 9}
 
 
+def test_several_tables_in_one_backfill(spark: Any, state_dir: Path) -> None:
+    from stores.serde import IntSerde
+
+    sums = spark.createDataFrame([(k, k * 10) for k in range(-50, 300)], "key long, value long")
+    last = spark.createDataFrame([(k, f"tag-{k}") for k in range(0, 300, 3)], "key long, value string")
+    res = backfill_state(bf_apps.multi, {"sums": sums, "last": last}, positions={("m-events", 0): 99},
+                         processors=3, state_dir=state_dir)
+    assert res.keys_written == {"sums": 350, "last": 100}
+    ints = IntSerde()
+    got_sums, got_last = {}, {}
+    for proc, (tables, cp) in read_all(state_dir / "bf-multi", ["sums", "last"]).items():
+        assert cp.positions == {("m-events", 0): 99}
+        for k, v in tables["sums"].items():
+            assert processor_of(k, 2, 3) == proc
+            got_sums[ints.loads(k)] = orjson.loads(v)
+        for k, v in tables["last"].items():
+            assert processor_of(k, 2, 3) == proc
+            got_last[ints.loads(k)] = v.decode()  # str serde: the text itself
+    assert got_sums == {k: k * 10 for k in range(-50, 300)}
+    assert got_last == {k: f"tag-{k}" for k in range(0, 300, 3)}
+
+
 def test_duplicate_keys_without_offsets_are_refused(spark: Any, state_dir: Path) -> None:
     df = spark.createDataFrame([("a", 1), ("a", 2)], "key string, value long")
     with pytest.raises(BackfillError, match="key b'a' appears more than once"):
