@@ -240,8 +240,9 @@ def backfill(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     fail_at: str | None = typer.Option(None, "--fail-at", hidden=True),
 ) -> None:
-    """Build the app's stores from history with Spark; processors then resume from Kafka
-    exactly where the history ends (no gap, no double count)."""
+    """Build the app's stores from history with Spark; its processors resume from Kafka where the history ends.
+
+    No gap and no double count: each store's checkpoint holds the next offset of every partition."""
     from rich.console import Console
 
     from streamkit.cli import CliError
