@@ -236,6 +236,9 @@ def backfill(
     spark_conf: list[str] = typer.Option([], "--spark-conf", help="Spark setting KEY=VALUE"),
     spark_log_level: str = typer.Option("ERROR", "--spark-log-level"),
     num_partitions: int | None = typer.Option(None, "--partitions", min=1, help="Spark tasks writing SST files"),
+    partitioned_by_key: bool = typer.Option(
+        False, "--partitioned-by-key", help="mode 1: each key's rows are in one input partition: skip the shuffle"
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     fail_at: str | None = typer.Option(None, "--fail-at", hidden=True),
@@ -289,7 +292,8 @@ def backfill(
             )
         else:
             frames = {name: load_source(spark, src, reader_options) for name, src in zip(table, source)}
-            result = backfill_state(app, frames, spark=spark, topic=topic, topic_col=topic_col, **common)
+            result = backfill_state(app, frames, spark=spark, topic=topic, topic_col=topic_col,
+                                    partitioned_by_key=partitioned_by_key, **common)
     total = time.perf_counter() - t0
     if as_json:
         doc = {

@@ -16,6 +16,7 @@ the checkpoint positions, and publish all stores atomically (:mod:`.staging`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -308,6 +309,7 @@ class _Plan:
     keep_backup: bool
     topic_partitions: dict[str, tuple[int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    verify_unique: bool = False  # fused mode 1: check that no key was written twice
 
 
 def _layouts(spec: Mapping[str, int | tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
@@ -376,16 +378,18 @@ def _run(
 
         # -- what the tasks did -----------------------------------------------------------
         ssts: dict[int, dict[str, list[str]]] = {p: {} for p in range(plan.p)}
+        ssts_keys: dict[int, dict[str, int]] = {p: {} for p in range(plan.p)}
         keys_written = {t: 0 for t in plan.tables}
         max_off: dict[tuple[str, int], int] = {}
         owners: dict[tuple[str, int], set[int]] = {}
         rows_read = 0
-        task_s = write_s = replay_s = wait_s = 0.0
+        task_s = write_s = replay_s = wait_s = fused_a = 0.0
         infos: list[str] = []
         dups = nulls = handler_errors = skipped = 0
         for r in rows:
             if r.kind == "sst":
                 ssts[r.proc].setdefault(r.table, []).append(r.path)
+                ssts_keys[r.proc][r.table] = ssts_keys[r.proc].get(r.table, 0) + r.keys
                 keys_written[r.table] = keys_written.get(r.table, 0) + r.keys
                 write_s += r.seconds or 0.0
             elif r.kind == "offset":
@@ -412,6 +416,8 @@ def _run(
                 replay_s += r.seconds or 0.0
             elif r.kind == "timing" and r.info == "input_wait":
                 wait_s += r.seconds or 0.0
+            elif r.kind == "timing" and r.info == "stage_a":
+                fused_a += r.seconds or 0.0
         if handler_errors or skipped:
             warnings.append(
                 f"{handler_errors} handler error(s) and {skipped} undecodable record(s) were skipped, "
@@ -433,14 +439,16 @@ def _run(
             for proc in range(plan.p):
                 files = {t: sorted(fs) for t, fs in ssts[proc].items()}
                 checkpoint = Checkpoint(positions=per_proc[proc], layout_epochs=dict(plan.layout_epochs), extra=extra)
-                staging.build_store(proc, all_tables, files, checkpoint)
+                path = staging.build_store(proc, all_tables, files, checkpoint)
+                if plan.verify_unique:
+                    _verify_unique(path, files, ssts_keys[proc])
                 if proc == 0:
                     check_fail("build", plan.fail_at)
         with reporter.phase("publish", "swap the new stores in atomically"):
             published = staging.publish(plan.p)
     seconds = time.perf_counter() - t_start
     timings = dict(reporter.timings)
-    timings["tasks_stage_a_cpu"] = float(acc.value)
+    timings["tasks_stage_a_cpu"] = float(acc.value) + fused_a
     timings["tasks_stage_b_cpu"] = task_s
     timings["tasks_sst_write_cpu"] = write_s
     timings["tasks_stage_b_input_wait"] = wait_s
@@ -464,6 +472,27 @@ def _run(
                  "skipped_decode": skipped, "buckets": plan.p * plan.subs, "spark_partitions": plan.num_partitions},
         warnings=warnings,
     )
+
+
+def _verify_unique(path: Path, files: Mapping[str, Sequence[str]], written: Mapping[str, int]) -> None:
+    """A store built from several SST files per table holds each key once only if no key
+    was in two files: count the keys (fused mode 1, where the input's partitioning by key
+    is the caller's promise)."""
+    from stores.rocksdb import RocksDBStore
+
+    store = RocksDBStore.open(str(path), create=False)
+    try:
+        for table, n in written.items():
+            if len(files.get(table, ())) < 2:
+                continue
+            have = sum(1 for _ in store.items(table))
+            if have != n:
+                raise BackfillError(
+                    f"table {table!r}: {n - have} key(s) were written by two tasks: the DataFrame is not "
+                    "partitioned by key (drop partitioned_by_key / --partitioned-by-key)"
+                )
+    finally:
+        store.close()
 
 
 def _stamp(
@@ -594,6 +623,7 @@ def backfill_state(
     allow_partial: bool = False,
     num_partitions: int | None = None,
     subs: int | None = None,
+    partitioned_by_key: bool = False,
     keep_backup: bool = False,
     reporter: Reporter | None = None,
     fail_at: str | None = None,
@@ -607,6 +637,11 @@ def backfill_state(
     or ``["topic:part=next", ...]``) and/or an offset column (with ``partition_col`` and
     ``topic_col`` or ``topic``), from which each partition's position is its highest
     offset + 1 and duplicate keys resolve to the highest offset.
+
+    ``partitioned_by_key=True`` says every key's rows are in one partition of each
+    DataFrame (true of the output of ``groupBy(key)``, ``repartition(key)``): the job then
+    skips its own shuffle and sort (each task sorts its partition in Arrow, in memory)
+    and the built stores are checked to hold every written key exactly once.
     """
     F = require("pyspark.sql.functions")
     app_obj, _ = _resolve_app(app)
@@ -671,6 +706,11 @@ def backfill_state(
             offset_col="offset" if offset_col else None,
             tables=codecs, fail_at=fail_at, extra={"sp_keys": sp_keys},
         )
+        if partitioned_by_key:
+            spec = dataclasses.replace(spec, extra={**spec.extra, "fused": True})
+            metas = [df.mapInArrow(functools.partial(tasks.fused_state, spec, i), tasks.META_DDL)
+                     for i, df in enumerate(normalized)]
+            return functools.reduce(lambda x, y: x.unionByName(y), metas)
         staged = None
         for i, df in enumerate(normalized):
             out = df.mapInArrow(functools.partial(_timed, tasks.place_state, acc, spec, i), _STATE_A_DDL)
@@ -683,6 +723,7 @@ def backfill_state(
             .mapInArrow(functools.partial(tasks.write_state, spec), tasks.META_DDL)
         )
 
+    plan.verify_unique = partitioned_by_key
     return _run(plan, spark, build, reporter or Reporter())
 
 

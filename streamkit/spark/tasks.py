@@ -195,7 +195,10 @@ class _SstSink:
     def write(self, bucket: int, table: str, items: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, int]:
         proc, sub = divmod(bucket, self.spec.subs)
         directory = os.path.join(self.spec.sst_root, f"processor-{proc}", table)
-        final = os.path.join(directory, f"sub-{sub}.sst")
+        # deterministic names: by bucket (after the shuffle a bucket is in one task), plus
+        # the input partition when tasks write without a shuffle (fused)
+        name = f"sub-{sub}-part-{self.partition}.sst" if self.spec.extra.get("fused") else f"sub-{sub}.sst"
+        final = os.path.join(directory, name)
         tmp = f"{final}.tmp-{self.attempt}"
         try:
             check_fail("task", self.spec.fail_at)
@@ -496,6 +499,26 @@ def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     out.append({"kind": "stats", "rows": stats["rows"], "info": info, "seconds": _cpu() - t0})
     out.append({"kind": "timing", "info": "input_wait", "seconds": batches.wait})
     yield _meta(out)
+
+
+def fused_state(spec: Spec, table_index: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mode 1 without a shuffle, for input whose rows of a key all sit in one partition
+    (e.g. the output of ``groupBy(key)``): stage A, then this partition's rows sorted in
+    Arrow by (bucket, key, offset), then stage B; one SST per (bucket, partition)."""
+    import pyarrow.compute as pc
+
+    t0 = _cpu()
+    placed = [b for b in place_state(spec, table_index, batches) if b.num_rows]
+    a_cpu = _cpu() - t0
+    if not placed:
+        yield from write_state(spec, iter(()))
+        return
+    table = pa.Table.from_batches(placed)
+    order = pc.sort_indices(table, [("_b", "ascending"), ("_k", "ascending"), ("_off", "ascending")])
+    table = table.take(order)
+    metas = list(write_state(spec, iter(table.to_batches(max_chunksize=65536))))
+    yield from metas
+    yield _meta([{"kind": "timing", "info": "stage_a", "seconds": a_cpu}])
 
 
 def _first(item: tuple[bytes, bytes]) -> bytes:

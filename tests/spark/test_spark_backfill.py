@@ -137,6 +137,22 @@ def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_di
     assert sorted(os.listdir(app_dir / BACKFILL_DIR)) == ["lock"]
 
 
+def test_state_backfill_without_shuffle_for_input_partitioned_by_key(spark: Any, state_dir: Path) -> None:
+    events = count_events(5000, 600, seed=9)
+    df = state_df(spark, events)  # groupBy(key) output: every key in one partition
+    res = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
+                         partitioned_by_key=True, state_dir=state_dir)
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+    assert res.keys_written["totals"] == len(final_state(events))
+    # a DataFrame that breaks the promise is caught before anything is published
+    rows = [(f"k{i % 40}", i, 0, i) for i in range(400)]
+    spread = spark.createDataFrame(rows, "key string, value long, partition int, offset long").repartition(3)
+    with pytest.raises(BackfillError, match="not partitioned by key"):
+        backfill_table(bf_apps.counts, "totals", spread, offset_col="offset", partition_col="partition",
+                       partitioned_by_key=True, state_dir=state_dir)
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+
+
 def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, state_dir: Path) -> None:
     events = count_events(3000, 400, seed=2)
     df = state_df(spark, events).drop("offset", "partition")
