@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import orjson
@@ -42,6 +43,7 @@ class ZombieCheckpointError(StreamkitError):
 async def checkpoint(member: "GroupMember") -> None:
     if not member.processors:
         return
+    t0 = time.monotonic()
     progress = member.worker.progress
     generation = member.generation
     parts = [(tp.topic, tp.partition) for tp in member.routes]
@@ -52,7 +54,9 @@ async def checkpoint(member: "GroupMember") -> None:
             f"checkpoint of generation {generation} rejected: generation {newest} owns some of "
             f"{sorted(parts)} (this member was paused through a rebalance)"
         )
+    t1 = time.monotonic()
     await member.output.flush()
+    t2 = time.monotonic()
     epochs = member.layout_epochs
     for proc in member.processors.values():
         if proc.uncommitted or proc.positions != proc.loaded.positions:
@@ -67,9 +71,11 @@ async def checkpoint(member: "GroupMember") -> None:
         if pos is not None and pos > route.committed:
             positions[(tp.topic, tp.partition)] = pos
             offsets[tp] = OffsetAndMetadata(pos, meta)
+    t3 = time.monotonic()
     if not offsets:
         return
     await progress.record(member.name, generation, epochs, positions)
+    t4 = time.monotonic()
     for tp, om in offsets.items():
         member.routes[tp].committed = om.offset
     try:
@@ -77,3 +83,7 @@ async def checkpoint(member: "GroupMember") -> None:
     except (CommitFailedError, IllegalStateError, KafkaError) as exc:
         # The store and the progress log hold the checkpoint; Kafka catches up next time.
         log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member.name, exc)
+    t5 = time.monotonic()
+    if t5 - t0 > 0.5:
+        log.warning("slow checkpoint %s: progress %.3f flush %.3f store %.3f record %.3f kafka %.3f", member.name,
+                    t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)

@@ -98,6 +98,8 @@ class GroupMember:
         self.handled = 0
         self.consecutive_failures = 0
         self.zombie_rejections = 0
+        self.gate_closed_at: dict[TopicPartition, float] = {}
+        self.gate_waits: list[tuple[str, int, float]] = []  # (topic, partition, seconds gated)
         self._last_alarm = 0.0
         self._since_checkpoint = 0
         self._next_checkpoint = 0.0
@@ -158,6 +160,8 @@ class GroupMember:
         async with self.worker.lock:
             if not self.processors:
                 return
+            log.info("%s: giving up processors %s (generation %d)", self.name, sorted(self.processors),
+                     self.generation)
             await self._fire(self.app.keys_revoked_callbacks)
             await self._checkpoint()
             self._close_all()
@@ -179,6 +183,8 @@ class GroupMember:
             assignment = self.assignor.assignment
             if assignment is None or self._stopping:
                 return
+            log.info("%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors),
+                     self.generation)
             progress = self.worker.progress
             generation = self.generation
             slots_all = [(t, p) for slots in assignment.processors.values() for t, p, _ in slots]
@@ -228,6 +234,15 @@ class GroupMember:
             self.worker.beat()
             log.info("%s: hosts processors %s (generation %d): %s", self.name,
                      sorted(self.processors), generation, sorted(self.routes))
+            # A layout change seen during the rebalance may be newer than the one the
+            # leader placed by (aiokafka drops a rejoin request made while joining).
+            used = assignment.epochs
+            for topic, shape in self._shapes().items():
+                if shape.epoch > used.get(topic, -1):
+                    log.info("%s: assignment used epoch %s of %s, the layout is at %d: rebalancing again",
+                             self.name, used.get(topic), topic, shape.epoch)
+                    self.consumer._coordinator.request_rejoin()
+                    break
 
     async def _fire(self, callbacks: list[Callable[..., Any]], only: set[TopicPartition] | None = None) -> None:
         if not callbacks:
@@ -269,7 +284,16 @@ class GroupMember:
                 if pos < gate.start:  # records below belong to an earlier incarnation
                     route.proc.positions[route.position_key] = pos = gate.start
                     self.consumer.seek(tp, pos)
-                route.limit = gate.start if gate.skip else gate.limit
+                limit = gate.start if gate.skip else gate.limit
+                if limit is not None and route.limit is None:
+                    self.gate_closed_at[tp] = time.monotonic()
+                elif limit is None and tp in self.gate_closed_at:
+                    waited = time.monotonic() - self.gate_closed_at.pop(tp)
+                    self.gate_waits.append((topic, p, waited))
+                if limit != route.limit:
+                    log.info("%s: %s[%d] at %d: gate %s -> %s%s", self.name, topic, p, pos, route.limit, limit,
+                             f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "")
+                route.limit = limit
                 if route.limit is not None and pos >= route.limit:
                     self.consumer.pause(tp)
                     gated = True
@@ -290,8 +314,10 @@ class GroupMember:
         stop_at = None
         limit = route.limit
         if limit is not None and records[-1].offset >= limit:
+            # Never back: a gate can close below records already delivered (they came before
+            # we saw the change, so they carry our epoch and are safe); it holds from here.
+            stop_at = max(limit, records[0].offset)
             records = [r for r in records if r.offset < limit]
-            stop_at = limit
         eb = route.epoch_bytes
         if eb is None or not records:
             return records, stop_at, []

@@ -105,4 +105,4 @@ class ProgressLog:
             "parts": [[t, p, o] for (t, p), o in sorted(parts.items())],
         }
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
-        self._apply(body)
+        await self.refresh()  # read our own write in log order (applying it out of order would misjudge)

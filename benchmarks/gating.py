@@ -1,0 +1,163 @@
+"""The cost of ordered delivery: steady throughput on vs off, and gate waits during expansions.
+
+    python -m benchmarks.gating [--records 1000000] [--rate 20000] [--runs 2]
+
+1. Steady state. Two topics with layouts (4 active partitions, room for 8), one with
+   ordered delivery on, one off, each holding the same N records written by the
+   streamkit producer (so every record carries its epoch stamp and the consumer checks
+   it). The streamkit count+sum job (benchmarks.contenders.streamkit_app) consumes each,
+   alternating on/off `--runs` times; records/s first to last record, median per mode.
+2. Under load. A producer process writes at `--rate` records/s while a worker (in this
+   process) consumes; the topic expands 4 -> 6 -> 8. For every partition created, the
+   time it was gated (from assignment until the group passed its parent's seal) is
+   the longest any record of it waited at the gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def produce(bootstrap: str, topic: str, n: int, keys: int, rate: float | None = None) -> None:
+    from streamkit.producer import Producer
+
+    async with Producer(bootstrap, client_id=f"bench-{uuid.uuid4().hex[:6]}") as p:
+        start = time.monotonic()
+        for i in range(n):
+            await p.send(topic, b"key-%d" % (i % keys), {"amount": i % 100, "seq": i})
+            if rate and i % 500 == 0:
+                ahead = i / rate - (time.monotonic() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        await p.flush()
+
+
+def run_job(bootstrap: str, topic: str, n: int, workdir: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.contenders.streamkit_app", "--bootstrap", bootstrap, "--topic", topic,
+         "--records", str(n), "--partitions", "4", "--workdir", workdir, "--session-timeout-ms", "6000"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    r = json.loads(line[len("RESULT "):])
+    r["rate"] = r["records"] / (r["last_record_at"] - r["first_record_at"])
+    return r
+
+
+async def steady(bootstrap: str, n: int, runs: int, console: Console) -> dict[str, list[float]]:
+    from streamkit.layout.protocol import LayoutCoordinator
+
+    topics = {}
+    async with LayoutCoordinator(bootstrap) as coord:
+        for mode, ordered in (("on", True), ("off", False)):
+            topics[mode] = f"gating-{mode}-{uuid.uuid4().hex[:6]}"
+            await coord.create(topics[mode], 4, capacity=8, ordered_delivery=ordered)
+            t0 = time.monotonic()
+            await produce(bootstrap, topics[mode], n, 10_000)
+            console.print(f"produced {n} stamped records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
+    rates: dict[str, list[float]] = {"on": [], "off": []}
+    for _ in range(runs):
+        for mode in ("on", "off"):
+            with tempfile.TemporaryDirectory() as wd:
+                r = run_job(bootstrap, topics[mode], n, wd)
+            assert r["check"]["count"] == n, r
+            rates[mode].append(r["rate"])
+            console.print(f"ordered delivery {mode}: {r['rate']:,.0f} records/s")
+    return rates
+
+
+async def under_load(bootstrap: str, rate: float, console: Console) -> list[tuple[str, int, float]]:
+    import streamkit
+    from streamkit.layout.protocol import LayoutCoordinator
+    from streamkit.runtime.worker import Worker
+
+    topic = f"gating-load-{uuid.uuid4().hex[:6]}"
+    seconds = 12
+    async with LayoutCoordinator(bootstrap) as coord:
+        await coord.create(topic, 4, capacity=8)
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.gating", "--produce-only", topic, "--bootstrap", bootstrap,
+             "--records", str(int(rate * seconds)), "--rate", str(rate)], cwd=ROOT)
+        with tempfile.TemporaryDirectory() as wd:
+            app = streamkit.App(f"gating-{uuid.uuid4().hex[:6]}", broker=bootstrap, state_dir=Path(wd),
+                                session_timeout_ms=6000, commit_interval=0.5)
+            counts = app.table("counts", key_serde="raw", default=int)
+            handled = [0]
+
+            @app.processor(app.topic(topic, key_serde="raw"))
+            def count(key: bytes, value: Any, ctx: Any) -> None:
+                counts[key] += 1
+                handled[0] += 1
+
+            worker = Worker(app, 1)
+            task = asyncio.create_task(worker.run())
+            while handled[0] < rate * 2:
+                await asyncio.sleep(0.05)
+            for n in (6, 8):
+                t0 = time.monotonic()
+                res = await coord.expand(topic, n)
+                console.print(f"expanded to {n} in {time.monotonic() - t0:.2f} s (acked by {len(res.acked)} producers)")
+                await asyncio.sleep(3)
+            await asyncio.to_thread(producer.wait)
+            total = int(rate * seconds)
+            while handled[0] < total:
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await task
+            return [w for m in worker.members for w in m.gate_waits]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=float, default=20_000)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--produce-only", metavar="TOPIC")
+    a = ap.parse_args()
+    if a.produce_only:
+        asyncio.run(produce(a.bootstrap, a.produce_only, a.records, 10_000, a.rate))
+        return
+    from streamkit.broker import EmbeddedBroker
+
+    console = Console()
+    with EmbeddedBroker() as broker:
+        rates = asyncio.run(steady(broker.bootstrap, a.records, a.runs, console))
+        waits = asyncio.run(under_load(broker.bootstrap, a.rate, console))
+    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+    table = Table(title=f"ordered delivery, steady state ({a.records:,} records, median of {a.runs})")
+    for col in ("mode", "records/s", "runs"):
+        table.add_column(col)
+    table.add_row("on", f"{on:,.0f}", ", ".join(f"{r:,.0f}" for r in rates["on"]))
+    table.add_row("off", f"{off:,.0f}", ", ".join(f"{r:,.0f}" for r in rates["off"]))
+    console.print(table)
+    console.print(f"on/off = {on / off:.3f} ({(1 - on / off) * 100:+.1f}% cost; target under 5%)")
+    gates = Table(title=f"gates during expansions 4 -> 6 -> 8 under {a.rate:,.0f} records/s")
+    for col in ("topic", "partition", "gated for (s)"):
+        gates.add_column(col)
+    for topic, part, secs in waits:
+        gates.add_row(topic, str(part), f"{secs:.3f}")
+    console.print(gates)
+    if waits:
+        console.print(f"longest time any key's records waited at a gate: {max(w[2] for w in waits):.3f} s")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    main()

@@ -1,0 +1,45 @@
+"""A producer process for the soak test: shared keys, per-producer sequence numbers.
+
+    python -m tests.runtime.soak_producer BOOTSTRAP TOPIC NAME OUT.json --keys K --rate R --stop-file F
+
+Record n has key f"k{n % K}" and value {"p": NAME, "seq": n}. Prints "ready", sends until
+the stop file exists, flushes, and writes {"sent": n, "fences": [...]} to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import orjson
+
+from streamkit.producer import Producer
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("bootstrap", "topic", "name", "out"):
+        ap.add_argument(name)
+    ap.add_argument("--keys", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--stop-file", required=True)
+    a = ap.parse_args()
+    async with Producer(a.bootstrap, client_id=a.name, linger_ms=2) as p:
+        print("ready", flush=True)
+        start, n = time.monotonic(), 0
+        while not os.path.exists(a.stop_file):
+            await p.send(a.topic, f"k{n % a.keys}", {"p": a.name, "seq": n})
+            n += 1
+            ahead = n / a.rate - (time.monotonic() - start)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        await p.flush()
+        fences = [[f.topic, f.epoch] for f in p.fences]
+    with open(a.out, "wb") as f:
+        f.write(orjson.dumps({"sent": n, "fences": fences}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,78 @@
+"""A zombie processor (seed 002): paused with SIGSTOP through a rebalance, then resumed.
+
+The group moves on without it; when it wakes up, its checkpoint is rejected (a newer
+generation owns its partitions in the progress log), it drops what it did not commit,
+and the job's state stays exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from streamkit.layout._kafka import KafkaIO
+from streamkit.runtime.progress import PROGRESS_TOPIC
+from streamkit.testing import create_topic, produce_json
+from tests.runtime.jobs import Job, make_records, read_state, reference, wait_until_committed
+
+PARTITIONS = 4
+
+
+async def progress_records(broker: str, group: str) -> list[dict]:
+    async with KafkaIO(broker) as io:
+        recs, _ = await io.read(PROGRESS_TOPIC, 0, 0)
+    return [orjson.loads(r.value) for r in recs if r.key == group.encode()]
+
+
+def wait_for_fence_against(job: Job, zombie_parts: set[tuple[str, int]], generation: int, timeout: float = 60) -> None:
+    """Until another member has fenced the zombie's partitions with a newer generation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = asyncio.run(progress_records(job.bootstrap, f"streamkit-{job.app}"))
+        fenced = {(t, p) for r in recs if r["gen"] > generation for t, p, o in r["parts"] if o is None}
+        if zombie_parts <= fenced:
+            return
+        assert time.monotonic() < deadline, "the group did not move on without the paused worker"
+        time.sleep(0.2)
+
+
+def test_a_paused_processor_is_fenced_and_its_checkpoint_rejected(broker: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    job = Job(broker, f"zombie-{tag}", create_topic(broker, f"zin-{tag}", PARTITIONS), tmp_path / "state", 4)
+    records = make_records(60_000, 500)
+    produce_json(broker, job.topic, records[:20_000])
+    try:
+        zombie = job.start_worker()
+        job.start_worker()
+        wait_until_committed(job, PARTITIONS, 5_000)
+        recs = asyncio.run(progress_records(broker, f"streamkit-{job.app}"))
+        member = next(r["member"] for r in recs if str(zombie.pid) in r["member"])
+        mine = [r for r in recs if r["member"] == member]
+        generation = max(r["gen"] for r in mine)
+        zombie_parts = {(t, p) for r in mine if r["gen"] == generation for t, p, _ in r["parts"]}
+        assert zombie_parts, "the paused worker hosted nothing"
+        zombie.send_signal(signal.SIGSTOP)
+        feeder = threading.Thread(target=produce_json, args=(broker, job.topic, records[20_000:]))
+        feeder.start()
+        wait_for_fence_against(job, zombie_parts, generation)
+        zombie.send_signal(signal.SIGCONT)  # it wakes up believing it still owns its partitions
+        feeder.join()
+        wait_until_committed(job, PARTITIONS, len(records), timeout=180)
+    finally:
+        job.stop_all()
+    log = zombie.stderr.read().decode()
+    assert f"checkpoint of generation {generation} rejected" in log, log[-3000:]
+    state, _ = read_state(job, 4)
+    assert state == reference(records)
+    # no commit of the zombie's old generation was accepted after the fence
+    recs = asyncio.run(progress_records(broker, f"streamkit-{job.app}"))
+    fence_at = min(i for i, r in enumerate(recs) if r["gen"] > generation
+                   and any((t, p) in zombie_parts for t, p, _ in r["parts"]))
+    late = [r for r in recs[fence_at:] if r["member"] == member and r["gen"] == generation]
+    assert not late, f"the zombie committed after it was fenced: {late[:2]}"
