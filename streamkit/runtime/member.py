@@ -436,41 +436,25 @@ class GroupMember:
         kl, vl, ctx = route.key_loads, route.value_loads, self.ctx
         failures: list[tuple[Any, str, BaseException, str]] = []
         for spec in route.handlers:
-            fn = spec.fn
-            if spec.is_async:
-                for rec in records:
-                    try:
-                        k = rec.key
-                        if k is not None:
-                            k = kl(k)
-                        v = rec.value
-                        if v is not None:
-                            v = vl(v)
-                    except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
-                        failures.append((rec, _decode_reason(rec, kl, exc), exc, ""))
-                        continue
-                    ctx._rec = rec
-                    try:
-                        await fn(k, v, ctx)
-                    except Exception as exc:  # noqa: BLE001 - user code
-                        failures.append((rec, "handler", exc, spec.name))
-            else:
-                for rec in records:
-                    try:
-                        k = rec.key
-                        if k is not None:
-                            k = kl(k)
-                        v = rec.value
-                        if v is not None:
-                            v = vl(v)
-                    except Exception as exc:  # noqa: BLE001
-                        failures.append((rec, _decode_reason(rec, kl, exc), exc, ""))
-                        continue
-                    ctx._rec = rec
-                    try:
-                        fn(k, v, ctx)
-                    except Exception as exc:  # noqa: BLE001
-                        failures.append((rec, "handler", exc, spec.name))
+            fn, is_async = spec.fn, spec.is_async
+            for rec in records:
+                try:
+                    k = rec.key
+                    if k is not None:
+                        k = kl(k)
+                    v = rec.value
+                    if v is not None:
+                        v = vl(v)
+                except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
+                    failures.append((rec, _decode_reason(rec, kl, exc), exc, ""))
+                    continue
+                ctx._rec = rec
+                try:
+                    result = fn(k, v, ctx)
+                    if is_async:
+                        await result
+                except Exception as exc:  # noqa: BLE001 - user code
+                    failures.append((rec, "handler", exc, spec.name))
         if failures:
             await self._failed(failures, len(records) * len(route.handlers), rebuilding)
         else:

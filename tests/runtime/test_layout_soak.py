@@ -112,6 +112,8 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
                     written.setdefault((v["p"], v["seq"]), []).append((part, rec.offset))
             twice = {k: v for k, v in written.items() if len(v) > 1}
             assert not twice, f"the producers wrote {len(twice)} records twice, e.g. {list(twice.items())[:3]}"
+            dead = (await io.read(f"{app}-dead-letters", 0, 0))[0]
+            assert not dead, f"{len(dead)} dead letters, e.g. {[(dict(r.headers), r.value) for r in dead[:2]]}"
             return reports
         finally:
             stop_file.write_bytes(b"")
