@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from streamkit.errors import BrokerUnreachableError, TopicNotFoundError
 
-# Tansu's DescribeConfigs only reports configs set at creation; peers (quixstreams) need these.
+# Set at creation so DescribeConfigs reports them: Tansu's DescribeConfigs returns only
+# configs given at creation, and peers (quixstreams: KeyError 'retention.ms') need these.
 CREATE_CONFIGS: dict[str, str] = {"retention.ms": "604800000", "retention.bytes": "-1"}
 
 
@@ -45,25 +46,59 @@ async def partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) ->
     return counts
 
 
+async def create_topic(
+    admin: AIOKafkaAdminClient,
+    name: str,
+    partitions: int,
+    *,
+    configs: Mapping[str, str] = CREATE_CONFIGS,
+    replication_factor: int = 1,
+    timeout: float = 10.0,
+    exist_ok: bool = False,
+) -> int:
+    """Create `name` with `configs` set at creation; return its partition count once visible.
+
+    Without `exist_ok`, the per-topic error of the response is raised (aiokafka returns
+    it instead of raising: `TopicAlreadyExistsError` if the topic exists) and the wait lasts
+    until the metadata shows all `partitions` (TimeoutError after `timeout`). With it,
+    creation errors are ignored and the wait lasts until the topic shows up with any
+    partition count (TopicNotFoundError after `timeout`).
+    """
+    try:
+        response = await admin.create_topics(
+            [NewTopic(name, partitions, replication_factor, topic_configs=dict(configs))],
+            timeout_ms=int(timeout * 1000),
+        )
+    except TopicAlreadyExistsError:
+        if not exist_ok:
+            raise
+    else:
+        if not exist_ok:
+            for topic_error in response.topic_errors:
+                code, message = topic_error[1], topic_error[2] if len(topic_error) > 2 else None
+                if code:
+                    error = for_code(code)
+                    raise error(f"create topic {name!r}: {message or error.__name__}")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            count = (await partition_counts(admin, [name]))[name]
+        except TopicNotFoundError:
+            if exist_ok and time.monotonic() > deadline:
+                raise
+        else:
+            if exist_ok or count == partitions:
+                return count
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {name} not visible with {partitions} partitions")
+        await asyncio.sleep(0.02)
+
+
 async def ensure_topic(
     admin: AIOKafkaAdminClient, name: str, partitions: int, timeout: float = 10.0
 ) -> int:
     """Create `name` if it does not exist; return its partition count once visible."""
-    try:
-        await admin.create_topics(
-            [NewTopic(name, partitions, 1, topic_configs=dict(CREATE_CONFIGS))],
-            timeout_ms=int(timeout * 1000),
-        )
-    except TopicAlreadyExistsError:
-        pass
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return (await partition_counts(admin, [name]))[name]
-        except TopicNotFoundError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.02)
+    return await create_topic(admin, name, partitions, timeout=timeout, exist_ok=True)
 
 
 async def high_watermarks(
@@ -91,6 +126,37 @@ async def high_watermarks(
     return result
 
 
+async def read_partitions_to_end(
+    consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition], timeout: float = 10.0
+) -> dict[TopicPartition, list[ConsumerRecord]]:
+    """Every record of `partitions` (assigned manually to `consumer`, no group) from offset 0
+    up to the high watermark of each partition's first fetch response, in offset order per
+    partition. Positions are moved. `timeout` bounds the watermark fetch and the reading each.
+    """
+    hws = await high_watermarks(consumer, partitions, timeout)
+    out: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in partitions}
+    todo = {tp for tp in partitions if hws[tp] > 0}
+    for tp in partitions:
+        consumer.seek(tp, 0)
+    deadline = time.monotonic() + timeout
+    while todo:
+        batch = await consumer.getmany(*todo, timeout_ms=200)
+        for tp, recs in batch.items():
+            out[tp].extend(r for r in recs if r.offset < hws[tp])
+        for tp in list(todo):
+            if await consumer.position(tp) >= hws[tp]:
+                todo.discard(tp)
+        if todo and time.monotonic() > deadline:
+            have = {tp.partition: len(out[tp]) for tp in partitions}
+            ends = {tp.partition: hws[tp] for tp in partitions}
+            topics = sorted({tp.topic for tp in partitions})
+            raise TimeoutError(
+                f"could not read {', '.join(topics)} to its end within {timeout}s: "
+                f"have {have}, ends {ends}"
+            )
+    return out
+
+
 async def read_to_end(
     bootstrap: str, topic: str, timeout: float = 10.0
 ) -> list[ConsumerRecord]:
@@ -108,27 +174,7 @@ async def read_to_end(
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
-        hws = await high_watermarks(consumer, tps, timeout)
-        out: list[ConsumerRecord] = []
-        todo = {tp for tp in tps if hws[tp] > 0}
-        for tp in tps:
-            consumer.seek(tp, 0)
-        deadline = time.monotonic() + timeout
-        while todo:
-            batch = await consumer.getmany(*todo, timeout_ms=200)
-            for tp, recs in batch.items():
-                out.extend(r for r in recs if r.offset < hws[tp])
-                if recs and recs[-1].offset + 1 >= hws[tp]:
-                    todo.discard(tp)
-            if todo and time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end within {timeout}s")
-        return out
+        out = await read_partitions_to_end(consumer, tps, timeout)
+        return [r for tp in tps for r in out[tp]]
     finally:
         await consumer.stop()
-
-
-def by_partition(records: Sequence[ConsumerRecord]) -> Mapping[int, list[ConsumerRecord]]:
-    out: dict[int, list[ConsumerRecord]] = {}
-    for r in records:
-        out.setdefault(r.partition, []).append(r)
-    return out

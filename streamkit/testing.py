@@ -14,17 +14,19 @@ record (DESIGN.md, "The reference broker").
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka import errors
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
+
+from streamkit import kafka
 
 __all__ = [
     "DEFAULT_TOPIC_CONFIGS",
@@ -38,13 +40,29 @@ __all__ = [
     "unique_topic_name",
 ]
 
-# Set at creation so DescribeConfigs reports them: Tansu's DescribeConfigs returns only
-# configs given at creation, and quixstreams fails (KeyError 'retention.ms') on an input
-# topic without them. -1 (keep forever) is what Tansu does anyway: it has no retention.
-DEFAULT_TOPIC_CONFIGS: dict[str, str] = {"retention.ms": "-1", "retention.bytes": "-1"}
+# The runtime's creation configs (streamkit.kafka.CREATE_CONFIGS: Tansu's DescribeConfigs
+# reports only configs set at creation, and quixstreams needs them), but retention.ms -1
+# (keep forever), which is what Tansu does anyway: it has no retention.
+DEFAULT_TOPIC_CONFIGS: dict[str, str] = {**kafka.CREATE_CONFIGS, "retention.ms": "-1"}
 
 Key = bytes | str | None
 Record = tuple[Key, Any] | tuple[Key, Any, int | None]
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _blocking(afn: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, _T]:
+    """The blocking form ``<name>`` of ``a<name>``: the same call, run with ``asyncio.run``."""
+
+    @functools.wraps(afn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return asyncio.run(afn(*args, **kwargs))
+
+    run.__name__ = run.__qualname__ = afn.__name__[1:]
+    run.__doc__ = f"Blocking form of :func:`{afn.__name__}`."
+    return run
 
 
 def unique_topic_name(prefix: str = "t") -> str:
@@ -78,49 +96,15 @@ async def acreate_topic(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
     await admin.start()
     try:
-        response = await admin.create_topics(
-            [NewTopic(name, partitions, replication_factor, topic_configs=merged)],
-            timeout_ms=int(timeout * 1000),
+        await kafka.create_topic(
+            admin, name, partitions, configs=merged, replication_factor=replication_factor, timeout=timeout
         )
-        # aiokafka returns per-topic errors in the response instead of raising them.
-        for topic_error in response.topic_errors:
-            code, message = topic_error[1], topic_error[2] if len(topic_error) > 2 else None
-            if code:
-                error = errors.for_code(code)
-                raise error(f"create topic {name!r}: {message or error.__name__}")
-        deadline = time.monotonic() + timeout
-        while True:
-            meta = await admin.describe_topics([name])
-            found = [t for t in meta if t.get("topic") == name and t.get("error_code", 0) == 0]
-            if found and len(found[0].get("partitions", [])) == partitions:
-                return name
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {name} not visible with {partitions} partitions")
-            await asyncio.sleep(0.02)
+        return name
     finally:
         await admin.close()
 
 
-def create_topic(
-    bootstrap: str,
-    name: str,
-    partitions: int = 1,
-    *,
-    configs: Mapping[str, str] | None = None,
-    replication_factor: int = 1,
-    timeout: float = 10.0,
-) -> str:
-    """Blocking form of :func:`acreate_topic`; returns the topic name."""
-    return asyncio.run(
-        acreate_topic(
-            bootstrap,
-            name,
-            partitions,
-            configs=configs,
-            replication_factor=replication_factor,
-            timeout=timeout,
-        )
-    )
+create_topic = _blocking(acreate_topic)
 
 
 # --------------------------------------------------------------------------- produce
@@ -223,9 +207,7 @@ async def aproduce_json(
             await producer.stop()
 
 
-def produce_json(bootstrap: str, topic: str, records: Iterable[Record], **kwargs: Any) -> int:
-    """Blocking form of :func:`aproduce_json`."""
-    return asyncio.run(aproduce_json(bootstrap, topic, records, **kwargs))
+produce_json = _blocking(aproduce_json)
 
 
 # --------------------------------------------------------------------------- read
@@ -267,33 +249,10 @@ async def aread_topic(
             partitions = found
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        out: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in tps}
-        end: dict[TopicPartition, int] = {}
-        deadline = time.monotonic() + timeout
-        while True:
-            if len(end) == len(tps):
-                positions = [await consumer.position(tp) for tp in tps]
-                if all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True)):
-                    break
-            batches = await consumer.getmany(timeout_ms=100, max_records=100_000)
-            for tp in tps:
-                if tp not in end:
-                    hw = consumer.highwater(tp)
-                    if hw is not None:
-                        end[tp] = hw
-            for tp, msgs in batches.items():
-                out[tp].extend(msgs)
-            if time.monotonic() > deadline:
-                have = {tp.partition: len(out[tp]) for tp in tps}
-                raise TimeoutError(f"read_topic({topic}) timed out: have {have}, ends {end}")
-        # Drop anything written after the first fetch's watermark (the topic may be live).
-        return [m for tp in tps for m in out[tp] if m.offset < end[tp]]
+        out = await kafka.read_partitions_to_end(consumer, tps, timeout)
+        return [m for tp in tps for m in out[tp]]
     finally:
         await consumer.stop()
 
 
-def read_topic(bootstrap: str, topic: str, **kwargs: Any) -> list[ConsumerRecord]:
-    """Blocking form of :func:`aread_topic`."""
-    return asyncio.run(aread_topic(bootstrap, topic, **kwargs))
+read_topic = _blocking(aread_topic)

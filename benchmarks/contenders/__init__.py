@@ -55,13 +55,27 @@ of top-level package names, or the harness's own list for known peers) cannot be
 is reported as skipped with the reason.
 
 Helpers for contenders: ``parse_args()`` parses the protocol's arguments (unknown ones
-are ignored), ``emit_result(...)`` prints the RESULT line. This module imports only the
-standard library, lazily, so that it costs nothing at start-up.
+are ignored), ``emit_result(...)`` prints the RESULT line. A contender that runs a
+framework which may hang (the peers) keeps its counts in ``new_progress()``, arms
+``arm_watchdog(...)`` (after ``--timeout`` seconds it prints an error RESULT and exits
+hard) and prints its own RESULT with ``emit_progress(...)``, which lets exactly one RESULT
+out. This module imports only the standard library, lazily, so that it costs nothing at
+start-up.
 """
 
 from typing import Any  # noqa: E402
 
-__all__ = ["PROCESS_START", "ALIASES", "REQUIRES", "emit_result", "module_for", "parse_args"]
+__all__ = [
+    "PROCESS_START",
+    "ALIASES",
+    "REQUIRES",
+    "arm_watchdog",
+    "emit_progress",
+    "emit_result",
+    "module_for",
+    "new_progress",
+    "parse_args",
+]
 
 # short name -> module under benchmarks.contenders
 ALIASES: dict[str, str] = {"faust": "faust_app", "streamkit": "streamkit_app"}
@@ -82,8 +96,11 @@ def module_for(name: str) -> str:
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None):
     """The protocol's arguments as an ``argparse.Namespace`` (bootstrap, topic, records,
-    partitions, workdir, session_timeout_ms); unknown arguments are ignored."""
+    partitions, workdir, session_timeout_ms), plus ``timeout``: the hard timeout in seconds
+    for ``arm_watchdog`` (``--timeout``; default ``$PEER_TIMEOUT_S``, which the harness
+    sets, else 60 s + 1 ms per record). Unknown arguments are ignored."""
     import argparse
+    import os
 
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--bootstrap", required=True)
@@ -92,7 +109,13 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None):
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="hard timeout in seconds (RESULT with an error, then exit); default "
+                             "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
     args, _unknown = parser.parse_known_args(argv)
+    if args.timeout is None:
+        env = os.environ.get("PEER_TIMEOUT_S")
+        args.timeout = float(env) if env else 60.0 + args.records / 1000.0
     return args
 
 
@@ -123,3 +146,50 @@ def emit_result(
     result.update(extra)
     sys.stdout.write("RESULT " + json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def new_progress() -> dict[str, Any]:
+    """A contender's progress, shared with its watchdog: ``n`` records processed, ``first``
+    and ``last`` record times, and ``done``, the lock that lets exactly one RESULT out."""
+    import threading
+
+    return {"n": 0, "first": None, "last": None, "done": threading.Lock()}
+
+
+def emit_progress(progress: dict[str, Any], **extra: Any) -> bool:
+    """Print the RESULT line of ``progress`` (records, first/last record times, process
+    start, then ``extra``: check, error, ...) unless one was printed already (by the
+    watchdog); True if this call printed it."""
+    if not progress["done"].acquire(blocking=False):
+        return False
+    _emit_progress(progress, **extra)
+    return True
+
+
+def _emit_progress(progress: dict[str, Any], **extra: Any) -> None:
+    emit_result(
+        records=progress["n"],
+        first_record_at=progress["first"],
+        last_record_at=progress["last"],
+        process_start=PROCESS_START,
+        **extra,
+    )
+
+
+def arm_watchdog(timeout_s: float, progress: dict[str, Any], **extra: Any) -> None:
+    """A stuck contender must not hang the harness: after ``timeout_s`` seconds print an
+    error RESULT of ``progress`` (with ``extra``, e.g. ``contender=...``) and exit hard
+    (code 3), unless the real RESULT is being printed."""
+    import os
+    import threading
+
+    def fire() -> None:
+        if not progress["done"].acquire(blocking=False):
+            return  # the real RESULT is being printed
+        error = f"timeout after {timeout_s:.0f}s with {progress['n']} records processed"
+        _emit_progress(progress, error=error, **extra)
+        os._exit(3)
+
+    timer = threading.Timer(timeout_s, fire)
+    timer.daemon = True
+    timer.start()

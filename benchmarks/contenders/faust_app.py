@@ -1,11 +1,7 @@
-import time
-
-PROCESS_START = time.time()  # first statement: taken before any heavy import
-
 """faust-streaming peer contender: per-key count and sum of `amount` in a RocksDB table.
 
     python -m benchmarks.contenders.faust_app --bootstrap B --topic T --records N \
-        --partitions P --workdir DIR --session-timeout-ms MS
+        --partitions P --workdir DIR --session-timeout-ms MS [--timeout S]
 
 (Named faust_app so that it does not shadow the `faust` package.)
 
@@ -25,59 +21,23 @@ offsets and closes the tables) when N records have been processed. The check is 
 from the table's RocksDB partitions on disk after the worker has closed them.
 """
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import uuid  # noqa: E402
+# First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
+from benchmarks.contenders import (
+    PROCESS_START,  # noqa: F401  (reported by emit_progress / arm_watchdog)
+    arm_watchdog,
+    emit_progress,
+    new_progress,
+    parse_args,
+)
+
+import json
+import logging
+import os
+import sys
+import time
+import uuid
 
 TABLE_NAME = "counts"
-
-
-def _emit(result: dict) -> None:
-    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
-    sys.stdout.flush()
-
-
-def _parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="benchmarks.contenders.faust_app")
-    ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--records", type=int, required=True)
-    ap.add_argument("--partitions", type=int, required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--session-timeout-ms", type=int, required=True)
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="hard timeout in seconds (RESULT with an error, then exit); default "
-                         "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
-    args = ap.parse_args(argv)
-    if args.timeout is None:
-        env = os.environ.get("PEER_TIMEOUT_S")
-        args.timeout = float(env) if env else 60.0 + args.records / 1000.0
-    return args
-
-
-def _arm_watchdog(timeout_s: float, progress: dict) -> None:
-    """A stuck peer must not hang the harness: print an error RESULT and exit hard."""
-
-    def fire() -> None:
-        if not progress["done"].acquire(blocking=False):
-            return  # the real RESULT is being printed
-        _emit({
-            "contender": "faust",
-            "records": progress["n"],
-            "first_record_at": progress["first"],
-            "last_record_at": progress["last"],
-            "process_start": PROCESS_START,
-            "error": f"timeout after {timeout_s:.0f}s with {progress['n']} records processed",
-        })
-        os._exit(3)
-
-    t = threading.Timer(timeout_s, fire)
-    t.daemon = True
-    t.start()
 
 
 def read_back(tabledir: str) -> dict:
@@ -176,9 +136,9 @@ def _run(args, app_id: str, datadir: str, progress: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _parse(argv)
-    progress = {"n": 0, "first": None, "last": None, "done": threading.Lock()}
-    _arm_watchdog(args.timeout, progress)
+    args = parse_args(argv, prog="benchmarks.contenders.faust_app")
+    progress = new_progress()
+    arm_watchdog(args.timeout, progress, contender="faust")
 
     run_id = uuid.uuid4().hex[:10]
     app_id = f"faust-bench-{run_id}"
@@ -194,26 +154,18 @@ def main(argv=None) -> int:
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
 
-    result = {
-        "contender": "faust",
-        "records": progress["n"],
-        "first_record_at": progress["first"],
-        "last_record_at": progress["last"],
-        "process_start": PROCESS_START,
-        "stopped_at": time.time(),
-    }
+    stopped_at = time.time()
+    check = None
     try:
-        result["check"] = read_back(tabledir or os.path.join(datadir, f"{app_id}-data", "v1", "tables"))
+        check = read_back(tabledir or os.path.join(datadir, f"{app_id}-data", "v1", "tables"))
     except Exception as exc:
         error = error or f"read-back failed: {type(exc).__name__}: {exc}"
     error = error or progress.get("error")
     if progress["n"] < args.records and error is None:
         error = f"worker stopped after {progress['n']} of {args.records} records"
-    if error:
-        result["error"] = error
-    if not progress["done"].acquire(blocking=False):
+    if not emit_progress(progress, check=check, error=error, contender="faust",
+                         stopped_at=stopped_at):
         return 3  # the watchdog has fired and printed the RESULT
-    _emit(result)
     return 0 if error is None else 1
 
 

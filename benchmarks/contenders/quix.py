@@ -1,11 +1,7 @@
-import time
-
-PROCESS_START = time.time()  # first statement: taken before any heavy import
-
 """quixstreams peer contender: per-key count and sum of `amount` in RocksDB state.
 
     python -m benchmarks.contenders.quix --bootstrap B --topic T --records N \
-        --partitions P --workdir DIR --session-timeout-ms MS
+        --partitions P --workdir DIR --session-timeout-ms MS [--timeout S]
 
 Configuration (see the module constants): quixstreams defaults everywhere except
   processing_guarantee="at-least-once" (its exactly-once uses Kafka transactions,
@@ -20,59 +16,23 @@ produces the changelog, commits offsets). The check is read back from the RocksD
 partitions on disk after the app has closed them.
 """
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import uuid  # noqa: E402
+# First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
+from benchmarks.contenders import (
+    PROCESS_START,  # noqa: F401  (reported by emit_progress / arm_watchdog)
+    arm_watchdog,
+    emit_progress,
+    new_progress,
+    parse_args,
+)
+
+import json
+import os
+import sys
+import time
+import uuid
 
 STORE_NAME = "default"
 STATE_KEY = "cs"  # one state entry per message key: [count, sum]
-
-
-def _emit(result: dict) -> None:
-    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
-    sys.stdout.flush()
-
-
-def _parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="benchmarks.contenders.quix")
-    ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--records", type=int, required=True)
-    ap.add_argument("--partitions", type=int, required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--session-timeout-ms", type=int, required=True)
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="hard timeout in seconds (RESULT with an error, then exit); default "
-                         "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
-    args = ap.parse_args(argv)
-    if args.timeout is None:
-        env = os.environ.get("PEER_TIMEOUT_S")
-        args.timeout = float(env) if env else 60.0 + args.records / 1000.0
-    return args
-
-
-def _arm_watchdog(timeout_s: float, progress: dict) -> None:
-    """A stuck peer must not hang the harness: print an error RESULT and exit hard."""
-
-    def fire() -> None:
-        if not progress["done"].acquire(blocking=False):
-            return  # the real RESULT is being printed
-        _emit({
-            "contender": "quix",
-            "records": progress["n"],
-            "first_record_at": progress["first"],
-            "last_record_at": progress["last"],
-            "process_start": PROCESS_START,
-            "error": f"timeout after {timeout_s:.0f}s with {progress['n']} records processed",
-        })
-        os._exit(3)
-
-    t = threading.Timer(timeout_s, fire)
-    t.daemon = True
-    t.start()
 
 
 def read_back(state_dir: str) -> dict:
@@ -170,9 +130,9 @@ def _run(args, state_dir: str, progress: dict) -> None:
 
 
 def main(argv=None) -> int:
-    args = _parse(argv)
-    progress = {"n": 0, "first": None, "last": None, "done": threading.Lock()}
-    _arm_watchdog(args.timeout, progress)
+    args = parse_args(argv, prog="benchmarks.contenders.quix")
+    progress = new_progress()
+    arm_watchdog(args.timeout, progress, contender="quix")
 
     state_dir = os.path.join(args.workdir, f"quix-state-{uuid.uuid4().hex[:10]}")
     os.makedirs(args.workdir, exist_ok=True)
@@ -185,25 +145,17 @@ def main(argv=None) -> int:
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
 
-    result = {
-        "contender": "quix",
-        "records": progress["n"],
-        "first_record_at": progress["first"],
-        "last_record_at": progress["last"],
-        "process_start": PROCESS_START,
-        "stopped_at": time.time(),
-    }
+    stopped_at = time.time()
+    check = None
     try:
-        result["check"] = read_back(state_dir)
+        check = read_back(state_dir)
     except Exception as exc:
         error = error or f"read-back failed: {type(exc).__name__}: {exc}"
     if progress["n"] < args.records and error is None:
-        error = f"app stopped after {progress['n']} of {n_target} records"
-    if error:
-        result["error"] = error
-    if not progress["done"].acquire(blocking=False):
+        error = f"app stopped after {progress['n']} of {args.records} records"
+    if not emit_progress(progress, check=check, error=error, contender="quix",
+                         stopped_at=stopped_at):
         return 3  # the watchdog has fired and printed the RESULT
-    _emit(result)
     return 0 if error is None else 1
 
 

@@ -1,7 +1,3 @@
-import time
-
-PROCESS_START = time.time()  # first statement: taken before any heavy import
-
 """streamkit contender: per-key count and sum of `amount` in RocksDB state, checkpointing on.
 
     python -m benchmarks.contenders.streamkit_app --bootstrap B --topic T --records N \
@@ -13,28 +9,24 @@ offset commit). The handler stops the worker when N records have been handled; t
 is read back from the processors' RocksDB stores after the worker has closed them.
 """
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+# First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
+from benchmarks.contenders import PROCESS_START, emit_result, parse_args
 
-import orjson  # noqa: E402
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
 
-import streamkit  # noqa: E402
-from stores.rocksdb import RocksDBStore  # noqa: E402
-from streamkit.runtime.worker import Worker  # noqa: E402
+import orjson
+
+import streamkit
+from stores.rocksdb import RocksDBStore
+from streamkit.runtime.worker import Worker
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="benchmarks.contenders.streamkit_app")
-    for flag in ("--bootstrap", "--topic", "--workdir"):
-        ap.add_argument(flag, required=True)
-    for flag in ("--records", "--partitions", "--session-timeout-ms"):
-        ap.add_argument(flag, type=int, required=True)
-    a = ap.parse_args()
+    a = parse_args(prog="benchmarks.contenders.streamkit_app")
 
     app = streamkit.App(
         f"bench-{uuid.uuid4().hex[:8]}", broker=a.bootstrap, state_dir=Path(a.workdir) / "state",
@@ -65,12 +57,11 @@ def main() -> None:
             c, s = orjson.loads(v)
             keys, count, total = keys + 1, count + c, total + s
         store.close()
-    result = {
-        "records": progress["n"], "first_record_at": progress["first"],
-        "last_record_at": progress["last"], "process_start": PROCESS_START,
-        "check": {"keys": keys, "count": count, "sum": total},
-    }
-    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    emit_result(
+        records=progress["n"], first_record_at=progress["first"],
+        last_record_at=progress["last"], process_start=PROCESS_START,
+        check={"keys": keys, "count": count, "sum": total},
+    )
 
 
 if __name__ == "__main__":
