@@ -59,10 +59,12 @@ are ignored), ``emit_result(...)`` prints the RESULT line. A contender that runs
 framework which may hang (the peers) keeps its counts in ``new_progress()``, arms
 ``arm_watchdog(...)`` (after ``--timeout`` seconds it prints an error RESULT and exits
 hard) and prints its own RESULT with ``emit_progress(...)``, which lets exactly one RESULT
-out. This module imports only the standard library, lazily, so that it costs nothing at
-start-up.
+out; ``run_peer(...)`` is the whole of such a contender's main around its run and its
+read-back. This module imports only the standard library, lazily, so that it costs
+nothing at start-up.
 """
 
+from collections.abc import Callable, Iterable  # noqa: E402
 from typing import Any  # noqa: E402
 
 __all__ = [
@@ -70,11 +72,13 @@ __all__ = [
     "ALIASES",
     "REQUIRES",
     "arm_watchdog",
+    "check_totals",
     "emit_progress",
     "emit_result",
     "module_for",
     "new_progress",
     "parse_args",
+    "run_peer",
 ]
 
 # short name -> module under benchmarks.contenders
@@ -148,6 +152,17 @@ def emit_result(
     sys.stdout.flush()
 
 
+def check_totals(pairs: Iterable[tuple[int, int]]) -> dict[str, int]:
+    """The RESULT's ``check`` from one ``(count, sum)`` pair per distinct key (read back
+    from a contender's state)."""
+    keys = count = total = 0
+    for c, s in pairs:
+        keys += 1
+        count += c
+        total += s
+    return {"keys": keys, "count": count, "sum": total}
+
+
 def new_progress() -> dict[str, Any]:
     """A contender's progress, shared with its watchdog: ``n`` records processed, ``first``
     and ``last`` record times, and ``done``, the lock that lets exactly one RESULT out."""
@@ -193,3 +208,49 @@ def arm_watchdog(timeout_s: float, progress: dict[str, Any], **extra: Any) -> No
     timer = threading.Timer(timeout_s, fire)
     timer.daemon = True
     timer.start()
+
+
+def run_peer(
+    args: Any,
+    contender: str,
+    run: Callable[[dict[str, Any]], Any],
+    read_back: Callable[[], dict[str, Any]],
+    *,
+    stopper: str = "app",
+) -> int:
+    """A peer contender's main, given its ``parse_args()``: arm the watchdog, call
+    ``run(progress)`` (the framework, which counts in ``progress`` and stops itself after
+    ``args.records`` records), read the check back with ``read_back()`` and print the
+    RESULT (with ``contender`` and ``stopped_at``).
+
+    The error reported is the first of: an exception from ``run`` (its traceback goes to
+    stderr), one from ``read_back``, ``progress["error"]`` (left by the run), an early stop
+    ("<stopper> stopped after n of N records"). Returns the exit code: 0, 1 with an error,
+    3 if the watchdog has printed the RESULT.
+    """
+    import time
+
+    progress = new_progress()
+    arm_watchdog(args.timeout, progress, contender=contender)
+    error = None
+    try:
+        run(progress)
+    except BaseException as exc:  # report, do not hang
+        import traceback
+
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+
+    stopped_at = time.time()
+    check = None
+    try:
+        check = read_back()
+    except Exception as exc:
+        error = error or f"read-back failed: {type(exc).__name__}: {exc}"
+    error = error or progress.get("error")
+    if progress["n"] < args.records and error is None:
+        error = f"{stopper} stopped after {progress['n']} of {args.records} records"
+    if not emit_progress(progress, check=check, error=error, contender=contender,
+                         stopped_at=stopped_at):
+        return 3  # the watchdog has fired and printed the RESULT
+    return 0 if error is None else 1

@@ -22,13 +22,7 @@ from the table's RocksDB partitions on disk after the worker has closed them.
 """
 
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
-from benchmarks.contenders import (
-    PROCESS_START,  # noqa: F401  (reported by emit_progress / arm_watchdog)
-    arm_watchdog,
-    emit_progress,
-    new_progress,
-    parse_args,
-)
+from benchmarks.contenders import PROCESS_START, check_totals, parse_args, run_peer  # noqa: F401
 
 import json
 import logging
@@ -46,11 +40,15 @@ def read_back(tabledir: str) -> dict:
     Keys are the raw message keys, values the JSON [count, sum]; faust keeps its
     changelog offset in the same DB under b"__faust\\0offset__", which is skipped.
     """
-    from rocksdict import AccessType, Options, Rdict
-
-    keys = count = total = 0
     if not os.path.isdir(tabledir):
         raise FileNotFoundError(tabledir)
+    return check_totals(_stored_pairs(tabledir))
+
+
+def _stored_pairs(tabledir: str):
+    """The [count, sum] of every key of the table's partitions (see read_back)."""
+    from rocksdict import AccessType, Options, Rdict
+
     for name in sorted(os.listdir(tabledir)):
         if not (name.startswith(TABLE_NAME + "-") and name.endswith(".db")):
             continue
@@ -58,15 +56,10 @@ def read_back(tabledir: str) -> dict:
                    access_type=AccessType.read_only())
         try:
             for k, v in db.items():
-                if k.startswith(b"__faust"):
-                    continue
-                c, s = json.loads(v)
-                keys += 1
-                count += c
-                total += s
+                if not k.startswith(b"__faust"):
+                    yield json.loads(v)
         finally:
             db.close()
-    return {"keys": keys, "count": count, "sum": total}
 
 
 def _run(args, app_id: str, datadir: str, progress: dict) -> str:
@@ -137,36 +130,19 @@ def _run(args, app_id: str, datadir: str, progress: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv, prog="benchmarks.contenders.faust_app")
-    progress = new_progress()
-    arm_watchdog(args.timeout, progress, contender="faust")
-
     run_id = uuid.uuid4().hex[:10]
     app_id = f"faust-bench-{run_id}"
     datadir = os.path.join(args.workdir, f"faust-data-{run_id}")
     os.makedirs(datadir, exist_ok=True)
-    error = None
-    tabledir = None
-    try:
-        tabledir = _run(args, app_id, datadir, progress)
-    except BaseException as exc:  # report, do not hang
-        import traceback
+    tabledir: dict[str, str] = {}
 
-        traceback.print_exc()
-        error = f"{type(exc).__name__}: {exc}"
+    def run(progress: dict) -> None:
+        tabledir["path"] = _run(args, app_id, datadir, progress)
 
-    stopped_at = time.time()
-    check = None
-    try:
-        check = read_back(tabledir or os.path.join(datadir, f"{app_id}-data", "v1", "tables"))
-    except Exception as exc:
-        error = error or f"read-back failed: {type(exc).__name__}: {exc}"
-    error = error or progress.get("error")
-    if progress["n"] < args.records and error is None:
-        error = f"worker stopped after {progress['n']} of {args.records} records"
-    if not emit_progress(progress, check=check, error=error, contender="faust",
-                         stopped_at=stopped_at):
-        return 3  # the watchdog has fired and printed the RESULT
-    return 0 if error is None else 1
+    def check() -> dict:
+        return read_back(tabledir.get("path") or os.path.join(datadir, f"{app_id}-data", "v1", "tables"))
+
+    return run_peer(args, "faust", run, check, stopper="worker")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,7 @@ partitions on disk after the app has closed them.
 """
 
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
-from benchmarks.contenders import (
-    PROCESS_START,  # noqa: F401  (reported by emit_progress / arm_watchdog)
-    arm_watchdog,
-    emit_progress,
-    new_progress,
-    parse_args,
-)
+from benchmarks.contenders import PROCESS_START, check_totals, parse_args, run_peer  # noqa: F401
 
 import json
 import os
@@ -42,10 +36,14 @@ def read_back(state_dir: str) -> dict:
     partition; keys are b"<message key>|<serialized state key>", values are the
     JSON-serialized state value, possibly prefixed by an 8-byte TTL stamp.
     """
+    return check_totals(_stored_pairs(state_dir))
+
+
+def _stored_pairs(state_dir: str):
+    """The [count, sum] of every key stored under state_dir (see read_back)."""
     from rocksdict import AccessType, Options, Rdict
 
     suffix = b"|" + json.dumps(STATE_KEY).encode()
-    keys = count = total = 0
     for root, dirs, files in os.walk(state_dir):
         if "CURRENT" not in files:
             continue
@@ -59,13 +57,9 @@ def read_back(state_dir: str) -> dict:
                     continue
                 if not v.startswith(b"["):  # TTL-stamped value: 8-byte expiry, then JSON
                     v = v[8:]
-                c, s = json.loads(v)
-                keys += 1
-                count += c
-                total += s
+                yield json.loads(v)
         finally:
             db.close()
-    return {"keys": keys, "count": count, "sum": total}
 
 
 def _heartbeat_ms(session_timeout_ms: int) -> int:
@@ -131,32 +125,10 @@ def _run(args, state_dir: str, progress: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv, prog="benchmarks.contenders.quix")
-    progress = new_progress()
-    arm_watchdog(args.timeout, progress, contender="quix")
-
     state_dir = os.path.join(args.workdir, f"quix-state-{uuid.uuid4().hex[:10]}")
     os.makedirs(args.workdir, exist_ok=True)
-    error = None
-    try:
-        _run(args, state_dir, progress)
-    except BaseException as exc:  # report, do not hang
-        import traceback
-
-        traceback.print_exc()
-        error = f"{type(exc).__name__}: {exc}"
-
-    stopped_at = time.time()
-    check = None
-    try:
-        check = read_back(state_dir)
-    except Exception as exc:
-        error = error or f"read-back failed: {type(exc).__name__}: {exc}"
-    if progress["n"] < args.records and error is None:
-        error = f"app stopped after {progress['n']} of {args.records} records"
-    if not emit_progress(progress, check=check, error=error, contender="quix",
-                         stopped_at=stopped_at):
-        return 3  # the watchdog has fired and printed the RESULT
-    return 0 if error is None else 1
+    return run_peer(args, "quix", lambda progress: _run(args, state_dir, progress),
+                    lambda: read_back(state_dir))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ is read back from the processors' RocksDB stores after the worker has closed the
 """
 
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
-from benchmarks.contenders import PROCESS_START, emit_result, parse_args
+from benchmarks.contenders import PROCESS_START, check_totals, emit_result, parse_args
 
 import asyncio
 import time
@@ -50,17 +50,15 @@ def main() -> None:
             worker.stop()
 
     asyncio.run(worker.run())
-    keys = count = total = 0
+    pairs = []
     for pid in range(a.partitions):
         store = RocksDBStore.open(str(app.store_path(pid)), ["stats"])
-        for _, v in store.items("stats"):
-            c, s = orjson.loads(v)
-            keys, count, total = keys + 1, count + c, total + s
+        pairs.extend(orjson.loads(v) for _, v in store.items("stats"))
         store.close()
     emit_result(
         records=progress["n"], first_record_at=progress["first"],
         last_record_at=progress["last"], process_start=PROCESS_START,
-        check={"keys": keys, "count": count, "sum": total},
+        check=check_totals(pairs),
     )
 
 
