@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -18,6 +19,9 @@ from streamkit.errors import BrokerUnreachableError, TopicNotFoundError
 
 # Set at creation so DescribeConfigs reports them: Tansu's DescribeConfigs returns only
 # configs given at creation, and peers (quixstreams: KeyError 'retention.ms') need these.
+if TYPE_CHECKING:
+    from streamkit.layout._kafka import KafkaIO
+
 CREATE_CONFIGS: dict[str, str] = {"retention.ms": "604800000", "retention.bytes": "-1"}
 
 
@@ -29,6 +33,20 @@ async def start_admin(bootstrap: str, timeout: float = 10.0) -> AIOKafkaAdminCli
         await admin.close()
         raise BrokerUnreachableError(f"no Kafka broker answers at {bootstrap} ({exc})") from None
     return admin
+
+
+async def input_partition_counts(io: "KafkaIO", topics: Sequence[str]) -> dict[str, int]:
+    """Physical partition count per topic, asked without auto-creating (Tansu creates a
+    topic just by being asked about it); TopicNotFoundError names the missing one."""
+    counts: dict[str, int] = {}
+    for name in topics:
+        n = await io.partition_count(name)
+        if n is None:
+            raise TopicNotFoundError(
+                f"topic {name!r} does not exist (create it: streamkit topics create {name} --partitions N)"
+            )
+        counts[name] = n
+    return counts
 
 
 async def partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:

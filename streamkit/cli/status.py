@@ -13,7 +13,8 @@ from rich.table import Table
 
 from streamkit.app import App
 from streamkit.cli import CliError
-from streamkit.kafka import high_watermarks, partition_counts, read_to_end, start_admin
+from streamkit.kafka import high_watermarks, input_partition_counts, read_to_end
+from streamkit.layout._kafka import KafkaIO
 from streamkit.loader import load_app
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
@@ -21,11 +22,8 @@ from streamkit.runtime.status import WorkerStatus, read_statuses
 async def _gather(app: App, bootstrap: str) -> tuple[
     list[WorkerStatus], dict[TopicPartition, tuple[int | None, int]], Counter[str]
 ]:
-    admin = await start_admin(bootstrap)
-    try:
-        counts = await partition_counts(admin, app.input_topics)
-    finally:
-        await admin.close()
+    async with KafkaIO(bootstrap) as io:
+        counts = await input_partition_counts(io, app.input_topics)
     tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=app.group_id, enable_auto_commit=False)
     await consumer.start()

@@ -17,7 +17,7 @@ from streamkit.app import App, TimerSpec
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.context import Context, Outbox
 from streamkit.errors import ConfigError
-from streamkit.kafka import ensure_topic, partition_counts, start_admin
+from streamkit.kafka import ensure_topic, input_partition_counts, start_admin
 from streamkit.layout._kafka import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
@@ -65,9 +65,10 @@ class Worker:
             log.warning("no broker given: started an embedded broker at %s", self.bootstrap)
         else:
             await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)  # BrokerError: one line
+        self.io = await KafkaIO(self.bootstrap, client_id=self.client_id).start()
+        counts = await input_partition_counts(self.io, self.app.input_topics)
         admin = await start_admin(self.bootstrap)
         try:
-            counts = await partition_counts(admin, self.app.input_topics)
             await ensure_topic(admin, self.app.dead_letter_topic, 1)
             await ensure_topic(admin, STATUS_TOPIC, 1)
         finally:
@@ -76,7 +77,6 @@ class Worker:
             bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all", linger_ms=0,
         )
         await self._producer.start()
-        self.io = await KafkaIO(self.bootstrap, client_id=self.client_id).start()
         self.registry = LayoutRegistry(self.bootstrap, client_id=self.client_id, io=self.io)
         await self.registry.start()
         await self.registry.refresh()

@@ -173,3 +173,16 @@ def test_a_handler_failing_on_every_record_is_loud_in_logs_and_status(broker: st
     assert [int(row[2]) for row in dead_rows] == [len(records)]
     log = worker.stderr.read().decode()
     assert "records all failed" in log and "ValueError: asked to fail" in log
+
+
+def test_one_line_errors_for_a_missing_topic_and_an_unreachable_broker(broker: str, tmp_path: Path) -> None:
+    job = Job(broker, f"app-{uuid.uuid4().hex[:8]}", f"missing-{uuid.uuid4().hex[:8]}", tmp_path / "state", 3)
+    missing = job.start_worker()
+    assert missing.wait(60) == 1
+    err = missing.stderr.read().decode()
+    assert f"topic '{job.topic}' does not exist" in err and "Traceback" not in err
+    job.bootstrap = "127.0.0.1:1"
+    unreachable = job.start_worker()
+    assert unreachable.wait(60) == 1
+    err = unreachable.stderr.read().decode()
+    assert "no Kafka broker answers at 127.0.0.1:1" in err and "Traceback" not in err
