@@ -207,7 +207,7 @@ def read_stores(
     reader = spark.read.format(NAME).option("table", table).option("decode", str(decode).lower())
     ref: str | None = None
     if isinstance(app, App):
-        from streamkit.spark.backfill import _find_ref
+        from streamkit.spark.plan import _find_ref
 
         ref = _find_ref(app)
         if path is None:

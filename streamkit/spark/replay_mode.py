@@ -1,0 +1,175 @@
+"""Mode 2: backfill the stores by replaying historical input records through the app's
+own handlers (:func:`backfill_replay`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stores.serde import RawSerde
+
+from streamkit.app import App
+from streamkit.errors import ConfigError
+from streamkit.spark import tasks
+from streamkit.spark._deps import require
+from streamkit.spark.job import _run
+from streamkit.spark.plan import _check_columns, _common_checks, _counts, _layout, _Plan, _resolve_app, _spark, _value_expr
+from streamkit.spark.positions import _layouts, parse_positions
+from streamkit.spark.result import BackfillResult, Reporter
+from streamkit.spark.shuffle import _timed
+from streamkit.spark.staging import Staging
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["backfill_replay"]
+
+
+def backfill_replay(
+    app: App | str,
+    df: "DataFrame",
+    *,
+    spark: "SparkSession | None" = None,
+    topic: str | None = None,
+    key_col: str = "key",
+    value_col: str | Sequence[str] = "value",
+    key_encoded: bool = False,
+    value_encoded: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    timestamp_col: str | None = None,
+    partition_col: str | None = None,
+    offset_col: str | None = None,
+    positions: Any = None,
+    from_start: bool = False,
+    tables: Sequence[str] | None = None,
+    p0: int | None = None,
+    processors: int | None = None,
+    broker: str | None = None,
+    state_dir: str | Path | None = None,
+    layout_epochs: Mapping[str, int] | None = None,
+    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
+    allow_partial: bool = False,
+    allow_timers: bool = False,
+    num_partitions: int | None = None,
+    subs: int | None = None,
+    keep_backup: bool = False,
+    reporter: Reporter | None = None,
+    fail_at: str | None = None,
+) -> BackfillResult:
+    """Mode 2: run the app's own handlers of ``topic`` over historical records.
+
+    ``df`` has one row per input record: key and value (decoded forms, encoded with
+    the topic's serdes, or the record's bytes with ``key_encoded`` / ``value_encoded``),
+    an ordering (``order_by``, default the offset column), and where known the
+    partition, offset (resume positions: highest offset + 1 per partition) and
+    timestamp (ms or a timestamp column; what ``ctx.timestamp`` and windowed tables
+    see). Records are grouped by key (each key's state is built by one task), ordered,
+    and replayed with :class:`streamkit.replay.Replayer`: no output is sent, and a
+    handler that touches another key's state is refused with ``ReplayError``. Apps with
+    per-processor timers are refused unless ``allow_timers`` (timers do not run here);
+    rebalance callbacks do not run either (they move state, they should not make it).
+    """
+    F = require("pyspark.sql.functions")
+    app_obj, app_ref = _resolve_app(app)
+    inputs = app_obj.input_topics
+    if topic is None:
+        if len(inputs) != 1:
+            raise ConfigError(f"app {app_obj.name!r} consumes {inputs}: say which topic the history is of (topic=)")
+        topic = inputs[0]
+    if topic not in app_obj.handlers:
+        raise ConfigError(f"app {app_obj.name!r} has no handler for topic {topic!r} (it handles {inputs})")
+    names = list(tables) if tables is not None else sorted(app_obj.tables)
+    if not names:
+        raise ConfigError(f"app {app_obj.name!r} has no table: nothing to backfill")
+    _common_checks(app_obj, names, "replay", allow_partial)
+    if not allow_partial and len(inputs) > 1:
+        raise ConfigError(
+            f"app {app_obj.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "
+            "does not include; pass allow_partial=True (CLI: --allow-partial) if their state may start empty"
+        )
+    stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
+    if stateful_timers and not allow_timers:
+        names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
+        raise ConfigError(
+            f"app {app_obj.name!r} has per-processor timers ({names}) that run with its tables bound; the replay "
+            "runs handlers only and cannot reproduce what timers do to state. Pass allow_timers=True "
+            "(CLI: --allow-timers) if they do not change table state"
+        )
+    if order_by is None:
+        if offset_col is None:
+            raise ConfigError("give order_by (the ordering column(s) of each key's records) or offset_col")
+        order_by = [offset_col]
+    order = [order_by] if isinstance(order_by, str) else list(order_by)
+    _check_columns(df, [key_col, *order, timestamp_col, partition_col, offset_col], "history")
+    if offset_col is not None and partition_col is None:
+        raise ConfigError("offset_col needs partition_col (offsets are per partition)")
+    if any(app_obj.tables[n].window is not None for n in names) and timestamp_col is None:
+        raise ConfigError("a windowed table needs the records' timestamps: give timestamp_col")
+    p0_, p, notes = _counts(app_obj, p0, processors, broker)
+    spark = _spark(spark)
+    subs_, nparts = _layout(spark, p, num_partitions, subs)
+    plan = _Plan(
+        app=app_obj, mode="replay", tables=names, p0=p0_, p=p, subs=subs_, num_partitions=nparts,
+        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
+        positions=parse_positions(positions), derive_positions=offset_col is not None,
+        topics=[topic], layout_epochs=dict(layout_epochs or {}),
+        allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions), notes=notes,
+    )
+    if not plan.positions and offset_col is None and not from_start:
+        raise ConfigError(
+            "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or the offset column of the "
+            "history (offset_col + partition_col), or from_start=True if none of the history is in Kafka"
+        )
+    sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
+    if timestamp_col:
+        sel.append(F.col(timestamp_col).alias("ts"))
+    if partition_col:
+        sel.append(F.col(partition_col).cast("int").alias("partition"))
+    if offset_col:
+        sel.append(F.col(offset_col).cast("long").alias("offset"))
+    for i, c in enumerate(order):
+        sel.append(F.col(c).alias(f"o{i}"))
+    normalized = df.select(*sel)
+    order_types = [normalized.schema[f"o{i}"].dataType.simpleString() for i in range(len(order))]
+    t = app_obj.topics[topic]
+    app_pickle = None
+    if app_ref is None:
+        from pyspark import cloudpickle
+
+        app_pickle = cloudpickle.dumps(app_obj)
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    from streamkit.spark.session import worker_pythonpath
+
+    codecs = tuple(tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde) for n in names)
+    ddl = _REPLAY_A_DDL + "".join(f", _o{i} {ty}" for i, ty in enumerate(order_types))
+
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> "DataFrame":
+        spec = tasks.Spec(
+            mode="replay", p0=p0_, p=p, subs=subs, sst_root=str(staging.sst_root), large_binary=large,
+            key_col="key", value_col="value", topic=topic,
+            partition_col="partition" if partition_col else None,
+            offset_col="offset" if offset_col else None,
+            timestamp_col="ts" if timestamp_col else None,
+            order_cols=tuple(f"o{i}" for i in range(len(order))),
+            tables=codecs, app_ref=app_ref, app_pickle=app_pickle,
+            sys_path=tuple(worker_pythonpath().split(":")),
+            key_serde=RawSerde() if key_encoded else t.key_serde,
+            value_serde=RawSerde() if value_encoded else t.value_serde,
+            fail_at=fail_at, extra={"sp_keys": sp_keys},
+        )
+        placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
+        return (
+            placed.repartition(n, "_sp")
+            .withColumn("_h", F.xxhash64("_k"))  # a long to sort on first: Spark's prefix sort
+            .sortWithinPartitions("_h", "_k", *[f"_o{i}" for i in range(len(order))], "_part", "_off", "_v")
+            .drop("_sp", "_h")
+            .mapInArrow(functools.partial(tasks.write_replay, spec), tasks.META_DDL)
+        )
+
+    return _run(plan, spark, build, reporter or Reporter())
+
+
+_REPLAY_A_DDL = "_sp int, _b int, _k binary, _v binary, _ts long, _topic string, _part int, _off long"

@@ -1,0 +1,161 @@
+"""Mode 1: backfill the stores from DataFrames of final state (:func:`backfill_state`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamkit.app import App
+from streamkit.errors import ConfigError
+from streamkit.spark import tasks
+from streamkit.spark._deps import require
+from streamkit.spark.job import _run
+from streamkit.spark.plan import _check_columns, _common_checks, _counts, _layout, _Plan, _resolve_app, _spark, _value_expr
+from streamkit.spark.positions import _layouts, parse_positions
+from streamkit.spark.result import BackfillResult, Reporter
+from streamkit.spark.shuffle import _timed
+from streamkit.spark.staging import Staging
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["backfill_state", "backfill_table"]
+
+
+def backfill_state(
+    app: App | str,
+    tables: Mapping[str, "DataFrame"],
+    *,
+    spark: "SparkSession | None" = None,
+    key_col: str = "key",
+    value_col: str | Sequence[str] = "value",
+    key_encoded: bool = False,
+    value_encoded: bool = False,
+    positions: Any = None,
+    topic: str | None = None,
+    topic_col: str | None = None,
+    partition_col: str | None = None,
+    offset_col: str | None = None,
+    from_start: bool = False,
+    p0: int | None = None,
+    processors: int | None = None,
+    broker: str | None = None,
+    state_dir: str | Path | None = None,
+    layout_epochs: Mapping[str, int] | None = None,
+    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
+    allow_partial: bool = False,
+    num_partitions: int | None = None,
+    subs: int | None = None,
+    partitioned_by_key: bool = False,
+    keep_backup: bool = False,
+    reporter: Reporter | None = None,
+    fail_at: str | None = None,
+) -> BackfillResult:
+    """Mode 1: write the stores from DataFrames of final state, ``{table: df}``.
+
+    Each DataFrame holds ``(key, value)`` rows (``value_col`` may name several columns,
+    which become a struct / JSON object). Keys and values are encoded with the table's
+    serdes (or taken as stored bytes with ``key_encoded`` / ``value_encoded``); a null
+    value means "no state". Resume positions: ``positions`` (``{(topic, part): next}``
+    or ``["topic:part=next", ...]``) and/or an offset column (with ``partition_col`` and
+    ``topic_col`` or ``topic``), from which each partition's position is its highest
+    offset + 1 and duplicate keys resolve to the highest offset.
+
+    ``partitioned_by_key=True`` says every key's rows are in one partition of each
+    DataFrame (true of the output of ``groupBy(key)``, ``repartition(key)``): the job then
+    skips its own shuffle and sort (each task sorts its partition in Arrow, in memory)
+    and the built stores are checked to hold every written key exactly once.
+    """
+    F = require("pyspark.sql.functions")
+    app_obj, _ = _resolve_app(app)
+    names = list(tables)
+    if not names:
+        raise ConfigError("no table to backfill")
+    _common_checks(app_obj, names, "state", allow_partial)
+    for name in names:
+        if app_obj.tables[name].window is not None:
+            raise ConfigError(
+                f"table {name!r} is windowed; backfill from final state supports plain tables only "
+                "(replay the history with backfill_replay instead)"
+            )
+    if offset_col is not None and partition_col is None:
+        raise ConfigError("offset_col needs partition_col (and topic_col or topic)")
+    if offset_col is not None and topic_col is None and topic is None:
+        inputs = app_obj.input_topics
+        if len(inputs) != 1:
+            raise ConfigError(f"offset_col needs topic= or topic_col (app consumes {inputs})")
+        topic = inputs[0]
+    p0_, p, notes = _counts(app_obj, p0, processors, broker)
+    spark = _spark(spark)
+    subs_, nparts = _layout(spark, p, num_partitions, subs)
+    plan = _Plan(
+        app=app_obj, mode="state", tables=names, p0=p0_, p=p, subs=subs_, num_partitions=nparts,
+        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
+        positions=parse_positions(positions), derive_positions=offset_col is not None,
+        topics=app_obj.input_topics, layout_epochs=dict(layout_epochs or {}),
+        allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions), notes=notes,
+    )
+    if not plan.positions and offset_col is None and not from_start:
+        raise ConfigError(
+            "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or an offset column of the "
+            "history (offset_col + partition_col), or from_start=True if none of the history is in Kafka"
+        )
+    normalized: list["DataFrame"] = []
+    for name in names:
+        df = tables[name]
+        cols = [c for c in (key_col if isinstance(key_col, str) else None, topic_col, partition_col, offset_col)]
+        _check_columns(df, cols, f"table {name!r}")
+        sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
+        if topic_col:
+            sel.append(F.col(topic_col).cast("string").alias("topic"))
+        if partition_col:
+            sel.append(F.col(partition_col).cast("int").alias("partition"))
+        if offset_col:
+            sel.append(F.col(offset_col).cast("long").alias("offset"))
+        normalized.append(df.select(*sel))
+    codecs = tuple(
+        tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde, key_encoded, value_encoded)
+        for n in names
+    )
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> "DataFrame":
+        spec = tasks.Spec(
+            mode="state", p0=p0_, p=p, subs=subs, sst_root=str(staging.sst_root), large_binary=large,
+            key_col="key", value_col="value", topic=topic,
+            topic_col="topic" if topic_col else None,
+            partition_col="partition" if partition_col else None,
+            offset_col="offset" if offset_col else None,
+            tables=codecs, fail_at=fail_at, extra={"sp_keys": sp_keys},
+        )
+        if partitioned_by_key:
+            spec = dataclasses.replace(spec, extra={**spec.extra, "fused": True})
+            metas = [df.mapInArrow(functools.partial(tasks.fused_state, spec, i), tasks.META_DDL)
+                     for i, df in enumerate(normalized)]
+            return functools.reduce(lambda x, y: x.unionByName(y), metas)
+        staged = None
+        for i, df in enumerate(normalized):
+            out = df.mapInArrow(functools.partial(_timed, tasks.place_state, acc, spec, i), _STATE_A_DDL)
+            staged = out if staged is None else staged.unionByName(out)
+        assert staged is not None
+        return (
+            staged.repartition(n, "_sp")
+            .sortWithinPartitions("_b", "_t", "_k", "_off")
+            .drop("_sp")
+            .mapInArrow(functools.partial(tasks.write_state, spec), tasks.META_DDL)
+        )
+
+    plan.verify_unique = partitioned_by_key
+    return _run(plan, spark, build, reporter or Reporter())
+
+
+def backfill_table(app: App | str, table: str, df: "DataFrame", **options: Any) -> BackfillResult:
+    """Mode 1 for one table: ``backfill_state(app, {table: df}, **options)``."""
+    return backfill_state(app, {table: df}, **options)
+
+
+_STATE_A_DDL = "_sp int, _b int, _t int, _k binary, _v binary, _topic string, _part int, _off long"
