@@ -250,6 +250,7 @@ class Producer:
         self._tasks: list[asyncio.Task[Any]] = []
         self._ack_tasks: set[asyncio.Task[Any]] = set()
         self._acked: set[tuple[str, int, str]] = set()
+        self._acked_epoch: dict[str, int] = {}  # the newest epoch acked per topic
         self._fence_seen: set[tuple[str, int]] = set()
         self._fenced_error: FenceEvent | None = None
         self._error: BaseException | None = None
@@ -444,6 +445,10 @@ class Producer:
     async def _dispatch(self, ob: _Open) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
+        if ob.epoch < self._acked_epoch.get(ob.topic, -1):
+            log.error("%s: dispatching a batch of %s[%d] stamped epoch %d after acking epoch %d (%d records)",
+                      self.producer_id, ob.topic, ob.partition, ob.epoch, self._acked_epoch[ob.topic],
+                      len(ob.records), stack_info=True)
         self._inflight.setdefault(ob.topic, set()).add(ob.future)
         lock = self._locks.get(k)
         if lock is None:
@@ -563,6 +568,7 @@ class Producer:
         pending = list(self._inflight.get(topic, ()))
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        self._acked_epoch[topic] = max(self._acked_epoch.get(topic, -1), epoch)
         key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id)
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
         self.stats["acks"] += 1

@@ -282,6 +282,10 @@ class GroupMember:
                     route.epoch_bytes = str(layout.epoch).encode() if layout.ordered_delivery else None
                 pos = local[p]
                 if pos < gate.start:  # records below belong to an earlier incarnation
+                    if pos > 0:
+                        log.warning("%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
+                                    "below the start of its current incarnation", self.name, pos, gate.start - 1,
+                                    topic, p)
                     route.proc.positions[route.position_key] = pos = gate.start
                     self.consumer.seek(tp, pos)
                 limit = gate.start if gate.skip else gate.limit

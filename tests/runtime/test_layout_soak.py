@@ -86,7 +86,8 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
                 producers.append(subprocess.Popen(
                     [sys.executable, "-m", "tests.runtime.soak_producer", broker, topic, f"p{i}",
                      str(tmp_path / f"p{i}.json"), "--keys", str(KEYS), "--rate", "400",
-                     "--stop-file", str(stop_file)], cwd=ROOT, env=env, stdout=subprocess.PIPE))
+                     "--stop-file", str(stop_file)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                    stderr=open(tmp_path / f"p{i}.log", "wb")))
             for p in producers:
                 assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
             await wait_growth(io, group, topic, 4, 1000, workers)
