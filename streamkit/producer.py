@@ -445,10 +445,9 @@ class Producer:
     async def _dispatch(self, ob: _Open) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
-        if ob.epoch < self._acked_epoch.get(ob.topic, -1):
-            log.error("%s: dispatching a batch of %s[%d] stamped epoch %d after acking epoch %d (%d records)",
-                      self.producer_id, ob.topic, ob.partition, ob.epoch, self._acked_epoch[ob.topic],
-                      len(ob.records), stack_info=True)
+        if ob.epoch < self._acked_epoch.get(ob.topic, -1):  # would land after the seal: late records
+            log.error("%s: batch of %s[%d] stamped %d dispatched after acking a newer epoch", self.producer_id,
+                      ob.topic, ob.partition, ob.epoch, stack_info=True)
         self._inflight.setdefault(ob.topic, set()).add(ob.future)
         lock = self._locks.get(k)
         if lock is None:
