@@ -55,7 +55,7 @@ from rocksdict import IngestExternalFileOptions, Options, ReadOptions, Rdict, Ss
 from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_changes
 from .serde import short_repr
 
-__all__ = ["LOCK_FILE", "RocksDBStore", "store_options", "write_sst"]
+__all__ = ["LOCK_FILE", "RocksDBStore", "fsync_dir", "store_options", "write_sst"]
 
 LOCK_FILE = "streamkit.lock"
 CHECKPOINT_KEY = b"streamkit/checkpoint"
@@ -407,7 +407,7 @@ class RocksDBStore(Store):
             store.commit({}, checkpoint)
             store.close()
             os.rename(tmp, path)  # atomic; replaces an empty directory at path
-            _fsync_dir(parent)
+            fsync_dir(parent)
         except BaseException:
             store.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -415,7 +415,8 @@ class RocksDBStore(Store):
         return cls.open(path, tables, create=False, sync=sync, configure=configure)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename or a new entry in `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

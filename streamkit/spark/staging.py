@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
-from stores.rocksdb import LOCK_FILE, RocksDBStore
+from stores.rocksdb import LOCK_FILE, RocksDBStore, fsync_dir
 
 from streamkit.errors import StreamkitError
 
@@ -198,14 +198,6 @@ def _swap(live: Path, staged: Path) -> None:
         os.rename(side, staged)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -213,7 +205,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _marker_run(store: Path) -> str | None:
@@ -264,7 +256,7 @@ def _rollback(run: str, moves: Sequence[_Move]) -> None:
                 os.rename(staged, live)
     for parent in {Path(m.live).parent for m in moves}:
         if parent.exists():
-            _fsync_dir(parent)
+            fsync_dir(parent)
 
 
 def recover(app_dir: Path) -> bool:
@@ -280,7 +272,7 @@ def recover(app_dir: Path) -> bool:
     moves = [_Move(**m) for m in doc["moves"]]
     _rollback(doc["run"], moves)
     journal.unlink()
-    _fsync_dir(journal.parent)
+    fsync_dir(journal.parent)
     return True
 
 
@@ -420,17 +412,17 @@ class Staging:
                     if i == 0:
                         check_fail("publish", self.fail_at)
                         check_fail("publish-crash", self.fail_at)
-                _fsync_dir(app_dir)
+                fsync_dir(app_dir)
                 check_fail("before-commit", self.fail_at)
             except _SimulatedCrash:
                 raise
             except BaseException:
                 _rollback(self.run_id, moves)
                 journal.unlink(missing_ok=True)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
                 raise
             journal.unlink()  # the commit point
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         finally:
             for lock in locks:
                 lock.release()
