@@ -251,6 +251,7 @@ class Producer:
         self._ack_tasks: set[asyncio.Task[Any]] = set()
         self._acked: set[tuple[str, int, str]] = set()
         self._acked_epoch: dict[str, int] = {}  # the newest epoch acked per topic
+        self._ends: dict[str, dict[int, int]] = {}  # per topic, partition: end of the last acknowledged batch
         self._fence_seen: set[tuple[str, int]] = set()
         self._fenced_error: FenceEvent | None = None
         self._error: BaseException | None = None
@@ -467,8 +468,13 @@ class Producer:
         elif f.exception() is not None:
             self._fail(ob, f.exception())
         else:
+            md = f.result()
+            ends = self._ends.setdefault(ob.topic, {})
+            end = md.offset + len(ob.records)
+            if end > ends.get(ob.partition, -1):
+                ends[ob.partition] = end
             if not ob.future.done():
-                ob.future.set_result(f.result())
+                ob.future.set_result(md)
             self._inflight.get(ob.topic, set()).discard(ob.future)
 
     def _fail(self, ob: _Open, exc: BaseException) -> None:
@@ -568,7 +574,10 @@ class Producer:
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         self._acked_epoch[topic] = max(self._acked_epoch.get(topic, -1), epoch)
-        key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id)
+        # Where our records end, as the broker acknowledged them: the seal is at least
+        # there even if a high watermark read lags an acknowledged produce.
+        ends = {str(p): e for p, e in self._ends.get(topic, {}).items()}
+        key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id, ends=ends)
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
         self.stats["acks"] += 1
 

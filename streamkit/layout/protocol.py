@@ -14,8 +14,10 @@ runs it (``streamkit topics expand|shrink``, :class:`LayoutCoordinator`):
    again), waits until every record placed under an older epoch is acknowledged by
    the broker, then writes an ``ack`` to ``__streamkit_layout_acks``.
 3. **Seal.**  Once every live producer acknowledged, or at the deadline, read every
-   readable partition's high watermark again: the ``seal_offsets``.  No record placed
-   under an older epoch by an acknowledging producer lies at or beyond them.  Publish
+   readable partition's high watermark again; the ``seal_offsets`` are those, raised
+   to the acknowledged ``ends`` (so a high watermark read that lags an acknowledged
+   produce cannot put the seal below records placed with the old layout).  No record
+   placed under an older epoch by an acknowledging producer lies at or beyond them.  Publish
    the sealed layout (same epoch), naming the producers that did not acknowledge
    (``Seal.fenced``).
 
@@ -23,7 +25,9 @@ Control records (``__streamkit_layout_acks``, one partition, key = producer id, 
 
 - ``{"v":1, "type":"hb", "producer", "client_id", "host", "pid", "lease_ms", "ts"}``:
   heartbeat, every ``heartbeat_ms`` (1 s by default).
-- ``{"v":1, "type":"ack", "producer", "topic", "epoch", "change_id", "ts"}``.
+- ``{"v":1, "type":"ack", "producer", "topic", "epoch", "change_id", "ends", "ts"}``:
+  ``ends`` maps each partition the producer wrote to the end offset of its last
+  batch the broker acknowledged.
 - ``{"v":1, "type":"bye", "producer", "ts"}``: clean shutdown (not waited for).
 - ``{"v":1, "type":"fenced", "producer", "topic", "epoch", "ts"}``: a producer learnt
   it was fenced (informational, for operators).
@@ -153,6 +157,8 @@ class AckLog:
         """Per producer: its latest heartbeat or bye record."""
         self.acks: set[tuple[str, str, int, str]] = set()
         """(producer, topic, epoch, change_id) of every ack read."""
+        self.ends: dict[tuple[str, int, str], dict[int, int]] = {}
+        """Per (topic, epoch, change_id): the largest acknowledged end offset per partition."""
 
     async def seek_time(self, ts_ms: int) -> None:
         hw = await self.io.high_watermark(self.topic, 0)
@@ -177,7 +183,12 @@ class AckLog:
                 d["_ts"] = r.timestamp
                 self.last[pid] = d
             elif kind == "ack":
-                self.acks.add((pid, d.get("topic"), int(d.get("epoch", -1)), d.get("change_id", "")))
+                change = (d.get("topic"), int(d.get("epoch", -1)), d.get("change_id", ""))
+                self.acks.add((pid, *change))
+                ends = self.ends.setdefault(change, {})
+                for p, end in (d.get("ends") or {}).items():
+                    if int(end) > ends.get(int(p), -1):
+                        ends[int(p)] = int(end)
         return len(recs)
 
     async def catch_up(self) -> None:
@@ -482,6 +493,11 @@ class LayoutCoordinator:
             names = ", ".join(f"{p} ({live[p].get('client_id')}@{live[p].get('host')}:{live[p].get('pid')})" for p in sorted(fenced))
             self._progress(f"{announced.topic}: no acknowledgement within {waited:.1f} s from {names}: fenced")
         hws = await self.io.high_watermarks(announced.topic, announced.readable)
+        for p, end in acks.ends.get((announced.topic, pend.epoch, pend.change_id), {}).items():
+            if p in hws and end > hws[p]:
+                log.warning("%s[%d]: high watermark %d is below an acknowledged end %d; sealing at %d",
+                            announced.topic, p, hws[p], end, end)
+                hws[p] = end
         sealed = model.seal(announced, hws, fenced=fenced)
         published = await self.registry.publish(sealed)
         self._progress(f"{announced.topic}: sealed epoch {pend.epoch} ({len(acked)} producer(s) acknowledged)")

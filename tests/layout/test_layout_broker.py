@@ -371,6 +371,41 @@ def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> No
     assert res.exit_code == 2 and "VIOLATION late" in res.output and "ghost-1" in res.output
 
 
+def test_seal_is_raised_to_acknowledged_ends_when_a_high_watermark_read_lags(
+    broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defence in depth: each ack carries where the producer's acknowledged batches end,
+    and the seal is at least there.  The coordinator's high-watermark read is made to
+    lag (it answers the offsets before the producer wrote); without the ends the seal
+    would sit below every record and all of them would count as late."""
+    topic = name("lay-lag")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=2.0) as co:
+            await co.create(topic, 2, capacity=4)
+            stale = await co.io.high_watermarks(topic, range(4))
+            async with Producer(broker, client_id="lagged") as p:
+                for i in range(200):
+                    await p.send(topic, f"k{i}", {"seq": i})
+                await p.flush()
+                real = await co.io.high_watermarks(topic, range(4))
+                assert real[0] > 0 and real[1] > 0
+
+                async def lagging(t: str, parts: Any) -> dict[int, int]:
+                    return {q: stale.get(q, 0) for q in parts}
+
+                monkeypatch.setattr(co.io, "high_watermarks", lagging)
+                r = await co.expand(topic, 4)
+                assert p.producer_id in r.acked
+            seal = r.layout.seals[-1]
+            assert {q: seal.seal_offset(q) for q in (0, 1)} == {0: real[0], 1: real[1]}
+            monkeypatch.undo()
+            rep = await check_topic(broker, topic)
+            assert rep.violations == [] and rep.counts["ok"] == 200
+
+    asyncio.run(go())
+
+
 def test_expand_uses_create_partitions_where_the_broker_has_it(broker: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tansu lacks CreatePartitions; pretend it has it and check the call (before any
     announcement), then that a refusal leaves the layout untouched."""
