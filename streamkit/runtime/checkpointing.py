@@ -45,7 +45,7 @@ async def checkpoint(member: "GroupMember") -> None:
         return
     t0 = time.monotonic()
     progress = member.worker.progress
-    generation = member.generation
+    generation = member.assigned_generation
     parts = [(tp.topic, tp.partition) for tp in member.routes]
     await progress.refresh()
     newest = progress.newest_generation(parts)

@@ -92,6 +92,9 @@ class GroupMember:
         self.processors: dict[int, ProcessorState] = {}
         self.routes: dict[TopicPartition, Route] = {}
         self.layout_epochs: dict[str, int] = {}
+        self.assigned_generation = -1
+        """The generation whose assignment this member processes: what its checkpoints are
+        stamped with (the coordinator's own value is reset to -1 when it loses the group)."""
         self.trackers: dict[str, GateTracker] = {}
         self.outbox = Outbox()
         self.ctx = Context(self.outbox)
@@ -174,6 +177,7 @@ class GroupMember:
             proc.close()
         self.processors.clear()
         self.routes.clear()
+        self.assigned_generation = -1
         for tracker in self.trackers.values():
             tracker.reset()
 
@@ -186,7 +190,7 @@ class GroupMember:
             log.info("%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors),
                      self.generation)
             progress = self.worker.progress
-            generation = self.generation
+            generation = self.assigned_generation = self.generation
             slots_all = [(t, p) for slots in assignment.processors.values() for t, p, _ in slots]
             # from now on, commits of these partitions from older generations are refused
             await progress.record(self.name, generation, assignment.epochs, {tp: None for tp in slots_all})
