@@ -406,7 +406,8 @@ class LayoutCoordinator:
         force: bool = False,
     ) -> tuple[TopicLayout, tuple[int, ...], dict[int, str]]:
         """Give up draining partitions: those whose deadline passed, those every group in
-        ``groups`` consumed to their seal, or (``force``) the ones named.
+        ``groups`` consumed to their end (the seal, or the high watermark if late records
+        landed beyond it), or (``force``) the ones named.
 
         Returns the layout, the partitions given up, and why each remaining one was kept.
         """
@@ -427,6 +428,10 @@ class LayoutCoordinator:
                 dl = layout.drain_deadline_ms(d)
                 kept[d] = f"drains until {time.strftime('%H:%M:%S', time.localtime((dl or 0) / 1000))}"
                 continue
+            # Up to the high watermark, not just the seal: records beyond the seal are late
+            # ones, and a group must have read (and reported) them before they are given up.
+            if end is not None:
+                end = max(end, await self.io.high_watermark(topic, d))
             lagging = []
             for g in groups:
                 pos = (await self.io.committed(g, topic, [d])).get(d, 0)

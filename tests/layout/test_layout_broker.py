@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from typer.testing import CliRunner
 
 from assignors.linear_hashing import lh_bucket
@@ -167,6 +167,50 @@ def test_create_expand_shrink_describe_round_trip(broker: str) -> None:
     assert res.exit_code != 0 and "partitions [4] are still draining" in str(res.exception)
     res = runner.invoke(cli_app, ["topics", "expand", topic, "-p", "9", "-b", broker])
     assert res.exit_code != 0 and "does not support CreatePartitions" in str(res.exception)
+
+
+def test_a_drain_waits_for_late_records_beyond_the_seal(broker: str) -> None:
+    """finish_drain(groups=...) gives a draining partition up only when each group has
+    read it to its end: a late record beyond the seal must be read (and reported), not
+    silently dropped with the partition."""
+    topic, group = name("lay-drain"), name("g")
+
+    async def commit(offset: int) -> None:
+        c = AIOKafkaConsumer(bootstrap_servers=broker, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:
+            tp = TopicPartition(topic, 2)
+            c.assign([tp])
+            await c.commit({tp: offset})
+        finally:
+            await c.stop()
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=1.0) as co:
+            await co.create(topic, 2, capacity=4)
+            await co.expand(topic, 3)
+            async with Producer(broker, client_id="drainer") as p:
+                for i in range(60):
+                    await p.send(topic, f"k{i}", {"seq": i})
+                await p.flush()
+                r = await co.shrink(topic, 2, delay=600)
+            seal = r.layout.seals[-1].seal_offset(2)
+            assert seal is not None and seal > 0
+            await commit(seal)
+            raw = AIOKafkaProducer(bootstrap_servers=broker)
+            await raw.start()
+            try:  # a producer that missed the shrink: its record lands beyond the seal
+                hdr = [("streamkit.epoch", str(r.layout.epoch - 1).encode()), ("streamkit.producer", b"ghost")]
+                await raw.send_and_wait(topic, b"{}", key=b"late", partition=2, headers=hdr)
+            finally:
+                await raw.stop()
+            _, done, kept = await co.finish_drain(topic, groups=[group])
+            assert done == () and f"{group} at {seal}/{seal + 1}" in kept[2]
+            await commit(seal + 1)
+            lay, done, kept = await co.finish_drain(topic, groups=[group])
+            assert done == (2,) and kept == {} and lay.mode(2) == PartitionMode.NONE
+
+    asyncio.run(go())
 
 
 def test_stale_layout_is_refused_and_reread(broker: str) -> None:
