@@ -145,14 +145,7 @@ class CachedTable:
         self._dirty.add(key)
 
     def __delitem__(self, key: Any) -> None:
-        try:
-            value = self._cache[key]
-        except KeyError:
-            value = self._load(key)
-        if value is _ABSENT:
-            raise KeyError(key)
-        self._cache[key] = _ABSENT
-        self._dirty.add(key)
+        self.pop(key)
 
     def __contains__(self, key: Any) -> bool:
         try:
