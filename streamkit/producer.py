@@ -570,6 +570,7 @@ class Producer:
         log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
 
     async def _ack(self, topic: str, epoch: int, change_id: str) -> None:
+        started = time.monotonic()
         pending = list(self._inflight.get(topic, ()))
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
@@ -580,6 +581,8 @@ class Producer:
         key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id, ends=ends)
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
         self.stats["acks"] += 1
+        log.info("%s: acknowledged epoch %d of %s after %.3f s (%d batches were in flight); ends %s",
+                 self.producer_id, epoch, topic, time.monotonic() - started, len(pending), ends)
 
     def _check_fence(self, layout: TopicLayout) -> None:
         for s in layout.seals:

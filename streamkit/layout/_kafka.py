@@ -196,7 +196,10 @@ class KafkaIO:
     async def fetch(
         self, topic: str, partition: int, offset: int, *, max_wait_ms: int = 1, max_bytes: int = 1 << 20
     ) -> tuple[list[FetchedRecord], int]:
-        """Records at ``>= offset`` (one response's worth) and the high watermark (-1 if unknown)."""
+        """Records at ``>= offset`` (one response's worth) and the high watermark (-1 if unknown).
+
+        One response's worth may be anything down to nothing: Tansu answers with what it
+        gathered within ``max_wait_ms``.  To read to the end use :meth:`read`."""
         err, hw, data = await self._fetch_raw(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         if err:
             raise LayoutIOError(f"fetch {topic}[{partition}]@{offset}: {for_code(err).__name__}")
@@ -223,9 +226,12 @@ class KafkaIO:
         answer such a fetch with OFFSET_OUT_OF_RANGE (Apache Kafka) implement
         ListOffsets correctly, which is then used.
         """
-        err, hw, _ = await self._fetch_raw(topic, partition, _BEYOND, max_wait_ms=1, max_bytes=64)
-        if err == 0 and hw >= 0:
-            return hw
+        for _ in range(5):  # an answer without the partition (hw -1) is asked again
+            err, hw, _ = await self._fetch_raw(topic, partition, _BEYOND, max_wait_ms=1, max_bytes=64)
+            if err == 0 and hw >= 0:
+                return hw
+            if err:
+                break
         tp = TopicPartition(topic, partition)
         node = await self._leader(tp)
         resp = await self.client.send(node, OffsetRequest(-1, 0, [(topic, [(partition, -1)])]))

@@ -72,7 +72,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -80,7 +80,7 @@ from aiokafka import AIOKafkaProducer
 
 from assignors.murmur2 import key_hash
 from streamkit.layout import model
-from streamkit.layout._kafka import CREATE_PARTITIONS_API, KafkaIO
+from streamkit.layout._kafka import CREATE_PARTITIONS_API, FetchedRecord, KafkaIO
 from streamkit.layout.gating import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
 from streamkit.layout.model import ChangeKind, LayoutError, PartitionMode, TopicLayout
 from streamkit.layout.registry import (
@@ -165,10 +165,27 @@ class AckLog:
         self.pos = await self.io.first_offset_at_or_after(self.topic, 0, ts_ms, hw)
 
     async def poll(self, wait_ms: int = 100) -> int:
-        """Read what is there (waiting up to ``wait_ms`` for news); return records read."""
+        """Read what one fetch returns (waiting up to ``wait_ms`` for news); return records read.
+
+        A short or empty answer does not mean the end: Tansu answers a fetch with what
+        it gathered within ``max_wait_ms`` (with 1 ms: from 0 to about 150 records,
+        fewer on a busy machine).  :meth:`catch_up` reads to the high watermark.
+        """
         if self.pos is None:
             self.pos = 0
-        recs, hw = await self.io.fetch(self.topic, 0, self.pos, max_wait_ms=wait_ms)
+        recs, _hw = await self.io.fetch(self.topic, 0, self.pos, max_wait_ms=wait_ms)
+        self._apply(recs)
+        return len(recs)
+
+    async def catch_up(self) -> None:
+        """Read up to the high watermark: every control record written before this call."""
+        if self.pos is None:
+            self.pos = 0
+        recs, end = await self.io.read(self.topic, 0, self.pos)
+        self._apply(recs)
+        self.pos = max(self.pos, end)
+
+    def _apply(self, recs: Iterable[FetchedRecord]) -> None:
         for r in recs:
             self.pos = r.offset + 1
             try:
@@ -189,11 +206,6 @@ class AckLog:
                 for p, end in (d.get("ends") or {}).items():
                     if int(end) > ends.get(int(p), -1):
                         ends[int(p)] = int(end)
-        return len(recs)
-
-    async def catch_up(self) -> None:
-        while await self.poll(wait_ms=1):
-            pass
 
     def live(self, since_ms: int) -> dict[str, dict[str, Any]]:
         """Producers whose latest control record is a heartbeat at or after ``since_ms``."""
@@ -216,6 +228,9 @@ class ChangeResult:
     waited: float
     """Seconds spent waiting for acknowledgements."""
     finished_drains: tuple[int, ...] = ()
+    waited_for: frozenset[str] = frozenset()
+    """The producers that held a lease at the announcement (heartbeated within
+    :func:`live_window_ms`): the change waited for each of them to acknowledge."""
 
 
 @dataclass(frozen=True)
@@ -370,7 +385,7 @@ class LayoutCoordinator:
         hws = await self.io.high_watermarks(topic, range(physical))
         announced = model.expand(layout, partitions, physical=physical, announce_offsets=hws)
         result = await self._run(announced)
-        return ChangeResult(result.layout, result.acked, result.fenced, result.waited, finished)
+        return replace(result, finished_drains=finished)
 
     async def shrink(self, topic: str, partitions: int, *, delay: float = 300.0) -> ChangeResult:
         """Reduce the active count to ``partitions``; the rest drain (ReadOnly)."""
@@ -506,7 +521,9 @@ class LayoutCoordinator:
         sealed = model.seal(announced, hws, fenced=fenced)
         published = await self.registry.publish(sealed)
         self._progress(f"{announced.topic}: sealed epoch {pend.epoch} ({len(acked)} producer(s) acknowledged)")
-        return ChangeResult(published, frozenset(acked), fenced, waited)
+        log.info("%s: epoch %d sealed after %.3f s; waited for %s; acknowledged by %s; fenced %s", announced.topic,
+                 pend.epoch, waited, sorted(live), sorted(acked), sorted(fenced))
+        return ChangeResult(published, frozenset(acked), fenced, waited, waited_for=frozenset(live))
 
 
 # ---------------------------------------------------------------------- checking

@@ -28,6 +28,7 @@ from streamkit.layout.gating import classify_record, compute_gate, record_epoch
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.protocol import LayoutCoordinator, check_topic
 from streamkit.layout.registry import (
+    ACKS_TOPIC,
     LAYOUTS_TOPIC,
     ConcurrentChangeError,
     LayoutRegistry,
@@ -446,6 +447,59 @@ def test_seal_is_raised_to_acknowledged_ends_when_a_high_watermark_read_lags(
             monkeypatch.undo()
             rep = await check_topic(broker, topic)
             assert rep.violations == [] and rep.counts["ok"] == 200
+
+    asyncio.run(go())
+
+
+def test_a_change_waits_for_every_live_producer_when_a_fetch_of_the_acks_answers_empty(
+    broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tansu answers a fetch with what it gathered within max_wait_ms: with 1 ms, from
+    0 to about 150 records, fewer on a busy machine.  The coordinator finds the live
+    producers by reading the acks topic to its end: were a short or empty answer taken
+    for the end, it would miss producers, seal without waiting for them and leave
+    their records placed before their switch beyond the seal (the soak test's rare
+    failure).  Here the first fetch of the acks topic at every offset (and size)
+    answers empty."""
+    topic = name("lay-empty")
+    seen: set[tuple[int, Any]] = set()
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker, ack_timeout=5.0) as co:
+            await co.create(topic, 2, capacity=4)
+            real_fetch = co.io.fetch
+
+            async def flaky(t: str, part: int, offset: int, **kw: Any) -> tuple[list[FetchedRecord], int]:
+                recs, hw = await real_fetch(t, part, offset, **kw)
+                if t == ACKS_TOPIC and (offset, kw.get("max_bytes")) not in seen:
+                    seen.add((offset, kw.get("max_bytes")))
+                    return [], hw
+                return recs, hw
+
+            async with Producer(broker, client_id="steady") as p:
+                stop = asyncio.Event()
+
+                async def produce() -> int:
+                    n = 0
+                    while not stop.is_set():
+                        await p.send(topic, f"k{n % 50}", {"seq": n})
+                        n += 1
+                        await asyncio.sleep(0.002)
+                    return n
+
+                sending = asyncio.create_task(produce())
+                await asyncio.sleep(0.5)
+                monkeypatch.setattr(co.io, "fetch", flaky)
+                r = await co.expand(topic, 4)
+                monkeypatch.undo()
+                await asyncio.sleep(0.3)
+                stop.set()
+                sent = await sending
+                await p.flush()
+            assert seen, "the acks topic was not read"
+            assert p.producer_id in r.waited_for and p.producer_id in r.acked
+            rep = await check_topic(broker, topic)
+            assert rep.violations == [] and rep.counts["ok"] == sent
 
     asyncio.run(go())
 

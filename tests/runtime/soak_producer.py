@@ -2,7 +2,7 @@
 
     python -m tests.runtime.soak_producer BOOTSTRAP TOPIC NAME OUT.json --keys K --rate R --stop-file F
 
-Record n has key f"k{n % K}" and value {"p": NAME, "seq": n}. Prints "ready", sends until
+Record n has key f"k{n % K}" and value {"p": NAME, "seq": n}. Prints "ready PRODUCER_ID", sends until
 the stop file exists, flushes, and writes {"sent": n, "fences": [...]} to OUT.json.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import time
 
@@ -26,8 +27,9 @@ async def main() -> None:
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--stop-file", required=True)
     a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     async with Producer(a.bootstrap, client_id=a.name, linger_ms=2) as p:
-        print("ready", flush=True)
+        print("ready", p.producer_id, flush=True)
         start, n = time.monotonic(), 0
         while not os.path.exists(a.stop_file):
             await p.send(a.topic, f"k{n % a.keys}", {"p": a.name, "seq": n})

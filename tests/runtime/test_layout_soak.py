@@ -25,7 +25,7 @@ from assignors.murmur2 import key_hash
 from assignors.placement import processor_for_hash
 from stores.rocksdb import RocksDBStore
 from streamkit.layout._kafka import KafkaIO
-from streamkit.layout.protocol import LayoutCoordinator
+from streamkit.layout.protocol import ChangeResult, LayoutCoordinator
 from tests.runtime.jobs import ROOT
 
 KEYS = 300
@@ -88,20 +88,29 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
                      str(tmp_path / f"p{i}.json"), "--keys", str(KEYS), "--rate", "400",
                      "--stop-file", str(stop_file)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                     stderr=open(tmp_path / f"p{i}.log", "wb")))
+            ids = set()
             for p in producers:
-                assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+                assert p.stdout is not None
+                word, pid = p.stdout.readline().decode().split()
+                assert word == "ready"
+                ids.add(pid)
+
+            def waited_for_all(result: ChangeResult) -> None:
+                """Every producer runs throughout: each change must wait for and get all acks."""
+                assert not result.fenced
+                assert ids <= result.waited_for, f"epoch {result.layout.epoch} did not wait for {ids - result.waited_for}"
+                assert ids <= result.acked, f"epoch {result.layout.epoch} sealed without acks of {ids - result.acked}"
+
             await wait_growth(io, group, topic, 4, 1000, workers)
             for n in (6, 8):
-                result = await coord.expand(topic, n)
-                assert not result.fenced
+                waited_for_all(await coord.expand(topic, n))
                 await wait_growth(io, group, topic, n, 1000, workers)
-            result = await coord.shrink(topic, 5, delay=600)
-            assert not result.fenced
+            waited_for_all(await coord.shrink(topic, 5, delay=600))
             await wait_consumed(io, group, topic, [5, 6, 7], workers)
             _, given_up, kept = await coord.finish_drain(topic, groups=[group])
             assert sorted(given_up) == [5, 6, 7], kept
             await wait_growth(io, group, topic, 5, 1000, workers)
-            result = await coord.expand(topic, 7)  # grows again, re-using physical 5 and 6
+            waited_for_all(await coord.expand(topic, 7))  # grows again, re-using physical 5 and 6
             await wait_growth(io, group, topic, 7, 1000, workers)
             stop_file.write_bytes(b"")
             for p in producers:
