@@ -199,25 +199,54 @@ class KafkaIO:
         """Records at ``>= offset`` (one response's worth) and the high watermark (-1 if unknown).
 
         One response's worth may be anything down to nothing: Tansu answers with what it
-        gathered within ``max_wait_ms``.  To read to the end use :meth:`read`."""
+        gathered within ``max_wait_ms``.  To read to the end use :meth:`read`.
+
+        Holes are checked: Tansu (memory engine) sometimes leaves batches out of an answer
+        while producers write the partition, and they are there when asked again.  An
+        answer is cut at a hole, which is asked for again (twice, the second time after
+        10 ms); a hole still there then is real (compaction) and read past."""
+        out, hole, hw = await self._fetch_checked(topic, partition, offset, max_wait_ms, max_bytes, None)
+        for pause in (0.0, 0.01):
+            if hole is None:
+                break
+            if pause:
+                await asyncio.sleep(pause)
+            more, hole_next, hw2 = await self._fetch_checked(
+                topic, partition, hole, 1, max_bytes, hole if pause else None
+            )
+            hw = max(hw, hw2)
+            if not more and hole_next == hole:
+                continue  # still there: ask once more, then accept it
+            out.extend(more)
+            break
+        return out, hw
+
+    async def _fetch_checked(
+        self, topic: str, partition: int, offset: int, max_wait_ms: int, max_bytes: int, real_hole: int | None
+    ) -> tuple[list[FetchedRecord], int | None, int]:
+        """(records at ``>= offset`` before the first hole, where that hole starts or None,
+        the high watermark); a hole starting at ``real_hole`` is read past."""
         err, hw, data = await self._fetch_raw(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         if err:
             raise LayoutIOError(f"fetch {topic}[{partition}]@{offset}: {for_code(err).__name__}")
         out: list[FetchedRecord] = []
-        if data:
-            mr = MemoryRecords(data)
-            while mr.has_next():
-                batch = mr.next_batch()
-                if batch is None:
-                    break
-                if batch.is_control_batch:
-                    continue
-                for r in batch:
-                    if r.offset >= offset:
-                        out.append(
-                            FetchedRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
-                        )
-        return out, hw
+        if not data:
+            return out, None, hw
+        expected = offset
+        mr = MemoryRecords(data)
+        while mr.has_next():
+            batch = mr.next_batch()
+            if batch is None:
+                break
+            if batch.base_offset > expected and expected != real_hole:
+                return out, expected, hw
+            expected = max(expected, batch.next_offset)
+            if batch.is_control_batch:
+                continue
+            for r in batch:
+                if r.offset >= offset:
+                    out.append(FetchedRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers)))
+        return out, None, hw
 
     async def high_watermark(self, topic: str, partition: int) -> int:
         """The partition's high watermark, from a fetch response.

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GATE_POLL_SECONDS = 0.1
+HOLE_CONFIRM_SECONDS = 0.01
 
 
 def _decoder(serde: Serde) -> Callable[[bytes], Any]:
@@ -70,6 +71,7 @@ class Route:
     epoch_bytes: bytes | None = None  # the layout epoch as stamped: records carrying it pass
     limit: int | None = None  # gate: deliver offsets below it only
     stale_epoch: int | None = None  # a record named a newer layout epoch than ours
+    hole: tuple[int, int, float] | None = None  # (start, next offset, first seen): see _cut_at_hole
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -101,6 +103,7 @@ class GroupMember:
         self.handled = 0
         self.consecutive_failures = 0
         self.zombie_rejections = 0
+        self.holes_refetched = 0  # offset holes in fetch answers asked for again (see _cut_at_hole)
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []  # (topic, partition, seconds gated)
         self._last_alarm = 0.0
@@ -317,6 +320,30 @@ class GroupMember:
             await self._fire(self.app.keys_assigned_callbacks, assigned)
         self._gated = gated
 
+    def _cut_at_hole(self, tp: TopicPartition, route: Route, pos: int, records: list[Any]) -> list[Any]:
+        """The records before the first hole in their offsets, seeking back to ask for it again.
+
+        Tansu (memory engine) sometimes leaves batches out of a fetch answer while
+        producers write the partition; asked again, they are there.  A hole still there
+        when asked again at least ``HOLE_CONFIRM_SECONDS`` after it was first seen is real
+        (compaction, transaction markers, retention) and read past.
+        """
+        expected = pos
+        for i, r in enumerate(records):
+            if r.offset != expected:
+                now = time.monotonic()
+                seen = route.hole
+                if seen is not None and seen[:2] == (expected, r.offset) and now - seen[2] >= HOLE_CONFIRM_SECONDS:
+                    route.hole = None  # real: read past it
+                else:
+                    if seen is None or seen[:2] != (expected, r.offset):
+                        route.hole = (expected, r.offset, now)
+                        self.holes_refetched += 1
+                    self.consumer.seek(tp, expected)
+                    return records[:i]
+            expected = r.offset + 1
+        return records
+
     def _admit(self, tp: TopicPartition, route: Route, records: list[Any]) -> tuple[list[Any], int | None, list[Any]]:
         """(records to deliver, offset to stop and seek back to or None, late-record reports)."""
         stop_at = None
@@ -400,6 +427,10 @@ class GroupMember:
             records = fetched
             if records[0].offset < pos:
                 records = [r for r in records if r.offset >= pos]
+                if not records:
+                    continue
+            if records[0].offset != pos or records[-1].offset - pos != len(records) - 1:
+                records = self._cut_at_hole(tp, route, pos, records)
                 if not records:
                     continue
             checked = records
