@@ -1,8 +1,9 @@
 """KafkaIO's hole check, against scripted fetch answers (pure logic: no broker).
 
 Tansu (memory engine) sometimes leaves batches out of a fetch answer while producers
-write the partition; asked again, they are there.  The real-broker side of this is
-``test_a_tail_reader_misses_nothing_while_producers_write`` in test_layout_broker.py.
+write the partition; asked again, they are there.  The group member's check of the same
+runs against the real broker in tests/runtime/test_fetch_holes.py, and the layout soak
+test (three producers writing while everything is read) depends on both.
 """
 
 from __future__ import annotations
