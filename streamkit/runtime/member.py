@@ -104,6 +104,9 @@ class GroupMember:
         self.consecutive_failures = 0
         self.zombie_rejections = 0
         self.holes_refetched = 0  # offset holes in fetch answers asked for again (see _cut_at_hole)
+        self.awaiting_records = False
+        """In ``getmany``, outside any batch: cancelling the loop here loses nothing.  During
+        a rebalance ``getmany`` waits for the new assignment, however long that takes."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []  # (topic, partition, seconds gated)
         self._last_alarm = 0.0
@@ -386,7 +389,11 @@ class GroupMember:
         consumer = self.consumer
         settings = self.app.settings
         while not self._stopping:
-            batch = await consumer.getmany(timeout_ms=100 if self._gated else 200)
+            self.awaiting_records = True
+            try:
+                batch = await consumer.getmany(timeout_ms=100 if self._gated else 200)
+            finally:
+                self.awaiting_records = False
             if batch:
                 async with self.worker.lock:
                     await self._handle(batch)

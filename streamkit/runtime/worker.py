@@ -125,10 +125,12 @@ class Worker:
                 m.request_stop()
             for t in [*aux, stop]:
                 t.cancel()
-            if failed is not None:
-                for t in runs:
+            for m, t in zip(self.members, runs):
+                # never in the middle of a batch; but a member waiting for records may wait
+                # for a whole rebalance (getmany waits for the new assignment): not for that
+                if failed is not None or m.awaiting_records:
                     t.cancel()
-            # members leave their loop between batches, never in the middle of one
+            # the others leave their loop after their batch
             await asyncio.gather(*runs, *aux, stop, return_exceptions=True)
             await self.shutdown(clean=failed is None)
         if failed is not None:
