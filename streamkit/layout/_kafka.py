@@ -50,6 +50,10 @@ class FetchedRecord:
     headers: tuple[tuple[str, bytes], ...]
 
 
+HOLE_CONFIRM_SECONDS = 0.01
+"""A hole in a fetch answer still there this long after it was first seen is real."""
+
+
 class KafkaIO:
     """One low-level client for raw fetches, plus an admin client made on demand."""
 
@@ -204,9 +208,9 @@ class KafkaIO:
         Holes are checked: Tansu (memory engine) sometimes leaves batches out of an answer
         while producers write the partition, and they are there when asked again.  An
         answer is cut at a hole, which is asked for again (twice, the second time after
-        10 ms); a hole still there then is real (compaction) and read past."""
+        ``HOLE_CONFIRM_SECONDS``); a hole still there then is real (compaction) and read past."""
         out, hole, hw = await self._fetch_checked(topic, partition, offset, max_wait_ms, max_bytes, None)
-        for pause in (0.0, 0.01):
+        for pause in (0.0, HOLE_CONFIRM_SECONDS):
             if hole is None:
                 break
             if pause:

@@ -29,6 +29,7 @@ from assignors.group import MemberInfo, StreamkitAssignor, TopicShape
 from assignors.murmur2 import key_hash
 from streamkit.app import App, HandlerSpec
 from streamkit.context import Context, Outbox
+from streamkit.layout._kafka import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, classify_record, record_epoch, violation_record
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GATE_POLL_SECONDS = 0.1
-HOLE_CONFIRM_SECONDS = 0.01
 
 
 def _decoder(serde: Serde) -> Callable[[bytes], Any]:
