@@ -120,7 +120,7 @@ async def under_load(bootstrap: str, rate: float, console: Console) -> list[tupl
                 await asyncio.sleep(0.05)
             worker.stop()
             await task
-            return [w for m in worker.members for w in m.gate_waits]
+            return [w for m in worker.members for w in m.admission.gate_waits]
 
 
 def main() -> None:

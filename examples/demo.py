@@ -25,10 +25,9 @@ from rich.table import Table
 from examples.order_producer import expected_totals, produce
 from stores.rocksdb import RocksDBStore
 from streamkit.broker import EmbeddedBroker
-from streamkit.kafka import read_to_end
 from streamkit.tables import WindowKeySerde
 from stores.serde import StrSerde
-from streamkit.testing import create_topic
+from streamkit.testing import create_topic, read_topic
 
 ORDERS, CUSTOMERS, SEED, START_MS = 20_000, 200, 7, 1_767_225_600_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +78,7 @@ def main() -> None:
             with RocksDBStore.open(str(path), ["customer_totals", "revenue_per_minute"]) as store:
                 totals.update({k.decode(): orjson.loads(v) for k, v in store.items("customer_totals")})
                 revenue.update({wkeys.loads(k): orjson.loads(v) for k, v in store.items("revenue_per_minute")})
-        big = asyncio.run(read_to_end(broker.bootstrap, "big-orders"))
+        big = read_topic(broker.bootstrap, "big-orders")
 
     exp_totals, exp_revenue, bad = expected_totals(ORDERS, CUSTOMERS, SEED, START_MS)
     top = Table(title="top customers (from the processors' RocksDB stores)")

@@ -1,8 +1,9 @@
 """The App: declarations (topics, tables, handlers, callbacks, timers) and nothing else.
 
-Running an app is the runtime's job (`streamkit.runtime.worker.Worker`); the App only
-records what the user declared, so the same declarations serve the streaming worker,
-the offline replay used by the Spark backfill, and the CLI.
+Running an app is the runtime's job (`streamkit worker MODULE:APP`, or
+`streamkit.runtime.worker.run_worker(app)`); the App only records what the user
+declared, so the same declarations serve the streaming worker, the offline replay used
+by the Spark backfill, and the CLI. Nothing writes into an App after its module ran.
 """
 
 from __future__ import annotations
@@ -42,21 +43,6 @@ class TimerSpec:
     per_processor: bool
 
 
-class _Clock:
-    """Time of the record being handled; windowed tables read it. Set by the runtime."""
-
-    __slots__ = ("ctx",)
-
-    def __init__(self) -> None:
-        self.ctx: Any = None
-
-    @property
-    def timestamp(self) -> int:
-        if self.ctx is None:
-            raise RuntimeError("a windowed table was used outside a handler: no record time")
-        return self.ctx.timestamp
-
-
 class App:
     """A stateful stream-processing job.
 
@@ -81,7 +67,6 @@ class App:
         self.timers: list[TimerSpec] = []
         self.keys_revoked_callbacks: list[Callable[..., Any]] = []
         self.keys_assigned_callbacks: list[Callable[..., Any]] = []
-        self.clock = _Clock()
 
     # -- declarations --------------------------------------------------------------------
     def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json") -> Topic:
@@ -109,7 +94,7 @@ class App:
             raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
         ks, vs = serde_for(key_serde), serde_for(value_serde)
         table: Table = (
-            WindowedTable(name, ks, vs, window, self.clock, default)
+            WindowedTable(name, ks, vs, window, default)
             if window is not None
             else Table(name, ks, vs, default)
         )
@@ -184,12 +169,6 @@ class App:
             self.topics.setdefault(topic.name, topic)
             return topic
         return self.topics.get(topic) or self.topic(topic)
-
-    def run(self, processors_per_worker: int = 1) -> None:
-        """Run one worker in the foreground (what `streamkit worker` does)."""
-        from streamkit.runtime.worker import run_worker
-
-        run_worker(self, processors_per_worker)
 
 
 def _check_arity(fn: Callable[..., Any], n: int, what: str, shape: str) -> None:

@@ -49,10 +49,10 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 
 from assignors.murmur2 import kafka_partition, key_hash_cached
 from streamkit.errors import StreamkitError
-from streamkit.layout.gating import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.placement import Placer
-from streamkit.layout.protocol import (
+from streamkit.layout.control import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
     control_record,

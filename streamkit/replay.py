@@ -95,12 +95,11 @@ class Replayer:
         app = self.app
         topic = self.specs[0].topic
         states = {name: _KeyScopedState(t, self) for name, t in app.tables.items()}
-        for name, t in app.tables.items():
-            t.bind(states[name])
         outbox = Outbox()
         outbox.suppress = True
         ctx = Context(outbox)
-        app.clock.ctx = ctx
+        for name, t in app.tables.items():
+            t.bind(states[name], ctx)
         try:
             k = topic.key_serde.loads(key) if key is not None else None
         except Exception as exc:  # noqa: BLE001 - the worker dead-letters these records
@@ -132,7 +131,6 @@ class Replayer:
         finally:
             for t in app.tables.values():
                 t.bind(None)
-            app.clock.ctx = None
         out: dict[str, dict[bytes, bytes]] = {}
         for name, state in states.items():
             table = app.tables[name]

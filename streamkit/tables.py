@@ -2,7 +2,7 @@
 
 A table object is shared by every processor of the worker; before calling a handler
 the runtime binds it to the processor that owns the record's partition (a write-back
-cache over that processor's store). So `totals[key] += 1` in a handler reads and
+cache over that processor's store; `streamkit.runtime.binding`). So `totals[key] += 1` in a handler reads and
 writes the right processor's state with a dict lookup, and the store sees the change
 at the next checkpoint, atomically with the input positions that produced it.
 
@@ -69,7 +69,9 @@ class Table(MutableMapping[Any, Any]):
         """The serde of the keys as stored (windowed tables add the window start)."""
         return self.key_serde
 
-    def bind(self, backend: TableBackend | None) -> None:
+    def bind(self, backend: TableBackend | None, clock: CurrentTime | None = None) -> None:
+        """Point the table at `backend` (None: unbound). Only the runtime's binder and the
+        offline replay call this; `clock` is what windowed tables read the time from."""
         self._backend = backend if backend is not None else _Unbound(self.name)
 
     # -- the hot path: one extra call over the cache ------------------------------------
@@ -124,6 +126,17 @@ class CurrentTime(Protocol):
     def timestamp(self) -> int: ...
 
 
+class _NoClock:
+    """The clock of an unbound windowed table: no record, no time."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def timestamp(self) -> int:
+        raise RuntimeError(f"windowed table {self._name!r} was used outside a handler or timer: no record time")
+
+
 class WindowedTable(Table):
     """A table whose keys are (key, window start); `t[key]` addresses the window of the
     record being processed (its Kafka timestamp), as faust's `.current()` does."""
@@ -134,13 +147,16 @@ class WindowedTable(Table):
         key_serde: Serde,
         value_serde: Serde,
         window: Tumbling,
-        clock: CurrentTime,
         default: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(name, key_serde, value_serde, default)
         self.window = window
-        self._clock = clock
+        self._clock: CurrentTime = _NoClock(name)
         self._stored_key_serde = WindowKeySerde(key_serde)
+
+    def bind(self, backend: TableBackend | None, clock: CurrentTime | None = None) -> None:
+        super().bind(backend, clock)
+        self._clock = clock if clock is not None and backend is not None else _NoClock(self.name)
 
     @property
     def store_key_serde(self) -> Serde:

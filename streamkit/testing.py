@@ -8,7 +8,7 @@ scripts.
 Reading "a whole topic" means: every partition up to the high watermark that the broker
 reports in a *fetch* response. ``end_offsets`` / ``ListOffsets`` is not used: the
 reference broker (Tansu 0.6) answers it wrongly when the last batch holds more than one
-record (DESIGN.md, "The reference broker").
+record (docs/architecture.md, "Broker behaviours").
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from streamkit import kafka
+from streamkit.kafkaio import CREATE_CONFIGS, FetchedRecord, KafkaIO
 
 __all__ = [
     "DEFAULT_TOPIC_CONFIGS",
@@ -40,10 +39,10 @@ __all__ = [
     "unique_topic_name",
 ]
 
-# The runtime's creation configs (streamkit.kafka.CREATE_CONFIGS: Tansu's DescribeConfigs
+# The runtime's creation configs (streamkit.kafkaio.CREATE_CONFIGS: Tansu's DescribeConfigs
 # reports only configs set at creation, and quixstreams needs them), but retention.ms -1
 # (keep forever), which is what Tansu does anyway: it has no retention.
-DEFAULT_TOPIC_CONFIGS: dict[str, str] = {**kafka.CREATE_CONFIGS, "retention.ms": "-1"}
+DEFAULT_TOPIC_CONFIGS: dict[str, str] = {**CREATE_CONFIGS, "retention.ms": "-1"}
 
 Key = bytes | str | None
 Record = tuple[Key, Any] | tuple[Key, Any, int | None]
@@ -93,15 +92,11 @@ async def acreate_topic(
     """
     merged = {**DEFAULT_TOPIC_CONFIGS, **(configs or {})}
     merged = {k: str(v) for k, v in merged.items() if v is not None}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
-    await admin.start()
-    try:
-        await kafka.create_topic(
-            admin, name, partitions, configs=merged, replication_factor=replication_factor, timeout=timeout
+    async with KafkaIO(bootstrap, request_timeout_ms=int(timeout * 1000)) as io:
+        await io.create_topic(
+            name, partitions, configs=merged, replication_factor=replication_factor, timeout=timeout, exist_ok=False
         )
-        return name
-    finally:
-        await admin.close()
+    return name
 
 
 create_topic = _blocking(acreate_topic)
@@ -214,45 +209,16 @@ produce_json = _blocking(aproduce_json)
 
 
 async def aread_topic(
-    bootstrap: str,
-    topic: str,
-    *,
-    partitions: Iterable[int] | None = None,
-    timeout: float = 30.0,
-    max_partition_fetch_bytes: int = 4 << 20,
-) -> list[ConsumerRecord]:
+    bootstrap: str, topic: str, *, partitions: Iterable[int] | None = None
+) -> list[FetchedRecord]:
     """Every record of ``topic`` (or of the given ``partitions``), from offset 0 up to the
-    high watermark the first fetch response reports for each partition.
+    high watermark a fetch response reports for each partition.
 
     Records come partition by partition, in offset order. No consumer group is used and
     nothing is committed. Values are raw bytes (decode with ``orjson.loads``).
     """
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=50,
-        max_partition_fetch_bytes=max_partition_fetch_bytes,
-        fetch_max_bytes=max(52428800, max_partition_fetch_bytes),
-    )
-    await consumer.start()
-    try:
-        if partitions is None:
-            deadline = time.monotonic() + timeout
-            found = consumer.partitions_for_topic(topic)
-            while not found:
-                await consumer._client.force_metadata_update()  # noqa: SLF001
-                found = consumer.partitions_for_topic(topic)
-                if not found and time.monotonic() > deadline:
-                    raise ValueError(f"topic {topic!r} not found")
-            partitions = found
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        out = await kafka.read_partitions_to_end(consumer, tps, timeout)
-        return [m for tp in tps for m in out[tp]]
-    finally:
-        await consumer.stop()
+    async with KafkaIO(bootstrap) as io:
+        return await io.read_topic(topic, partitions)
 
 
 read_topic = _blocking(aread_topic)

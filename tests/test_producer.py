@@ -11,8 +11,8 @@ import pytest
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import kafka_partition, key_hash
 from streamkit.layout import model
-from streamkit.layout._kafka import KafkaIO
-from streamkit.layout.gating import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
+from streamkit.kafkaio import KafkaIO
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.producer import Producer, ProducerFencedError

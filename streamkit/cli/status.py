@@ -7,48 +7,39 @@ import time
 from collections import Counter
 
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from streamkit.app import App
 from streamkit.cli import CliError
-from streamkit.kafka import high_watermarks, input_partition_counts, read_to_end
-from streamkit.layout._kafka import KafkaIO
+from streamkit.errors import TopicNotFoundError
+from streamkit.kafkaio import KafkaIO
 from streamkit.loader import load_app
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
 
 async def _gather(app: App, bootstrap: str) -> tuple[
-    list[WorkerStatus], dict[TopicPartition, tuple[int | None, int]], Counter[str]
+    list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str]
 ]:
-    async with KafkaIO(bootstrap) as io:
-        counts = await input_partition_counts(io, app.input_topics)
-    tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=app.group_id, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        committed = {tp: await consumer.committed(tp) for tp in tps}
-    finally:
-        await consumer.stop()
-    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await reader.start()
-    try:
-        reader.assign(tps)
-        hws = await high_watermarks(reader, tps)
-    finally:
-        await reader.stop()
-    try:
-        statuses = await read_statuses(bootstrap, app.name)
-    except Exception:  # noqa: BLE001 - no worker ever ran: no status topic yet
-        statuses = []
+    offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
-    try:
-        for rec in await read_to_end(bootstrap, app.dead_letter_topic):
-            reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
-    except Exception:  # noqa: BLE001 - no dead-letter topic yet
-        pass
-    return statuses, {tp: (committed[tp], hws[tp]) for tp in tps}, reasons
+    async with KafkaIO(bootstrap) as io:
+        counts = await io.partition_counts(app.input_topics)
+        for topic, n in sorted(counts.items()):
+            committed = await io.committed(app.group_id, topic, range(n))
+            hws = await io.high_watermarks(topic, range(n))
+            for p in range(n):
+                offsets[(topic, p)] = (committed.get(p), hws[p])
+        try:
+            statuses = await read_statuses(io, app.name)
+        except TopicNotFoundError:  # no worker ever ran
+            statuses = []
+        try:
+            for rec in await io.read_topic(app.dead_letter_topic):
+                reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
+        except TopicNotFoundError:  # no dead letter yet
+            pass
+    return statuses, offsets, reasons
 
 
 def status(
@@ -82,9 +73,9 @@ def status(
     parts = Table(title="partitions")
     for col in ("topic", "partition", "processor", "committed", "high watermark", "lag"):
         parts.add_column(col, justify="right" if col not in ("topic",) else "left")
-    for tp, (com, hw) in offsets.items():
+    for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
-        parts.add_row(tp.topic, str(tp.partition), str(owner.get((tp.topic, tp.partition), "-")),
+        parts.add_row(topic, str(partition), str(owner.get((topic, partition), "-")),
                       "-" if com is None else str(com), str(hw), str(lag))
     console.print(workers)
     console.print(parts)

@@ -45,12 +45,12 @@ def register(root: typer.Typer) -> None:
 
 
 def _run(fn: Callable[[], Awaitable[T]]) -> T:
-    from streamkit.layout._kafka import LayoutIOError
+    from streamkit.kafkaio import KafkaIOError
     from streamkit.layout.model import LayoutError
 
     try:
         return asyncio.run(fn())
-    except (LayoutError, LayoutIOError) as exc:
+    except (LayoutError, KafkaIOError) as exc:
         raise CliError(str(exc)) from None
 
 

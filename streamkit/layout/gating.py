@@ -41,67 +41,29 @@ commit promptly after passing ``Y``; :class:`GateTracker` says when
 (``fire_revoked``), and says when a gated partition opens (``fire_assigned``), which
 is when seed 000's ``onPartitionKeyMaybeRevoked`` / ``onPartitionKeyAssigned`` run.
 
-Late records (the producer-side rule lives in ``streamkit.layout.protocol``)
----------------------------------------------------------------------------
-Every streamkit record carries header ``streamkit.epoch`` (the layout epoch its
-producer placed it with) and ``streamkit.producer``.  :func:`classify_record` tells
-the consumer what a record is:
-
-- ``NEWER``: stamped with an epoch newer than the consumer's layout: the layout is
-  stale.  Refresh it (``LayoutRegistry.ensure_at_least``) and gate again *before*
-  delivering: records of moved keys exist only after their announcement, so a
-  consumer that sees one re-reads and finds the change (this replaces seed 000's
-  broker-side fetch check).
-- ``LATE``: stamped ``e_r`` and lying at or beyond the ``seal_offsets`` of a later
-  sealed change: its producer missed that change (it was fenced).  Offsets are
-  immutable, so it cannot be re-routed: if its key moved since ``e_r`` (``moved``),
-  delivering it would break the key's order or apply it to state that moved away.
-  The runtime must report it (counter + a violation record naming producer, key,
-  partition, offset, record epoch and seal epoch; ``violation_record``) and not
-  apply it silently.  A late record whose key did not move is harmless.
-- ``MISPLACED``: stamped ``e_r`` but on a partition that was not ReadWrite at
-  ``e_r``, or not where ``e_r``'s layout puts its key (a foreign or buggy writer).
-- ``DEAD``: below the start of the partition's current incarnation (skip it).
-- ``UNSTAMPED``: no epoch header (a foreign producer): cannot be checked.
-- ``OK``.
+Records are classified by their epoch stamps in ``streamkit.layout.stamps``.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-from assignors.linear_hashing import deletion_blockers, expansion_blockers, lh_bucket
+from assignors.linear_hashing import deletion_blockers, expansion_blockers
 from streamkit.layout.model import ChangeKind, PartitionMode, TopicLayout
 
 __all__ = [
-    "EPOCH_HEADER",
-    "PRODUCER_HEADER",
     "Constraint",
     "GateState",
     "GateTracker",
     "GateUpdate",
     "PartitionGate",
-    "RecordStatus",
-    "RecordVerdict",
-    "assign_split",
-    "classify_record",
     "compute_gate",
     "constraints",
     "gate_limits",
-    "record_epoch",
     "satisfied",
-    "split_for_assignment",
-    "violation_record",
 ]
-
-EPOCH_HEADER = "streamkit.epoch"
-PRODUCER_HEADER = "streamkit.producer"
-
-M = TypeVar("M", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -348,146 +310,3 @@ class GateTracker:
                     self._fired.add(key)
                     revoked.add(c.blocker)
         return GateUpdate(state, tuple(sorted(revoked)), tuple(sorted(opened)))
-
-
-# ---------------------------------------------------------------------- assignment
-
-
-def split_for_assignment(layout: TopicLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Seed 000 Proposed Change 6: (ReadWrite partitions, draining ReadOnly partitions).
-
-    Assign the two lists separately so that members do not end up with few
-    partitions that receive data and many that only drain.  None partitions are in
-    neither (nobody consumes them).
-    """
-    return layout.writable, layout.draining
-
-
-def _round_robin(parts: Sequence[int], members: Sequence[M], first: int = 0) -> dict[M, list[int]]:
-    out: dict[M, list[int]] = {m: [] for m in members}
-    for i, p in enumerate(parts):
-        out[members[(first + i) % len(members)]].append(p)
-    return out
-
-
-def assign_split(
-    layout: TopicLayout,
-    members: Sequence[M],
-    assign: Callable[[Sequence[int], Sequence[M]], Mapping[M, Sequence[int]]] | None = None,
-) -> dict[M, list[int]]:
-    """Assign ReadWrite and draining partitions separately with ``assign`` and merge.
-
-    Default ``assign``: round robin; the draining list starts at the member after the
-    one that got the last ReadWrite partition, so the two lists even each other out.
-    """
-    if not members:
-        return {}
-    serving, draining = split_for_assignment(layout)
-    if assign is None:
-        a = _round_robin(serving, members)
-        b = _round_robin(draining, members, first=len(serving) % len(members))
-    else:
-        a, b = assign(serving, members), assign(draining, members)
-    return {m: sorted([*a.get(m, ()), *b.get(m, ())]) for m in members}
-
-
-# ---------------------------------------------------------------------- late records
-
-
-class RecordStatus(str, enum.Enum):
-    OK = "ok"
-    UNSTAMPED = "unstamped"
-    NEWER = "newer"
-    LATE = "late"
-    MISPLACED = "misplaced"
-    DEAD = "dead"
-
-
-@dataclass(frozen=True)
-class RecordVerdict:
-    status: RecordStatus
-    record_epoch: int | None = None
-    seal_epoch: int | None = None
-    """The first sealed change the record's producer missed (LATE)."""
-    moved: bool = False
-    """The record's key is placed elsewhere by a later layout than its own."""
-
-    @property
-    def violation(self) -> bool:
-        """True when delivering it as a normal record could break per-key order."""
-        return (self.status == RecordStatus.LATE and self.moved) or self.status == RecordStatus.MISPLACED
-
-
-def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
-    """The ``streamkit.epoch`` header of a record, or None."""
-    for k, v in headers or ():
-        if k == EPOCH_HEADER:
-            try:
-                return int(v)
-            except (TypeError, ValueError):
-                return None
-    return None
-
-
-def classify_record(
-    layout: TopicLayout,
-    partition: int,
-    offset: int,
-    epoch: int | None,
-    key_hash: int | None = None,
-) -> RecordVerdict:
-    """Classify one record by its stamped epoch (see the module docstring)."""
-    if offset < layout.base_offset(partition):
-        return RecordVerdict(RecordStatus.DEAD, epoch)
-    if epoch is None:
-        return RecordVerdict(RecordStatus.UNSTAMPED)
-    if epoch > layout.epoch:
-        return RecordVerdict(RecordStatus.NEWER, epoch)
-    n0 = layout.n0
-    first_epoch = layout.seals[0].epoch if layout.seals else layout.epoch
-    known = epoch >= first_epoch
-    writer_active = layout.active_at(epoch)
-    if known and partition >= writer_active:
-        return RecordVerdict(RecordStatus.MISPLACED, epoch)
-    if known and key_hash is not None and lh_bucket(key_hash, n0, writer_active) != partition:
-        return RecordVerdict(RecordStatus.MISPLACED, epoch)
-    for s in layout.seals:
-        if s.epoch <= epoch or s.kind not in (ChangeKind.EXPAND, ChangeKind.SHRINK) or not s.sealed:
-            continue
-        so = s.seal_offset(partition)
-        if so is None or offset < so:
-            continue
-        moved = True
-        if key_hash is not None:
-            later = [x.new_active for x in layout.seals if x.epoch > epoch] or [layout.active]
-            moved = any(lh_bucket(key_hash, n0, n) != partition for n in later)
-        return RecordVerdict(RecordStatus.LATE, epoch, s.epoch, moved)
-    return RecordVerdict(RecordStatus.OK, epoch)
-
-
-def violation_record(
-    topic: str,
-    partition: int,
-    offset: int,
-    key: bytes | None,
-    verdict: RecordVerdict,
-    producer: str | None,
-    *,
-    layout_epoch: int,
-    group: str | None = None,
-) -> dict[str, Any]:
-    """The JSON body of a violation report for a late or misplaced record."""
-    return {
-        "type": "ordering_violation",
-        "status": verdict.status.value,
-        "topic": topic,
-        "partition": partition,
-        "offset": offset,
-        "key": None if key is None else key.decode("utf-8", "backslashreplace"),
-        "producer": producer,
-        "record_epoch": verdict.record_epoch,
-        "seal_epoch": verdict.seal_epoch,
-        "layout_epoch": layout_epoch,
-        "moved": verdict.moved,
-        "group": group,
-    }

@@ -56,6 +56,8 @@ __all__ = [
     "PendingChangeError",
     "Seal",
     "TopicLayout",
+    "check_expand",
+    "check_shrink",
     "create",
     "expand",
     "finish_drain",
@@ -392,6 +394,35 @@ def create(
     )
 
 
+def check_expand(layout: TopicLayout, n2: int, *, physical: int | None = None) -> None:
+    """Raise the :class:`LayoutError` that :func:`expand` would raise (nothing if allowed).
+
+    ``physical`` None: the physical count is not checked yet (it may still grow)."""
+    _require_settled(layout, "expand")
+    t = layout.topic
+    if layout.draining:
+        dl = [layout.drain_deadline_ms(p) for p in layout.draining]
+        due = max((d for d in dl if d is not None), default=None)
+        when = f" (may be given up after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(due / 1000))})" if due else ""
+        raise LayoutError(
+            f"cannot expand {t}: partitions {list(layout.draining)} are still draining from a shrink{when}; "
+            f"wait until they are drained (streamkit topics finish-drain {t})"
+        )
+    if n2 <= layout.active:
+        hint = " (use shrink to reduce)" if n2 < layout.active else ""
+        raise LayoutError(f"cannot expand {t} to {n2} partitions: it already has {layout.active} active{hint}")
+    if physical is None:
+        return
+    phys = physical
+    if phys < layout.physical:
+        raise LayoutError(f"{t}: the physical partition count cannot decrease ({layout.physical} -> {phys})")
+    if n2 > phys:
+        raise LayoutError(
+            f"cannot expand {t} to {n2} partitions: it has only {phys} physical partitions; "
+            f"add partitions first (CreatePartitions) or create the topic with --capacity >= {n2}"
+        )
+
+
 def expand(
     layout: TopicLayout,
     n2: int,
@@ -408,27 +439,8 @@ def expand(
     Refused while another change is pending or while partitions still drain (seed 000:
     no expansion while a partition is marked for deletion).
     """
-    _require_settled(layout, "expand")
-    t = layout.topic
-    if layout.draining:
-        dl = [layout.drain_deadline_ms(p) for p in layout.draining]
-        due = max((d for d in dl if d is not None), default=None)
-        when = f" (may be given up after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(due / 1000))})" if due else ""
-        raise LayoutError(
-            f"cannot expand {t}: partitions {list(layout.draining)} are still draining from a shrink{when}; "
-            f"wait until they are drained (streamkit topics finish-drain {t})"
-        )
-    if n2 <= layout.active:
-        hint = " (use shrink to reduce)" if n2 < layout.active else ""
-        raise LayoutError(f"cannot expand {t} to {n2} partitions: it already has {layout.active} active{hint}")
     phys = layout.physical if physical is None else physical
-    if phys < layout.physical:
-        raise LayoutError(f"{t}: the physical partition count cannot decrease ({layout.physical} -> {phys})")
-    if n2 > phys:
-        raise LayoutError(
-            f"cannot expand {t} to {n2} partitions: it has only {phys} physical partitions; "
-            f"add partitions first (CreatePartitions) or create the topic with --capacity >= {n2}"
-        )
+    check_expand(layout, n2, physical=phys)
     ts = _now_ms() if now_ms is None else now_ms
     s = Seal(
         epoch=layout.epoch + 1,
@@ -451,6 +463,22 @@ def expand(
     )
 
 
+def check_shrink(layout: TopicLayout, n2: int, delay: float = 0.0) -> None:
+    """Raise the :class:`LayoutError` that :func:`shrink` would raise (nothing if allowed)."""
+    _require_settled(layout, "shrink")
+    t = layout.topic
+    if n2 >= layout.active:
+        hint = " (use expand to grow)" if n2 > layout.active else ""
+        raise LayoutError(f"cannot shrink {t} to {n2} partitions: it has {layout.active} active{hint}")
+    if n2 < layout.n0:
+        raise LayoutError(
+            f"cannot shrink {t} to {n2} partitions: below its initial count {layout.n0} "
+            "(linear hashing places keys over the initial count)"
+        )
+    if delay < 0:
+        raise LayoutError(f"{t}: --delay must be >= 0, got {delay}")
+
+
 def shrink(
     layout: TopicLayout,
     n2: int,
@@ -467,18 +495,7 @@ def shrink(
     seconds after the change at the earliest, or earlier with ``force`` once every
     group drained them.  ``n2`` must be >= n0 (linear hashing has no count below it).
     """
-    _require_settled(layout, "shrink")
-    t = layout.topic
-    if n2 >= layout.active:
-        hint = " (use expand to grow)" if n2 > layout.active else ""
-        raise LayoutError(f"cannot shrink {t} to {n2} partitions: it has {layout.active} active{hint}")
-    if n2 < layout.n0:
-        raise LayoutError(
-            f"cannot shrink {t} to {n2} partitions: below its initial count {layout.n0} "
-            "(linear hashing places keys over the initial count)"
-        )
-    if delay < 0:
-        raise LayoutError(f"{t}: --delay must be >= 0, got {delay}")
+    check_shrink(layout, n2, delay)
     ts = _now_ms() if now_ms is None else now_ms
     gone = tuple(range(n2, layout.active))
     s = Seal(

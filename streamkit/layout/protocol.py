@@ -21,16 +21,7 @@ runs it (``streamkit topics expand|shrink``, :class:`LayoutCoordinator`):
    the sealed layout (same epoch), naming the producers that did not acknowledge
    (``Seal.fenced``).
 
-Control records (``__streamkit_layout_acks``, one partition, key = producer id, JSON):
-
-- ``{"v":1, "type":"hb", "producer", "client_id", "host", "pid", "lease_ms", "ts"}``:
-  heartbeat, every ``heartbeat_ms`` (1 s by default).
-- ``{"v":1, "type":"ack", "producer", "topic", "epoch", "change_id", "ends", "ts"}``:
-  ``ends`` maps each partition the producer wrote to the end offset of its last
-  batch the broker acknowledged.
-- ``{"v":1, "type":"bye", "producer", "ts"}``: clean shutdown (not waited for).
-- ``{"v":1, "type":"fenced", "producer", "topic", "epoch", "ts"}``: a producer learnt
-  it was fenced (informational, for operators).
+Control records (heartbeats, acks) and their reader live in ``streamkit.layout.control``.
 
 Live producers and the deadline
 -------------------------------
@@ -57,7 +48,7 @@ callback, a ``fenced`` control record; with ``on_fence="raise"`` its sends raise
 What fencing cannot stop: records that were already on their way to the broker when
 the producer stopped.  They land beyond the seal, stamped with the old epoch.
 Offsets are immutable, so they cannot be re-routed; consumers recognise them by
-epoch (``streamkit.layout.gating.classify_record`` -> ``LATE``; ``moved`` tells
+epoch (``streamkit.layout.stamps.classify_record`` -> ``LATE``; ``moved`` tells
 whether their key now lives elsewhere) and report them (a counter and a violation
 record naming producer, key, partition, offset, record epoch, seal epoch) instead of
 silently applying them out of order.  :func:`check_topic` scans a topic for them.
@@ -66,8 +57,6 @@ silently applying them out of order.  :func:`check_topic` scans a topic for them
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 import uuid
 from collections import Counter
@@ -75,14 +64,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-from aiokafka import AIOKafkaProducer
-
 from assignors.murmur2 import key_hash
+from streamkit.kafkaio import CREATE_PARTITIONS_API, KafkaIO
 from streamkit.layout import model
-from streamkit.layout._kafka import CREATE_PARTITIONS_API, FetchedRecord, KafkaIO
-from streamkit.layout.gating import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
+from streamkit.layout.control import (
+    DEFAULT_LEASE_MS,
+    LIVE_HORIZON_MS,
+    AckLog,
+    ensure_acks_topic,
+    heartbeat_ts,
+    live_window_ms,
+)
 from streamkit.layout.model import ChangeKind, LayoutError, PartitionMode, TopicLayout
+from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
 from streamkit.layout.registry import (
     ACKS_TOPIC,
     ACKS_TOPIC_CONFIGS,
@@ -92,132 +86,16 @@ from streamkit.layout.registry import (
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
-    "DEFAULT_HEARTBEAT_MS",
-    "DEFAULT_LEASE_MS",
-    "AckLog",
     "ChangeResult",
     "CheckReport",
     "LayoutCoordinator",
     "TopicInfo",
     "check_topic",
-    "control_record",
-    "ensure_acks_topic",
-    "heartbeat_fields",
-    "live_window_ms",
-    "publish_control",
 ]
 
 log = logging.getLogger("streamkit.layout")
 
-DEFAULT_LEASE_MS = 3000
-DEFAULT_HEARTBEAT_MS = 1000
 DEFAULT_ACK_TIMEOUT = 5.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def control_record(kind: str, producer: str, **fields: Any) -> tuple[bytes, bytes]:
-    """Key and value of a control record for ``__streamkit_layout_acks``."""
-    body = {"v": 1, "type": kind, "producer": producer, "ts": _now_ms(), **fields}
-    return producer.encode(), orjson.dumps(body)
-
-
-def heartbeat_fields(client_id: str, lease_ms: int) -> dict[str, Any]:
-    return {"client_id": client_id, "host": socket.gethostname(), "pid": os.getpid(), "lease_ms": lease_ms}
-
-
-async def ensure_acks_topic(io: KafkaIO, topic: str = ACKS_TOPIC, replication_factor: int = 1) -> None:
-    if await io.partition_count(topic) is None:
-        await io.create_topic(topic, 1, replication_factor=replication_factor, configs=ACKS_TOPIC_CONFIGS)
-
-
-LIVE_HORIZON_MS = 120_000
-"""How far before an announcement the coordinator looks for heartbeats."""
-
-
-def live_window_ms(lease_ms: int) -> int:
-    """A producer that heartbeated less than this before an announcement may hold a lease."""
-    return 2 * lease_ms + 1000
-
-
-def _hb_ts(d: dict[str, Any]) -> int:
-    return max(int(d.get("ts", 0)), int(d.get("_ts", 0)))
-
-
-class AckLog:
-    """Reads ``__streamkit_layout_acks`` from a point in time on."""
-
-    def __init__(self, io: KafkaIO, topic: str = ACKS_TOPIC) -> None:
-        self.io = io
-        self.topic = topic
-        self.pos: int | None = None
-        self.last: dict[str, dict[str, Any]] = {}
-        """Per producer: its latest heartbeat or bye record."""
-        self.acks: set[tuple[str, str, int, str]] = set()
-        """(producer, topic, epoch, change_id) of every ack read."""
-        self.ends: dict[tuple[str, int, str], dict[int, int]] = {}
-        """Per (topic, epoch, change_id): the largest acknowledged end offset per partition."""
-
-    async def seek_time(self, ts_ms: int) -> None:
-        hw = await self.io.high_watermark(self.topic, 0)
-        self.pos = await self.io.first_offset_at_or_after(self.topic, 0, ts_ms, hw)
-
-    async def poll(self, wait_ms: int = 100) -> int:
-        """Read what one fetch returns (waiting up to ``wait_ms`` for news); return records read.
-
-        A short or empty answer does not mean the end: Tansu answers a fetch with what
-        it gathered within ``max_wait_ms`` (with 1 ms: from 0 to about 150 records,
-        fewer on a busy machine).  :meth:`catch_up` reads to the high watermark.
-        """
-        if self.pos is None:
-            self.pos = 0
-        recs, _hw = await self.io.fetch(self.topic, 0, self.pos, max_wait_ms=wait_ms)
-        self._apply(recs)
-        return len(recs)
-
-    async def catch_up(self) -> None:
-        """Read up to the high watermark: every control record written before this call."""
-        if self.pos is None:
-            self.pos = 0
-        recs, end = await self.io.read(self.topic, 0, self.pos)
-        self._apply(recs)
-        self.pos = max(self.pos, end)
-
-    def _apply(self, recs: Iterable[FetchedRecord]) -> None:
-        for r in recs:
-            self.pos = r.offset + 1
-            try:
-                d = orjson.loads(r.value or b"")
-            except orjson.JSONDecodeError:
-                continue
-            kind = d.get("type")
-            pid = d.get("producer")
-            if not isinstance(pid, str):
-                continue
-            if kind in ("hb", "bye"):
-                d["_ts"] = r.timestamp
-                self.last[pid] = d
-            elif kind == "ack":
-                change = (d.get("topic"), int(d.get("epoch", -1)), d.get("change_id", ""))
-                self.acks.add((pid, *change))
-                ends = self.ends.setdefault(change, {})
-                for p, end in (d.get("ends") or {}).items():
-                    if int(end) > ends.get(int(p), -1):
-                        ends[int(p)] = int(end)
-
-    def live(self, since_ms: int) -> dict[str, dict[str, Any]]:
-        """Producers whose latest control record is a heartbeat at or after ``since_ms``."""
-        return {
-            pid: d
-            for pid, d in self.last.items()
-            if d.get("type") == "hb" and _hb_ts(d) >= since_ms
-        }
-
-    def acked(self, topic: str, epoch: int, change_id: str) -> set[str]:
-        return {p for (p, t, e, c) in self.acks if t == topic and e == epoch and c == change_id}
-
 
 @dataclass(frozen=True)
 class ChangeResult:
@@ -354,7 +232,7 @@ class LayoutCoordinator:
         """Grow the active count to ``partitions`` (see the module docstring)."""
         layout = await self._load_settled(topic)
         if partitions <= layout.active:
-            model.expand(layout, partitions)  # raises the explanatory error
+            model.check_expand(layout, partitions)
         broker_count = await self.io.partition_count(topic)
         if broker_count is None:
             raise LayoutError(f"{topic} has a layout but no topic on the broker (was it deleted?)")
@@ -377,7 +255,7 @@ class LayoutCoordinator:
             layout = await self.registry.publish(model.finish_drain(layout, due))
             finished = due
             self._progress(f"{topic}: drain deadline passed for partitions {list(due)}: given up")
-        model.expand(layout, partitions, physical=max(physical, grow_to or 0))  # validate (draining, ...)
+        model.check_expand(layout, partitions, physical=max(physical, grow_to or 0))
         if grow_to is not None:
             self._progress(f"{topic}: adding physical partitions {physical} -> {grow_to} (CreatePartitions)")
             await self.io.create_partitions(topic, grow_to)
@@ -390,7 +268,7 @@ class LayoutCoordinator:
     async def shrink(self, topic: str, partitions: int, *, delay: float = 300.0) -> ChangeResult:
         """Reduce the active count to ``partitions``; the rest drain (ReadOnly)."""
         layout = await self._load_settled(topic)
-        model.shrink(layout, partitions, delay)  # validate before reading offsets
+        model.check_shrink(layout, partitions, delay)
         hws = await self.io.high_watermarks(topic, layout.readable)
         announced = model.shrink(layout, partitions, delay, announce_offsets=hws)
         return await self._run(announced)
@@ -407,7 +285,7 @@ class LayoutCoordinator:
         return await self.registry.publish(model.set_ordered_delivery(layout, enabled))
 
     def _due_drains(self, layout: TopicLayout, now_ms: int | None = None) -> tuple[int, ...]:
-        now = _now_ms() if now_ms is None else now_ms
+        now = int(time.time() * 1000) if now_ms is None else now_ms
         return tuple(
             p for p in layout.draining if (dl := layout.drain_deadline_ms(p)) is not None and dl <= now
         )
@@ -489,7 +367,7 @@ class LayoutCoordinator:
         live = {
             pid: d
             for pid, d in acks.last.items()
-            if d.get("type") == "hb" and _hb_ts(d) >= pend.ts_ms - live_window_ms(int(d.get("lease_ms", DEFAULT_LEASE_MS)))
+            if d.get("type") == "hb" and heartbeat_ts(d) >= pend.ts_ms - live_window_ms(int(d.get("lease_ms", DEFAULT_LEASE_MS)))
         }
         # Each producer is waited for until its own deadline: ack_timeout, but at least
         # its lease + 1 s (by then its lease has run out: it cannot place records with
@@ -540,7 +418,7 @@ class CheckReport:
 
 async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | None = None) -> CheckReport:
     """Read ``topic`` to its end and classify every record by its epoch header
-    (``gating.classify_record``); violations are late or misplaced records."""
+    (``stamps.classify_record``); violations are late or misplaced records."""
     own = registry is None
     reg = registry or LayoutRegistry(bootstrap, client_id="streamkit-check")
     if own:
@@ -574,9 +452,3 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
     finally:
         if own:
             await reg.stop()
-
-
-async def publish_control(producer: AIOKafkaProducer, kind: str, pid: str, topic: str = ACKS_TOPIC, **fields: Any) -> None:
-    key, value = control_record(kind, pid, **fields)
-    await producer.send_and_wait(topic, value, key=key, partition=0)
-

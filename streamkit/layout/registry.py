@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from streamkit.layout._kafka import FetchedRecord, KafkaIO, LayoutIOError
+from streamkit.kafkaio import FetchedRecord, KafkaIO, KafkaIOError
 from streamkit.layout.model import LayoutError, TopicLayout
 
 __all__ = [
@@ -170,7 +170,7 @@ class LayoutRegistry:
             return
         if await self._io.partition_count(self.topic) is None:
             if not self._create:
-                raise LayoutIOError(f"the layout registry topic {self.topic} does not exist")
+                raise KafkaIOError(f"the layout registry topic {self.topic} does not exist")
             await self._io.create_topic(self.topic, 1, replication_factor=self._rf, configs=LAYOUTS_TOPIC_CONFIGS)
         self._topic_ready = True
 

@@ -1,25 +1,27 @@
 """The commit sequence, written down once.
 
-0. The member reads the group's progress log: if a newer generation owns one of its
-   partitions, it is a zombie (paused through a rebalance) and its checkpoint is
-   rejected: nothing of it is written (`ZombieCheckpointError`).
+0. Read the group's progress log: if a newer generation owns one of the member's
+   partitions, the member is a zombie (paused through a rebalance) and its checkpoint
+   is rejected: nothing of it is written (`ZombieCheckpointError`).
 1. Output and dead letters of every handled record are acknowledged by the broker.
-2. Each hosted processor writes its state changes and its input positions, stamped with
-   the layout epochs and the group generation, in one atomic store batch (the
-   checkpoint). A stamp older than the store's is refused (`ZombieError`). After a crash,
-   reopening gives exactly the state of having applied every record before those
-   positions once.
+2. Each processor writes its state changes and its input positions, stamped with the
+   layout epochs and the group generation, in one atomic store batch (the checkpoint).
+   A stamp older than the store's is refused (`ZombieError`). After a crash, reopening
+   gives exactly the state of having applied every record before those positions once.
 3. The positions are recorded in the progress log (generation-fenced: what gating and
    rebuilding hosts read) and committed as the group's Kafka offsets (what tools read).
    A crash between 2 and 3 leaves the group behind the store, never ahead: the store
    wins on restart.
+
+`checkpoint` receives every part it uses and returns the positions it committed; it
+writes nothing into its caller.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import orjson
 from aiokafka import TopicPartition
@@ -29,24 +31,40 @@ from stores.base import Checkpoint
 
 from streamkit.errors import StreamkitError
 from streamkit.layout.epochs import check_stamp
-
-if TYPE_CHECKING:
-    from streamkit.runtime.member import GroupMember
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.progress import ProgressLog
 
 log = logging.getLogger(__name__)
+
+CommitOffsets = Callable[[dict[TopicPartition, OffsetAndMetadata]], Awaitable[None]]
 
 
 class ZombieCheckpointError(StreamkitError):
     """A newer generation of the group owns partitions this member still processes."""
 
 
-async def checkpoint(member: "GroupMember") -> None:
-    if not member.processors:
-        return
+async def checkpoint(
+    *,
+    member: str,
+    generation: int,
+    layout_epochs: Mapping[str, int],
+    processors: Iterable[ProcessorState],
+    positions: Mapping[TopicPartition, tuple[ProcessorState, int]],
+    progress: ProgressLog,
+    flush_output: Callable[[], Awaitable[None]],
+    commit_offsets: CommitOffsets,
+) -> dict[TopicPartition, int]:
+    """Steps 0-3 above for one member; returns the positions committed (beyond the last
+    known commit of each partition).
+
+    ``positions``: per assigned partition, its processor and the group's committed
+    offset as last known (only partitions whose processor moved past it are committed).
+    """
+    processors = list(processors)
+    if not processors:
+        return {}
     t0 = time.monotonic()
-    progress = member.worker.progress
-    generation = member.assigned_generation
-    parts = [(tp.topic, tp.partition) for tp in member.routes]
+    parts = [(tp.topic, tp.partition) for tp in positions]
     await progress.refresh()
     newest = progress.newest_generation(parts)
     if newest > generation:
@@ -55,35 +73,32 @@ async def checkpoint(member: "GroupMember") -> None:
             f"{sorted(parts)} (this member was paused through a rebalance)"
         )
     t1 = time.monotonic()
-    await member.output.flush()
+    await flush_output()
     t2 = time.monotonic()
-    epochs = member.layout_epochs
-    for proc in member.processors.values():
+    epochs = dict(layout_epochs)
+    for proc in processors:
         if proc.uncommitted or proc.positions != proc.loaded.positions:
-            new = Checkpoint(positions=dict(proc.positions), layout_epochs=dict(epochs), generation=generation)
+            new = Checkpoint(positions=dict(proc.positions), layout_epochs=epochs, generation=generation)
             check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
             proc.commit(new)
-    positions: dict[tuple[str, int], int | None] = {}
-    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
-    for tp, route in member.routes.items():
-        pos = route.proc.positions.get((tp.topic, tp.partition))
-        if pos is not None and pos > route.committed:
-            positions[(tp.topic, tp.partition)] = pos
-            offsets[tp] = OffsetAndMetadata(pos, meta)
+    committed: dict[TopicPartition, int] = {}
+    for tp, (proc, last_commit) in positions.items():
+        pos = proc.positions.get((tp.topic, tp.partition))
+        if pos is not None and pos > last_commit:
+            committed[tp] = pos
     t3 = time.monotonic()
-    if not offsets:
-        return
-    await progress.record(member.name, generation, epochs, positions)
+    if not committed:
+        return committed
+    await progress.record(member, generation, epochs, {(tp.topic, tp.partition): o for tp, o in committed.items()})
     t4 = time.monotonic()
-    for tp, om in offsets.items():
-        member.routes[tp].committed = om.offset
+    meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
     try:
-        await member.consumer.commit(offsets)
+        await commit_offsets({tp: OffsetAndMetadata(o, meta) for tp, o in committed.items()})
     except (CommitFailedError, IllegalStateError, KafkaError) as exc:
         # The store and the progress log hold the checkpoint; Kafka catches up next time.
-        log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member.name, exc)
+        log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)
     t5 = time.monotonic()
     if t5 - t0 > 0.5:
-        log.warning("slow checkpoint %s: progress %.3f flush %.3f store %.3f record %.3f kafka %.3f", member.name,
+        log.warning("slow checkpoint %s: progress %.3f flush %.3f store %.3f record %.3f kafka %.3f", member,
                     t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+    return committed

@@ -14,32 +14,31 @@ import time
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from streamkit.errors import JobMismatchError
-from streamkit.kafka import ensure_topic, read_to_end, start_admin
+from streamkit.errors import JobMismatchError, TopicNotFoundError
+from streamkit.kafkaio import KafkaIO
 
 JOBS_TOPIC = "__streamkit_jobs"
 
 
-async def recorded_processor_count(bootstrap: str, app_name: str) -> int | None:
-    for rec in await read_to_end(bootstrap, JOBS_TOPIC):
+async def recorded_processor_count(io: KafkaIO, app_name: str) -> int | None:
+    """The job's recorded p0 (None: the job never started, or no job ever did)."""
+    try:
+        records = await io.read_topic(JOBS_TOPIC)
+    except TopicNotFoundError:
+        return None
+    for rec in records:
         if rec.key == app_name.encode() and rec.value:
             return int(orjson.loads(rec.value)["processors"])
     return None
 
 
-async def resolve_processor_count(
-    bootstrap: str, app_name: str, configured: int | None, default: int
-) -> int:
+async def resolve_processor_count(io: KafkaIO, app_name: str, configured: int | None, default: int) -> int:
     """Return the job's p0, recording it on first start; refuse a disagreeing configuration."""
-    admin = await start_admin(bootstrap)
-    try:
-        await ensure_topic(admin, JOBS_TOPIC, 1)
-    finally:
-        await admin.close()
-    recorded = await recorded_processor_count(bootstrap, app_name)
+    await io.create_topic(JOBS_TOPIC, 1)
+    recorded = await recorded_processor_count(io, app_name)
     if recorded is None:
         claim = configured if configured is not None else default
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
         await producer.start()
         try:
             await producer.send_and_wait(
@@ -49,12 +48,12 @@ async def resolve_processor_count(
             )
         finally:
             await producer.stop()
-        recorded = await recorded_processor_count(bootstrap, app_name)
+        recorded = await recorded_processor_count(io, app_name)
         assert recorded is not None
     if configured is not None and configured != recorded:
         raise JobMismatchError(
             f"job {app_name!r} was created with {recorded} processors; this worker is configured "
             f"with processors={configured}. The initial processor count cannot change (placement "
-            f"depends on it): use processors={recorded}, or add processors with scale-out"
+            f"depends on it): use processors={recorded}"
         )
     return recorded

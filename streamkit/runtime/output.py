@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
-from streamkit.app import App
 from streamkit.producer import Producer
 from streamkit.topics import Topic
 
@@ -29,9 +29,15 @@ Header = tuple[str, bytes]
 
 
 class Output:
-    def __init__(self, app: App, producer: Producer) -> None:
-        self.app = app
+    """Sends handler output (serdes of the declared `topics`; a topic named but not
+    declared gets the defaults) and dead letters to `dead_letter_topic`."""
+
+    def __init__(self, app_name: str, dead_letter_topic: str, topics: Mapping[str, Topic], producer: Producer) -> None:
+        self.app_name = app_name
+        self.dead_letter_topic = dead_letter_topic
         self.producer = producer
+        self._topics = topics
+        self._undeclared: dict[str, Topic] = {}
         self.dead_letter_counts: Counter[str] = Counter()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
@@ -39,8 +45,10 @@ class Output:
     def _topic(self, topic: Topic | str) -> Topic:
         if isinstance(topic, Topic):
             return topic
-        found = self.app.topics.get(topic)
-        return found if found is not None else self.app.topic(topic)
+        found = self._topics.get(topic) or self._undeclared.get(topic)
+        if found is None:
+            found = self._undeclared[topic] = Topic.declare(topic, "str", "json")
+        return found
 
     async def send(self, topic: Topic | str, key: Any, value: Any, headers: list[Header]) -> None:
         t = self._topic(topic)
@@ -61,9 +69,9 @@ class Output:
         if handler:
             headers.append(("streamkit.error.handler", handler.encode()))
         self.dead_letter_counts[reason] += 1
-        DEAD_LETTERS.labels(self.app.name, reason).inc()
+        DEAD_LETTERS.labels(self.app_name, reason).inc()
         self.last_error, self.last_error_at = f"{reason}: {text}", time.time()
-        await self.producer.send(self.app.dead_letter_topic, record.key, record.value, headers)
+        await self.producer.send(self.dead_letter_topic, record.key, record.value, headers)
 
     async def flush(self) -> None:
         """Wait until every send started so far is acknowledged (raises the first failure)."""

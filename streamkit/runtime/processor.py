@@ -1,9 +1,9 @@
 """One logical processor: its store, its tables' write-back caches, its input positions.
 
-A processor is the unit of state (seed 001): a stable integer id, one local store, the
-keys that linear hashing over the job's initial processor count sends to it. Group
-members host processors; a processor can move between members, and its store goes
-with its id (`App.store_path`).
+A processor is the unit of state: a stable integer id, one local store, the keys that
+linear hashing over the job's initial processor count sends to it. Group members host
+processors; a processor can move between members, and its store goes with its id
+(`App.store_path`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from stores.base import Checkpoint, StoreLockedError
-from stores.cache import CachedTable
+from stores.cache import CachedTable, commit_cached
 from stores.rocksdb import RocksDBStore
 
-from streamkit.app import App
+from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,11 @@ Position = tuple[str, int]
 
 
 class ProcessorState:
-    def __init__(self, app: App, pid: int, store: RocksDBStore) -> None:
-        self.app = app
+    def __init__(self, pid: int, store: RocksDBStore, tables: Mapping[str, Table]) -> None:
         self.id = pid
         self.store = store
         self.caches = {
-            name: CachedTable(store, name, table.store_key_serde, table.value_serde)
-            for name, table in app.tables.items()
+            name: CachedTable(store, name, table.store_key_serde, table.value_serde) for name, table in tables.items()
         }
         loaded = store.checkpoint()
         self.loaded = loaded
@@ -40,38 +39,32 @@ class ProcessorState:
         self.uncommitted = 0
 
     @classmethod
-    async def open(cls, app: App, pid: int, state_dir: Path, timeout: float) -> "ProcessorState":
-        """Open the processor's store, waiting up to `timeout` for a previous host to let go."""
-        path = app.store_path(pid, state_dir)
+    async def open(cls, pid: int, path: Path, tables: Mapping[str, Table], timeout: float) -> ProcessorState:
+        """Open the processor's store at `path`, waiting up to `timeout` for a previous host
+        to let go of it."""
         path.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
             try:
-                store = RocksDBStore.open(str(path), sorted(app.tables))
-                return cls(app, pid, store)
+                store = RocksDBStore.open(str(path), sorted(tables))
+                return cls(pid, store, tables)
             except StoreLockedError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    def bind(self) -> None:
-        """Point the app's tables at this processor's caches (before its records run)."""
-        tables = self.app.tables
-        for name, cache in self.caches.items():
-            tables[name].bind(cache)
-
     def commit(self, checkpoint: Checkpoint) -> None:
         """Write cached changes and `checkpoint` in one atomic batch."""
-        changes = {name: cache.pending() for name, cache in self.caches.items()}
-        self.store.commit(changes, checkpoint)
+        commit_cached(self.store, self.caches.values(), checkpoint)
         self.loaded = checkpoint
-        for cache in self.caches.values():
-            cache.mark_clean()
         self.uncommitted = 0
 
+    def discard(self) -> None:
+        """Drop the changes made since the last checkpoint."""
+        for cache in self.caches.values():
+            cache.discard()
+
     def close(self) -> None:
-        for name in self.caches:
-            self.app.tables[name].bind(None)
         self.store.close()

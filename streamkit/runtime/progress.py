@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from streamkit.layout._kafka import KafkaIO
+from streamkit.kafkaio import KafkaIO
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import orjson
 
-from streamkit.kafka import read_to_end
-
-if TYPE_CHECKING:
-    from streamkit.runtime.worker import Worker
+from streamkit.kafkaio import KafkaIO
+from streamkit.runtime.output import Output
 
 STATUS_TOPIC = "__streamkit_status"
 STALE_AFTER = 15.0
@@ -47,26 +46,30 @@ class WorkerStatus:
         return orjson.dumps(self.__dict__, option=orjson.OPT_NON_STR_KEYS)
 
 
-def snapshot(worker: "Worker", alive: bool = True) -> WorkerStatus:
-    processors: dict[int, list[tuple[str, int]]] = {}
-    handled = failures = 0
-    for member in worker.members:
-        handled += member.handled
-        failures = max(failures, member.consecutive_failures)
-        for tp, route in member.routes.items():
-            processors.setdefault(route.proc.id, []).append((tp.topic, tp.partition))
-    out = worker.output
+def snapshot(
+    *,
+    app: str,
+    worker: str,
+    hosted: Mapping[int, Iterable[tuple[str, int]]],
+    handled: int,
+    consecutive_failures: int,
+    output: Output,
+    alive: bool = True,
+) -> WorkerStatus:
+    """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
+    processor consumes, its counts, and its output's dead-letter figures."""
     return WorkerStatus(
-        app=worker.app.name, worker=worker.client_id, pid=os.getpid(), host=socket.gethostname(),
-        at=time.time(), alive=alive, processors={k: sorted(v) for k, v in processors.items()},
-        handled=handled, dead_letters=dict(out.dead_letter_counts),
-        consecutive_failures=failures, last_error=out.last_error,
+        app=app, worker=worker, pid=os.getpid(), host=socket.gethostname(), at=time.time(), alive=alive,
+        processors={pid: sorted(parts) for pid, parts in hosted.items()}, handled=handled,
+        dead_letters=dict(output.dead_letter_counts), consecutive_failures=consecutive_failures,
+        last_error=output.last_error,
     )
 
 
-async def read_statuses(bootstrap: str, app_name: str) -> list[WorkerStatus]:
+async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:
+    """The newest heartbeat of each worker of ``app_name``."""
     latest: dict[str, WorkerStatus] = {}
-    for rec in await read_to_end(bootstrap, STATUS_TOPIC):
+    for rec in await io.read_topic(STATUS_TOPIC):
         d: dict[str, Any] = orjson.loads(rec.value)
         if d.get("app") != app_name:
             continue

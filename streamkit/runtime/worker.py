@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import signal
 import uuid
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from stores.tuning import relax_malloc_trim
 
-from streamkit.app import App, TimerSpec
+from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
-from streamkit.context import Context, Outbox
 from streamkit.errors import ConfigError
-from streamkit.kafka import ensure_topic, input_partition_counts, start_admin
-from streamkit.layout._kafka import KafkaIO
+from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.producer import Producer
 from streamkit.runtime.jobmeta import resolve_processor_count
-from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
+from streamkit.runtime.timers import run_timer
 
 log = logging.getLogger(__name__)
 
@@ -41,77 +40,86 @@ class Worker:
         self.member_count = members
         self.bootstrap = bootstrap or app.settings.broker
         self.client_id = f"{app.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.lock = asyncio.Lock()  # one batch, rebalance step or timer at a time
         self.members: list[GroupMember] = []
-        self.p0 = 0
+        self.services: Services | None = None
         self._embedded: EmbeddedBroker | None = None
         self._stop = asyncio.Event()
         self._beat = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._output_producer: Producer | None = None
-        self.io: KafkaIO | None = None
-        self.registry: LayoutRegistry = None  # type: ignore[assignment]  # set by prepare()
-        self.progress: ProgressLog
-        self.output: Output
+        self._io: KafkaIO | None = None
+        self._registry: LayoutRegistry | None = None
 
-    async def prepare(self) -> None:
-        """Resolve the broker and the job (p0), check topics, start the producer."""
+    async def prepare(self) -> Services:
+        """Resolve the broker and the job (p0), check topics, start the shared parts."""
         relax_malloc_trim()  # checkpoints serialise many values at once: see stores.tuning
-        if not self.app.handlers:
-            raise ConfigError(f"app {self.app.name!r} has no @app.processor handler: nothing to run")
+        app = self.app
+        if not app.handlers:
+            raise ConfigError(f"app {app.name!r} has no @app.processor handler: nothing to run")
         if self.bootstrap is None:
             self._embedded = EmbeddedBroker()
             self.bootstrap = self._embedded.bootstrap
             log.warning("no broker given: started an embedded broker at %s", self.bootstrap)
         else:
             await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)  # BrokerError: one line
-        self.io = await KafkaIO(self.bootstrap, client_id=self.client_id).start()
-        counts = await input_partition_counts(self.io, self.app.input_topics)
-        admin = await start_admin(self.bootstrap)
-        try:
-            await ensure_topic(admin, self.app.dead_letter_topic, 1)
-            await ensure_topic(admin, STATUS_TOPIC, 1)
-        finally:
-            await admin.close()
+        bootstrap = self.bootstrap
+        io = self._io = await KafkaIO(bootstrap, client_id=self.client_id).start()
+        counts = await io.partition_counts(app.input_topics)
+        await io.create_topic(app.dead_letter_topic, 1)
+        await io.create_topic(STATUS_TOPIC, 1)
         self._producer = AIOKafkaProducer(  # internal records: heartbeats, progress
-            bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all", linger_ms=0,
+            bootstrap_servers=bootstrap, client_id=self.client_id, acks="all", linger_ms=0,
         )
         await self._producer.start()
-        self.registry = LayoutRegistry(self.bootstrap, client_id=self.client_id, io=self.io)
-        await self.registry.start()
-        await self.registry.refresh()
+        registry = self._registry = LayoutRegistry(bootstrap, client_id=self.client_id, io=io)
+        await registry.start()
+        await registry.refresh()
         # a topic with a layout counts its initial and active partitions, not its physical ones
         initial, active = dict(counts), dict(counts)
         for topic in counts:
-            if (layout := self.registry.get(topic)) is not None:
+            if (layout := registry.get(topic)) is not None:
                 initial[topic], active[topic] = layout.n0, layout.active
-        self.p0 = await resolve_processor_count(
-            self.bootstrap, self.app.name, self.app.settings.processors, initial[self.app.input_topics[0]]
-        )
-        too_few = {t: n for t, n in active.items() if n < self.p0}
+        p0 = await resolve_processor_count(io, app.name, app.settings.processors, initial[app.input_topics[0]])
+        too_few = {t: n for t, n in active.items() if n < p0}
         if too_few:
             raise ConfigError(
-                f"job {self.app.name!r} has {self.p0} processors but topics {too_few} have fewer "
+                f"job {app.name!r} has {p0} processors but topics {too_few} have fewer "
                 "partitions; key-range shared tasks are not available yet: add partitions first"
             )
-        self.registry.add_listener(self._on_layout_change)
-        self.registry.watch(0.2)
-        self.progress = ProgressLog(self.io, self._producer, self.app.group_id)
-        await self.progress.start()
-        self._output_producer = await Producer(self.bootstrap, client_id=self.client_id).start()
-        self.output = Output(self.app, self._output_producer)
+        registry.add_listener(self._on_layout_change)
+        registry.watch(0.2)
+        progress = ProgressLog(io, self._producer, app.group_id)
+        await progress.start()
+        self._output_producer = await Producer(bootstrap, client_id=self.client_id).start()
+        output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
+        self.services = Services(
+            bootstrap=bootstrap, client_id=self.client_id, p0=p0, registry=registry, progress=progress,
+            output=output, lock=asyncio.Lock(), beat=self._beat.set,
+        )
+        return self.services
+
+    @property
+    def p0(self) -> int:
+        return self.services.p0 if self.services is not None else 0
 
     def _on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         for member in self.members:
             member.on_layout_change(new, old)
 
+    def _hosted_processors(self) -> list[ProcessorState]:
+        return [proc for m in self.members for proc in m.processors.values()]
+
     async def run(self) -> None:
-        await self.prepare()
-        self.members = [GroupMember(self, i) for i in range(self.member_count)]
+        services = await self.prepare()
+        self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
         for m in self.members:
             await m.start()
         runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
-        aux = [asyncio.create_task(self._timer(t)) for t in self.app.timers]
+        aux = [
+            asyncio.create_task(run_timer(t, processors=self._hosted_processors, tables=self.app.tables,
+                                          output=services.output, lock=services.lock))
+            for t in self.app.timers
+        ]
         aux.append(asyncio.create_task(self._heartbeat()))
         stop = asyncio.create_task(self._stop.wait())
         failed: BaseException | None = None
@@ -125,7 +133,7 @@ class Worker:
                 m.request_stop()
             for t in [*aux, stop]:
                 t.cancel()
-            for m, t in zip(self.members, runs):
+            for m, t in zip(self.members, runs, strict=True):
                 # never in the middle of a batch; but a member waiting for records may wait
                 # for a whole rebalance (getmany waits for the new assignment): not for that
                 if failed is not None or m.awaiting_records:
@@ -148,26 +156,32 @@ class Worker:
                 log.exception("%s: error while stopping", m.name)
         if self._output_producer is not None:
             await self._output_producer.stop()
-        if self.registry is not None:
-            await self.registry.stop()
+        if self._registry is not None:
+            await self._registry.stop()
         if self._producer is not None:
             try:
-                await self._publish_status(alive=False)
+                if self.services is not None:
+                    await self._publish_status(alive=False)
             finally:
                 await self._producer.stop()
-        if self.io is not None:
-            await self.io.close()
+        if self._io is not None:
+            await self._io.close()
         if self._embedded is not None:
             self._embedded.stop()
 
     async def _publish_status(self, alive: bool = True) -> None:
-        assert self._producer is not None
-        status = snapshot(self, alive)
+        assert self._producer is not None and self.services is not None
+        hosted: dict[int, list[tuple[str, int]]] = {}
+        for m in self.members:
+            for pid, parts in m.hosted().items():
+                hosted.setdefault(pid, []).extend(parts)
+        status = snapshot(
+            app=self.app.name, worker=self.client_id, hosted=hosted,
+            handled=sum(m.dispatcher.handled for m in self.members),
+            consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
+            output=self.services.output, alive=alive,
+        )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
-
-    def beat(self) -> None:
-        """Publish a heartbeat now (after a rebalance), not at the next tick."""
-        self._beat.set()
 
     async def _heartbeat(self) -> None:
         while True:
@@ -177,45 +191,6 @@ class Worker:
                 await asyncio.wait_for(self._beat.wait(), HEARTBEAT_SECONDS)
             except TimeoutError:
                 pass
-
-    async def _timer(self, spec: TimerSpec) -> None:
-        while True:
-            await asyncio.sleep(spec.seconds)
-            async with self.lock:
-                try:
-                    await self._fire_timer(spec)
-                except Exception:  # noqa: BLE001 - a failing timer must not stop the worker
-                    log.exception("timer %s failed", spec.fn.__qualname__)
-
-    async def _fire_timer(self, spec: TimerSpec) -> None:
-        if not spec.per_processor:
-            result = spec.fn()
-            if inspect.isawaitable(result):
-                await result
-            return
-        for member in self.members:
-            for proc in list(member.processors.values()):
-                outbox = Outbox()
-                ctx = TimerContext(outbox, proc.id)
-                proc.bind()
-                result = spec.fn(ctx)
-                if inspect.isawaitable(result):
-                    await result
-                for topic, key, value, headers in outbox.items:
-                    await self.output.send(topic, key, value, headers)
-
-
-class TimerContext(Context):
-    """Context of a per-processor timer: no input record; `send` adds no source header."""
-
-    __slots__ = ()
-
-    def __init__(self, outbox: Outbox, processor: int) -> None:
-        super().__init__(outbox)
-        self.processor = processor
-
-    def send(self, topic: Any, key: Any, value: Any, headers: Any = ()) -> None:
-        self._outbox.add(topic, key, value, list(headers))
 
 
 def run_worker(app: App, members: int = 1, bootstrap: str | None = None) -> None:

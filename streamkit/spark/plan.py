@@ -99,11 +99,20 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
         import asyncio
 
         from streamkit.errors import JobMismatchError
+        from streamkit.kafkaio import KafkaIO
         from streamkit.runtime.jobmeta import recorded_processor_count, resolve_processor_count
+
+        async def recorded() -> int | None:
+            async with KafkaIO(bootstrap) as io:
+                return await recorded_processor_count(io, app.name)
+
+        async def resolve(configured: int) -> int:
+            async with KafkaIO(bootstrap) as io:
+                return await resolve_processor_count(io, app.name, configured, configured)
 
         try:
             if configured is None:
-                p0 = asyncio.run(recorded_processor_count(bootstrap, app.name))
+                p0 = asyncio.run(recorded())
                 if p0 is None:
                     raise ConfigError(
                         f"job {app.name!r} has not started yet and does not fix its processor count; "
@@ -111,7 +120,7 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
                     )
             else:
                 # records p0 for a job that has not started yet: its workers must then agree
-                p0 = asyncio.run(resolve_processor_count(bootstrap, app.name, configured, configured))
+                p0 = asyncio.run(resolve(configured))
         except JobMismatchError as exc:
             message = str(exc).split(". The initial")[0].replace("this worker is configured with", "this backfill uses")
             raise ConfigError(f"{message}; a backfill must use the job's initial processor count") from None

@@ -1,4 +1,4 @@
-"""Pure gating: constraints, gates, key callbacks, assignment split, late records."""
+"""Pure gating: constraints, gates, key callbacks, late records."""
 
 from __future__ import annotations
 
@@ -12,15 +12,11 @@ from assignors.linear_hashing import deletion_blockers, expansion_blockers, lh_b
 from streamkit.layout import model
 from streamkit.layout.gating import (
     GateTracker,
-    RecordStatus,
-    assign_split,
-    classify_record,
     compute_gate,
     constraints,
     gate_limits,
-    record_epoch,
-    split_for_assignment,
 )
+from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch
 from streamkit.layout.model import ChangeKind
 
 from .sim import run_random
@@ -102,7 +98,7 @@ def test_survivor_delivers_up_to_announce_offset_then_waits_for_drained():
     assert g.gates[0].limit == 10 and g.gates[0].waiting_on == ((2, 33),)
     assert g.gates[1].limit is None
     assert g.gates[2].limit is None and g.gates[3].limit is None  # draining partitions flow
-    assert split_for_assignment(lay) == ((0, 1), (2, 3))
+    assert (lay.writable, lay.draining) == ((0, 1), (2, 3))
 
 
 def test_finish_drain_retires_and_reexpansion_starts_new_incarnation():
@@ -205,19 +201,6 @@ def test_tracker_fires_revoke_then_assign_once():
 def test_tracker_assign_not_fired_when_already_past():
     lay = sealed_expand(model.create("t", 1, capacity=2, now_ms=0), 2, seal={0: 10, 1: 0})
     assert GateTracker().update(lay, [1], {0: 10}, {1: 7}).fire_assigned == ()
-
-
-def test_assign_split_keeps_both_lists_even():
-    lay = sealed_expand(model.create("t", 2, capacity=8, now_ms=0), 8)
-    lay = sealed_shrink(lay, 5)
-    out = assign_split(lay, ["a", "b"])
-    serving, draining = split_for_assignment(lay)
-    assert sorted(p for v in out.values() for p in v) == sorted(serving + draining)
-    for m in out:
-        assert abs(sum(p in serving for p in out[m]) - len(serving) / 2) <= 0.5
-        assert abs(sum(p in draining for p in out[m]) - len(draining) / 2) <= 0.5
-    custom = assign_split(lay, ["a", "b"], lambda parts, ms: {ms[0]: list(parts)})
-    assert custom["b"] == [] and len(custom["a"]) == 8
 
 
 # ---------------------------------------------------------------- records

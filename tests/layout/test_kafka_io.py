@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from streamkit.layout._kafka import KafkaIO
+from streamkit.kafkaio import KafkaIO
 
 
 def batch(base: int, count: int) -> bytes:

@@ -23,8 +23,9 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.cli import app as cli_app
 from streamkit.layout import model
-from streamkit.layout._kafka import FetchedRecord, KafkaIO
-from streamkit.layout.gating import classify_record, compute_gate, record_epoch
+from streamkit.kafkaio import FetchedRecord, KafkaIO
+from streamkit.layout.gating import compute_gate
+from streamkit.layout.stamps import classify_record, record_epoch
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.protocol import LayoutCoordinator, check_topic
 from streamkit.layout.registry import (

@@ -57,4 +57,4 @@ def test_records_left_out_of_a_fetch_answer(broker: str, tmp_path: Path, monkeyp
     asyncio.run(run_until(worker, lambda: len(handled) >= len(expected) and handled[-1] == 199, timeout=30))
     assert left_out, "the filter never saw the records it should leave out"
     assert handled == expected
-    assert worker.members[0].holes_refetched == 1
+    assert worker.members[0].admission.holes_refetched == 1

@@ -24,7 +24,7 @@ import pytest
 from assignors.murmur2 import key_hash
 from assignors.placement import processor_for_hash
 from stores.rocksdb import RocksDBStore
-from streamkit.layout._kafka import KafkaIO
+from streamkit.kafkaio import KafkaIO
 from streamkit.layout.protocol import ChangeResult, LayoutCoordinator
 from tests.runtime.jobs import ROOT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from streamkit.layout._kafka import KafkaIO
+from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.progress import PROGRESS_TOPIC
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import Job, make_records, read_state, reference, wait_until_committed

@@ -1,9 +1,16 @@
-"""Minimal Kafka I/O for layouts: raw fetches (records + high watermark), topic admin.
+"""streamkit's one Kafka I/O client: raw fetches (records + high watermark), topic admin.
 
-High watermarks come from *fetch* responses (DESIGN.md: the test broker answers
-ListOffsets wrongly).  A fetch far beyond the log end returns the high watermark
-without data on Tansu; on brokers that answer it with OFFSET_OUT_OF_RANGE, a small
-fetch from the log start is used instead.
+Everything streamkit reads outside the group consumers goes through :class:`KafkaIO`:
+the layout registry and the acks log, the progress log, worker heartbeats, the job
+record, ``status``, ``topics`` and ``streamkit.testing``.  It is written for the
+behaviours of the reference broker (see ``docs/architecture.md``):
+
+- High watermarks come from *fetch* responses: the reference broker answers
+  ListOffsets wrongly when the last batch holds several records.  A fetch far beyond
+  the log end returns the high watermark without data there; on brokers that answer
+  it with OFFSET_OUT_OF_RANGE (Apache Kafka), ListOffsets is right and is used.
+- A short fetch answer is not the end: :meth:`KafkaIO.read` reads to a high watermark.
+- Holes in an answer are asked for again before they are believed.
 """
 
 from __future__ import annotations
@@ -29,14 +36,22 @@ from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-__all__ = ["FetchedRecord", "KafkaIO", "LayoutIOError"]
+from streamkit.errors import BrokerUnreachableError, StreamkitError, TopicNotFoundError
+
+__all__ = ["CREATE_CONFIGS", "HOLE_CONFIRM_SECONDS", "FetchedRecord", "KafkaIO", "KafkaIOError"]
 
 _BEYOND = 1 << 62
 CREATE_PARTITIONS_API = 37
 
 
-class LayoutIOError(RuntimeError):
+class KafkaIOError(StreamkitError):
     """The broker could not be reached or refused a request; the message says which."""
+
+
+CREATE_CONFIGS: dict[str, str] = {"retention.ms": "604800000", "retention.bytes": "-1"}
+"""Set at creation so that DescribeConfigs reports them: the reference broker's
+DescribeConfigs returns only configs given at creation, and peers (quixstreams:
+KeyError 'retention.ms') need these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +72,7 @@ HOLE_CONFIRM_SECONDS = 0.01
 class KafkaIO:
     """One low-level client for raw fetches, plus an admin client made on demand."""
 
-    def __init__(self, bootstrap: str, *, client_id: str = "streamkit-layout", request_timeout_ms: int = 10_000):
+    def __init__(self, bootstrap: str, *, client_id: str = "streamkit", request_timeout_ms: int = 10_000):
         self.bootstrap = bootstrap
         self._client_id = client_id
         self._timeout_ms = request_timeout_ms
@@ -75,7 +90,7 @@ class KafkaIO:
                 await client.bootstrap()
             except (KafkaConnectionError, KafkaError, OSError) as exc:
                 await client.close()
-                raise LayoutIOError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+                raise BrokerUnreachableError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
             self._client = client
         return self
 
@@ -96,7 +111,7 @@ class KafkaIO:
     @property
     def client(self) -> AIOKafkaClient:
         if self._client is None:
-            raise LayoutIOError("KafkaIO not started")
+            raise KafkaIOError("KafkaIO not started")
         return self._client
 
     async def admin(self) -> AIOKafkaAdminClient:
@@ -108,7 +123,7 @@ class KafkaIO:
                 await admin.start()
             except (KafkaConnectionError, KafkaError, OSError) as exc:
                 await admin.close()
-                raise LayoutIOError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+                raise BrokerUnreachableError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
             self._admin = admin
         return self._admin
 
@@ -130,7 +145,7 @@ class KafkaIO:
                 resp = await c.send(node, MetadataRequest([topic], False))
             except (NodeNotReadyError, RequestTimedOutError, KafkaConnectionError) as exc:
                 if attempt == 2:
-                    raise LayoutIOError(f"metadata request failed: {exc}") from None
+                    raise KafkaIOError(f"metadata request failed: {exc}") from None
                 await asyncio.sleep(0.05)
                 continue
             for t in resp.topics:
@@ -142,7 +157,7 @@ class KafkaIO:
                     if err in (0, 3):  # 3: UNKNOWN_TOPIC_OR_PARTITION
                         return None
                     if attempt == 2:
-                        raise LayoutIOError(f"metadata of {topic}: {for_code(err).__name__}")
+                        raise KafkaIOError(f"metadata of {topic}: {for_code(err).__name__}")
             await asyncio.sleep(0.05)
         return None
 
@@ -155,7 +170,7 @@ class KafkaIO:
             if leader is not None and leader >= 0:
                 return leader
             if time.monotonic() > deadline:
-                raise LayoutIOError(f"no leader for {tp.topic}[{tp.partition}] (does the topic exist?)")
+                raise KafkaIOError(f"no leader for {tp.topic}[{tp.partition}] (does the topic exist?)")
             await c.force_metadata_update()
             if c.cluster.leader_for_partition(tp) is None:
                 await asyncio.sleep(0.05)
@@ -185,7 +200,7 @@ class KafkaIO:
                 resp = await self.client.send(node, req)
             except (NodeNotReadyError, RequestTimedOutError, KafkaConnectionError) as exc:
                 if attempt == 3:
-                    raise LayoutIOError(f"fetch {topic}[{partition}] failed: {exc}") from None
+                    raise KafkaIOError(f"fetch {topic}[{partition}] failed: {exc}") from None
                 self.client.force_metadata_update()
                 await asyncio.sleep(0.05 * (attempt + 1))
                 continue
@@ -232,7 +247,7 @@ class KafkaIO:
         the high watermark); a hole starting at ``real_hole`` is read past."""
         err, hw, data = await self._fetch_raw(topic, partition, offset, max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         if err:
-            raise LayoutIOError(f"fetch {topic}[{partition}]@{offset}: {for_code(err).__name__}")
+            raise KafkaIOError(f"fetch {topic}[{partition}]@{offset}: {for_code(err).__name__}")
         out: list[FetchedRecord] = []
         if not data:
             return out, None, hw
@@ -272,7 +287,7 @@ class KafkaIO:
             for part in parts:
                 if part[0] == partition and part[1] == 0:
                     return int(part[-1] if len(part) <= 4 else part[3])
-        raise LayoutIOError(
+        raise KafkaIOError(
             f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}"
         )
 
@@ -304,7 +319,7 @@ class KafkaIO:
                 break
             misses += 1
             if misses > 25:
-                raise LayoutIOError(f"{topic}[{partition}]: no records between offsets {pos} and {stop}")
+                raise KafkaIOError(f"{topic}[{partition}]: no records between offsets {pos} and {stop}")
         return out, (pos if stop is None else stop)
 
     async def first_offset_at_or_after(self, topic: str, partition: int, ts_ms: int, hw: int) -> int:
@@ -332,25 +347,70 @@ class KafkaIO:
         partitions: int,
         *,
         replication_factor: int = 1,
-        configs: Mapping[str, str] | None = None,
+        configs: Mapping[str, str] = CREATE_CONFIGS,
         timeout: float = 10.0,
+        exist_ok: bool = True,
     ) -> bool:
-        """Create ``topic``; False if it already existed.  Waits until it is visible."""
+        """Create ``topic`` with ``configs`` set at creation; wait until the broker shows it.
+
+        Returns False if it existed already (``TopicAlreadyExistsError`` without
+        ``exist_ok``); any other error of the answer is raised (aiokafka returns
+        per-topic errors instead of raising them).  A topic this call created is waited
+        for until its metadata shows all ``partitions``.
+        """
         admin = await self.admin()
         created = True
         try:
-            await admin.create_topics(
-                [NewTopic(topic, partitions, replication_factor, topic_configs=dict(configs or {}))],
+            response = await admin.create_topics(
+                [NewTopic(topic, partitions, replication_factor, topic_configs=dict(configs))],
                 timeout_ms=int(timeout * 1000),
             )
         except TopicAlreadyExistsError:
             created = False
+        else:
+            for topic_error in response.topic_errors:
+                code, message = topic_error[1], topic_error[2] if len(topic_error) > 2 else None
+                if code == TopicAlreadyExistsError.errno:
+                    created = False
+                elif code:
+                    error = for_code(code)
+                    raise error(f"create topic {topic!r}: {message or error.__name__}")
+        if not created and not exist_ok:
+            raise TopicAlreadyExistsError(f"topic {topic!r} already exists")
         deadline = time.monotonic() + timeout
-        while (await self.partition_count(topic)) is None:
+        while True:
+            count = await self.partition_count(topic)
+            if count is not None and (not created or count >= partitions):
+                return created
             if time.monotonic() > deadline:
-                raise LayoutIOError(f"topic {topic} did not appear within {timeout} s")
-            await asyncio.sleep(0.05)
-        return created
+                raise KafkaIOError(f"topic {topic} did not appear with {partitions} partitions within {timeout} s")
+            await asyncio.sleep(0.02)
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Physical partition count per topic; ``TopicNotFoundError`` names a missing one."""
+        counts: dict[str, int] = {}
+        for name in topics:
+            n = await self.partition_count(name)
+            if n is None:
+                raise TopicNotFoundError(
+                    f"topic {name!r} does not exist (create it: streamkit topics create {name} --partitions N)"
+                )
+            counts[name] = n
+        return counts
+
+    async def read_topic(self, topic: str, partitions: Iterable[int] | None = None) -> list[FetchedRecord]:
+        """Every record of ``topic`` (or of ``partitions``) up to each partition's high
+        watermark, partition by partition in offset order (holes asked for again)."""
+        if partitions is None:
+            n = await self.partition_count(topic)
+            if n is None:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            partitions = range(n)
+        out: list[FetchedRecord] = []
+        for p in sorted(partitions):
+            recs, _ = await self.read(topic, p, 0)
+            out.extend(recs)
+        return out
 
     async def create_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
         admin = await self.admin()
@@ -358,7 +418,7 @@ class KafkaIO:
         deadline = time.monotonic() + timeout
         while ((await self.partition_count(topic)) or 0) < total:
             if time.monotonic() > deadline:
-                raise LayoutIOError(f"{topic} did not reach {total} partitions within {timeout} s")
+                raise KafkaIOError(f"{topic} did not reach {total} partitions within {timeout} s")
             await asyncio.sleep(0.1)
 
     async def committed(self, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:

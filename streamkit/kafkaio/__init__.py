@@ -1,0 +1,20 @@
+"""The one Kafka I/O layer: topic admin, high watermarks, reads to the end with holes
+asked for again (:class:`KafkaIO`).  The group consumers are aiokafka's own."""
+
+from streamkit.kafkaio.client import (
+    CREATE_PARTITIONS_API,
+    CREATE_CONFIGS,
+    HOLE_CONFIRM_SECONDS,
+    FetchedRecord,
+    KafkaIO,
+    KafkaIOError,
+)
+
+__all__ = [
+    "CREATE_CONFIGS",
+    "CREATE_PARTITIONS_API",
+    "HOLE_CONFIRM_SECONDS",
+    "FetchedRecord",
+    "KafkaIO",
+    "KafkaIOError",
+]

@@ -1,0 +1,148 @@
+"""Epoch stamps on records, and what a consumer makes of them.
+
+Every streamkit record carries header ``streamkit.epoch`` (the layout epoch its
+producer placed it with) and ``streamkit.producer``.  :func:`classify_record` tells
+the consumer what a record is:
+
+- ``NEWER``: stamped with an epoch newer than the consumer's layout: the layout is
+  stale.  Refresh it (``LayoutRegistry.ensure_at_least``) and gate again *before*
+  delivering: records of moved keys exist only after their announcement, so a
+  consumer that sees one re-reads and finds the change (this replaces seed 000's
+  broker-side fetch check).
+- ``LATE``: stamped ``e_r`` and lying at or beyond the ``seal_offsets`` of a later
+  sealed change: its producer missed that change (it was fenced).  Offsets are
+  immutable, so it cannot be re-routed: if its key moved since ``e_r`` (``moved``),
+  delivering it would break the key's order or apply it to state that moved away.
+  The runtime must report it (counter + a violation record naming producer, key,
+  partition, offset, record epoch and seal epoch; ``violation_record``) and not
+  apply it silently.  A late record whose key did not move is harmless.
+- ``MISPLACED``: stamped ``e_r`` but on a partition that was not ReadWrite at
+  ``e_r``, or not where ``e_r``'s layout puts its key (a foreign or buggy writer).
+- ``DEAD``: below the start of the partition's current incarnation (skip it).
+- ``UNSTAMPED``: no epoch header (a foreign producer): cannot be checked.
+- ``OK``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from assignors.linear_hashing import lh_bucket
+from streamkit.layout.model import ChangeKind, TopicLayout
+
+__all__ = [
+    "EPOCH_HEADER",
+    "PRODUCER_HEADER",
+    "RecordStatus",
+    "RecordVerdict",
+    "classify_record",
+    "record_epoch",
+    "violation_record",
+]
+
+EPOCH_HEADER = "streamkit.epoch"
+"""The layout epoch the record's producer placed it with."""
+PRODUCER_HEADER = "streamkit.producer"
+"""The id of the streamkit producer that wrote the record."""
+
+
+class RecordStatus(str, enum.Enum):
+    OK = "ok"
+    UNSTAMPED = "unstamped"
+    NEWER = "newer"
+    LATE = "late"
+    MISPLACED = "misplaced"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    status: RecordStatus
+    record_epoch: int | None = None
+    seal_epoch: int | None = None
+    """The first sealed change the record's producer missed (LATE)."""
+    moved: bool = False
+    """The record's key is placed elsewhere by a later layout than its own."""
+
+    @property
+    def violation(self) -> bool:
+        """True when delivering it as a normal record could break per-key order."""
+        return (self.status == RecordStatus.LATE and self.moved) or self.status == RecordStatus.MISPLACED
+
+
+def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
+    """The ``streamkit.epoch`` header of a record, or None."""
+    for k, v in headers or ():
+        if k == EPOCH_HEADER:
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def classify_record(
+    layout: TopicLayout,
+    partition: int,
+    offset: int,
+    epoch: int | None,
+    key_hash: int | None = None,
+) -> RecordVerdict:
+    """Classify one record by its stamped epoch (see the module docstring)."""
+    if offset < layout.base_offset(partition):
+        return RecordVerdict(RecordStatus.DEAD, epoch)
+    if epoch is None:
+        return RecordVerdict(RecordStatus.UNSTAMPED)
+    if epoch > layout.epoch:
+        return RecordVerdict(RecordStatus.NEWER, epoch)
+    n0 = layout.n0
+    first_epoch = layout.seals[0].epoch if layout.seals else layout.epoch
+    known = epoch >= first_epoch
+    writer_active = layout.active_at(epoch)
+    if known and partition >= writer_active:
+        return RecordVerdict(RecordStatus.MISPLACED, epoch)
+    if known and key_hash is not None and lh_bucket(key_hash, n0, writer_active) != partition:
+        return RecordVerdict(RecordStatus.MISPLACED, epoch)
+    for s in layout.seals:
+        if s.epoch <= epoch or s.kind not in (ChangeKind.EXPAND, ChangeKind.SHRINK) or not s.sealed:
+            continue
+        so = s.seal_offset(partition)
+        if so is None or offset < so:
+            continue
+        moved = True
+        if key_hash is not None:
+            later = [x.new_active for x in layout.seals if x.epoch > epoch] or [layout.active]
+            moved = any(lh_bucket(key_hash, n0, n) != partition for n in later)
+        return RecordVerdict(RecordStatus.LATE, epoch, s.epoch, moved)
+    return RecordVerdict(RecordStatus.OK, epoch)
+
+
+def violation_record(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    verdict: RecordVerdict,
+    producer: str | None,
+    *,
+    layout_epoch: int,
+    group: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a violation report for a late or misplaced record."""
+    return {
+        "type": "ordering_violation",
+        "status": verdict.status.value,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": None if key is None else key.decode("utf-8", "backslashreplace"),
+        "producer": producer,
+        "record_epoch": verdict.record_epoch,
+        "seal_epoch": verdict.seal_epoch,
+        "layout_epoch": layout_epoch,
+        "moved": verdict.moved,
+        "group": group,
+    }

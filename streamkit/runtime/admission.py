@@ -1,0 +1,262 @@
+"""Admission: which fetched records of an assigned partition may be applied now.
+
+Per partition batch, in this order:
+
+1. Records below the processor's position were applied already (a re-fetch): dropped.
+2. Holes: records must follow each other without a gap from the position. The
+   reference broker sometimes leaves batches out of a fetch answer while producers
+   write the partition; asked again, they are there. The answer is cut before the
+   hole and the consumer sent back to it; a hole still there at least
+   ``HOLE_CONFIRM_SECONDS`` after it was first seen is real (compaction, transaction
+   markers, retention) and read past.
+3. The gate: after a layout change a partition may deliver only offsets below its
+   limit until the partitions its keys came from are consumed to their seals
+   (``streamkit.layout.gating``). Records at or beyond the limit wait: the consumer
+   is sent back to the limit and paused there.
+4. Epoch stamps: a record stamped with a newer layout epoch than ours means our layout
+   is stale: stop before it (the member re-reads the layout and gates again). One
+   stamped older and lying beyond a later seal is a late record of a fenced producer:
+   reported as an ordering violation, never applied silently.
+5. Records below the route's rebuild point were handled by the group before this
+   processor got the partition: they are applied without output.
+
+Both 3 and 4 cost nothing when the topic has no pending change and records carry the
+current epoch. Admission touches the consumer only through pause, resume and seek,
+so it is tested against an in-memory consumer (``tests/runtime/test_admission.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiokafka import TopicPartition
+
+from assignors.murmur2 import key_hash
+from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
+from streamkit.layout.gating import GateTracker
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.stamps import PRODUCER_HEADER, classify_record, record_epoch, violation_record
+from streamkit.runtime.routes import Route, epoch_stamp
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerControl(Protocol):
+    """The part of a consumer admission drives."""
+
+    def pause(self, *partitions: TopicPartition) -> None: ...
+    def resume(self, *partitions: TopicPartition) -> None: ...
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+
+@dataclass
+class Admitted:
+    """What one partition batch may apply, and where the partition goes on from."""
+
+    rebuild: list[Any]
+    """Records the group handled before: apply without output."""
+    deliver: list[Any]
+    """Records to apply with output."""
+    late: list[tuple[Any, dict[str, Any]]]
+    """Late or misplaced records and their violation reports: dead letters."""
+    next_position: int
+    consumed: int
+    """Records taken off the answer (applied, reported or skipped as late)."""
+
+
+@dataclass
+class GateEvents:
+    """Key callbacks a re-gate calls for."""
+
+    revoked: set[TopicPartition] = field(default_factory=set)
+    """Keys of these partitions may move away: flush their state, then commit at once
+    (other members wait for the commit)."""
+    assigned: set[TopicPartition] = field(default_factory=set)
+    """Keys of these partitions are now ours: load their state before delivering."""
+
+
+class Admission:
+    """The routes of one member's assigned partitions and what each may deliver."""
+
+    def __init__(self, consumer: ConsumerControl, *, group: str, name: str) -> None:
+        self.consumer = consumer
+        self.group = group
+        self.name = name
+        self.routes: dict[TopicPartition, Route] = {}
+        self.trackers: dict[str, GateTracker] = {}
+        self.gated = False
+        """Some partition is held by its gate: re-gate often (the group's positions move)."""
+        self.holes_refetched = 0
+        self.gate_closed_at: dict[TopicPartition, float] = {}
+        self.gate_waits: list[tuple[str, int, float]] = []
+        """(topic, partition, seconds gated) of every gate that opened."""
+
+    def add(self, tp: TopicPartition, route: Route) -> None:
+        self.routes[tp] = route
+
+    def clear(self) -> None:
+        self.routes.clear()
+        for tracker in self.trackers.values():
+            tracker.reset()
+
+    def __iter__(self) -> Iterator[tuple[TopicPartition, Route]]:
+        return iter(self.routes.items())
+
+    # -- per batch ----------------------------------------------------------------------
+    def admit(self, tp: TopicPartition, fetched: list[Any]) -> tuple[Route, Admitted] | None:
+        """Steps 1-5 of the module docstring for one partition's records (None: nothing
+        to do, e.g. fetched before a rebalance took the partition away)."""
+        route = self.routes.get(tp)
+        if route is None or not fetched:
+            return None
+        pos = route.position
+        records = fetched
+        if records[0].offset < pos:
+            records = [r for r in records if r.offset >= pos]
+            if not records:
+                return None
+        if records[0].offset != pos or records[-1].offset - pos != len(records) - 1:
+            records = self.cut_at_hole(tp, route, pos, records)
+            if not records:
+                return None
+        checked = records
+        records, stop_at, late = self._gate_and_check(tp, route, records)
+        rebuild: list[Any] = []
+        if records and records[0].offset < route.rebuild_until:
+            rebuild = [r for r in records if r.offset < route.rebuild_until]
+            records = records[len(rebuild):]
+        next_pos = stop_at if stop_at is not None else checked[-1].offset + 1
+        if stop_at is not None:
+            self.consumer.seek(tp, stop_at)
+            if route.limit is not None and stop_at >= route.limit:
+                self.consumer.pause(tp)
+                self.gated = True
+        return route, Admitted(rebuild, records, late, next_pos, len(checked))
+
+    def take_stale_epochs(self) -> dict[str, int]:
+        """Per topic, the newest layout epoch records named beyond ours (then forgotten)."""
+        stale: dict[str, int] = {}
+        for tp, route in self.routes.items():
+            if route.stale_epoch is not None:
+                stale[tp.topic] = max(stale.get(tp.topic, 0), route.stale_epoch)
+                route.stale_epoch = None
+        return stale
+
+    def cut_at_hole(self, tp: TopicPartition, route: Route, pos: int, records: list[Any]) -> list[Any]:
+        """The records before the first hole in their offsets, seeking back to ask for it again."""
+        expected = pos
+        for i, r in enumerate(records):
+            if r.offset != expected:
+                now = time.monotonic()
+                seen = route.hole
+                if seen is not None and seen[:2] == (expected, r.offset) and now - seen[2] >= HOLE_CONFIRM_SECONDS:
+                    route.hole = None  # real: read past it
+                else:
+                    if seen is None or seen[:2] != (expected, r.offset):
+                        route.hole = (expected, r.offset, now)
+                        self.holes_refetched += 1
+                    self.consumer.seek(tp, expected)
+                    return records[:i]
+            expected = r.offset + 1
+        return records
+
+    def _gate_and_check(
+        self, tp: TopicPartition, route: Route, records: list[Any]
+    ) -> tuple[list[Any], int | None, list[tuple[Any, dict[str, Any]]]]:
+        """(records to deliver, offset to stop and seek back to or None, late-record reports)."""
+        stop_at = None
+        limit = route.limit
+        if limit is not None and records[-1].offset >= limit:
+            # Never back: a gate can close below records already delivered (they came before
+            # we saw the change, so they carry our epoch and are safe); it holds from here.
+            stop_at = max(limit, records[0].offset)
+            records = [r for r in records if r.offset < limit]
+        eb = route.epoch_bytes
+        if eb is None or not records:
+            return records, stop_at, []
+        odd = [r for r in records if (h := r.headers) and h[0][1] != eb]
+        if not odd:
+            return records, stop_at, []
+        layout = route.layout
+        assert layout is not None
+        deliver: list[Any] = []
+        late: list[tuple[Any, dict[str, Any]]] = []
+        for r in records:
+            epoch = record_epoch(r.headers)
+            if epoch is None or epoch == layout.epoch:
+                deliver.append(r)
+            elif epoch > layout.epoch:  # our layout is stale: stop here, re-read, re-gate
+                route.stale_epoch = epoch
+                return deliver, r.offset, late
+            else:
+                verdict = classify_record(
+                    layout, tp.partition, r.offset, epoch, key_hash(r.key) if r.key is not None else None
+                )
+                if verdict.violation:
+                    producer = dict(r.headers).get(PRODUCER_HEADER, b"").decode() or None
+                    late.append((r, violation_record(tp.topic, tp.partition, r.offset, r.key, verdict, producer,
+                                                     layout_epoch=layout.epoch, group=self.group)))
+                else:
+                    deliver.append(r)
+        return deliver, stop_at, late
+
+    # -- gates ----------------------------------------------------------------------------
+    def regate(
+        self,
+        layout_of: Callable[[str], TopicLayout | None],
+        group_positions: Callable[[str], dict[int, int]],
+    ) -> GateEvents:
+        """Recompute every gate from the layouts and the group's (fenced) positions."""
+        events = GateEvents()
+        gated = False
+        for topic in sorted({tp.topic for tp in self.routes}):
+            layout = layout_of(topic)
+            mine = {tp.partition: r for tp, r in self.routes.items() if tp.topic == topic}
+            if layout is None:
+                continue
+            local = {p: r.position for p, r in mine.items()}
+            group = dict(group_positions(topic))
+            for p, pos in local.items():
+                group[p] = max(group.get(p, 0), pos)
+            tracker = self.trackers.setdefault(topic, GateTracker())
+            update = tracker.update(layout, mine, group, local)
+            for p, gate in update.state.gates.items():
+                tp, route = TopicPartition(topic, p), mine[p]
+                if route.layout is not layout:
+                    route.layout = layout
+                    route.epoch_bytes = epoch_stamp(layout)
+                pos = local[p]
+                if pos < gate.start:  # records below belong to an earlier incarnation
+                    if pos > 0:
+                        log.warning("%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
+                                    "below the start of its current incarnation", self.name, pos, gate.start - 1,
+                                    topic, p)
+                    route.position = pos = gate.start
+                    self.consumer.seek(tp, pos)
+                limit = gate.start if gate.skip else gate.limit
+                self._note_gate_wait(tp, route.limit, limit)
+                if limit != route.limit:
+                    log.info("%s: %s[%d] at %d: gate %s -> %s%s", self.name, topic, p, pos, route.limit, limit,
+                             f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "")
+                route.limit = limit
+                if limit is not None and pos >= limit:
+                    self.consumer.pause(tp)
+                    gated = True
+                else:
+                    self.consumer.resume(tp)
+                    gated = gated or limit is not None
+            events.revoked.update(TopicPartition(topic, p) for p in update.fire_revoked)
+            events.assigned.update(TopicPartition(topic, p) for p in update.fire_assigned)
+        self.gated = gated
+        return events
+
+    def _note_gate_wait(self, tp: TopicPartition, old: int | None, new: int | None) -> None:
+        if new is not None and old is None:
+            self.gate_closed_at[tp] = time.monotonic()
+        elif new is None and tp in self.gate_closed_at:
+            waited = time.monotonic() - self.gate_closed_at.pop(tp)
+            self.gate_waits.append((tp.topic, tp.partition, waited))

@@ -1,0 +1,154 @@
+"""Dispatch: decode records, call the handlers, send what failed to the dead letters.
+
+The hot loop lives here (`Dispatcher.apply`). It is written for throughput: the
+context object is reused, tables are bound once per partition batch, and output is
+collected in an outbox and sent in bulk after the batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from streamkit.context import Context, Outbox
+from streamkit.runtime.admission import Admitted
+from streamkit.runtime.binding import TableBinder
+from streamkit.runtime.output import Output
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.routes import Route
+from streamkit.tables import Table
+
+log = logging.getLogger(__name__)
+
+Failure = tuple[Any, str, BaseException, str]  # (record, reason, exception, handler name)
+
+
+class Dispatcher:
+    """Applies admitted records of one group member to its processors' state."""
+
+    def __init__(self, name: str, tables: Mapping[str, Table], output: Output, *, failure_alarm_after: int) -> None:
+        self.name = name
+        self.output = output
+        self.outbox = Outbox()
+        self.ctx = Context(self.outbox)
+        self.binder = TableBinder(tables, self.ctx)
+        self.failure_alarm_after = failure_alarm_after
+        self.handled = 0
+        self.consecutive_failures = 0
+        self._last_alarm = 0.0
+
+    async def apply(self, route: Route, admitted: Admitted) -> None:
+        """Apply one partition batch: the rebuilt records without output, then the
+        delivered ones, then report the late ones."""
+        if admitted.rebuild or admitted.deliver:
+            proc = route.proc
+            self.binder.bind(proc.caches)
+            self.ctx.processor = proc.id
+            if admitted.rebuild:
+                self.outbox.suppress = True
+                try:
+                    await self._run(admitted.rebuild, route, rebuilding=True)
+                finally:
+                    self.outbox.suppress = False
+            if admitted.deliver:
+                await self._run(admitted.deliver, route, rebuilding=False)
+        for rec, report in admitted.late:
+            await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
+        self.handled += admitted.consumed
+
+    async def send_output(self) -> None:
+        """Hand what the handlers sent to the producer (acknowledged at the checkpoint)."""
+        if self.outbox.items:
+            items, self.outbox.items = self.outbox.items, []
+            for topic, key, value, headers in items:
+                await self.output.send(topic, key, value, headers)
+
+    async def fire(
+        self, callbacks: list[Callable[..., Any]], partitions: Mapping[ProcessorState, list[Any]]
+    ) -> None:
+        """Call each key callback once per processor with that processor's partitions,
+        its tables bound."""
+        if not callbacks:
+            return
+        for proc, parts in partitions.items():
+            if not parts:
+                continue
+            self.binder.bind(proc.caches)
+            for fn in callbacks:
+                result = fn(parts)
+                if inspect.isawaitable(result):
+                    await result
+
+    async def _run(self, records: list[Any], route: Route, rebuilding: bool) -> None:
+        kl, vl, ctx = route.key_loads, route.value_loads, self.ctx
+        failures: list[Failure] = []
+        for spec in route.handlers:
+            fn, is_async = spec.fn, spec.is_async
+            for rec in records:
+                try:
+                    k = rec.key
+                    if k is not None:
+                        k = kl(k)
+                    v = rec.value
+                    if v is not None:
+                        v = vl(v)
+                except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
+                    failures.append((rec, _decode_reason(rec, kl), exc, ""))
+                    continue
+                ctx._rec = rec
+                try:
+                    result = fn(k, v, ctx)
+                    if is_async:
+                        await result
+                except Exception as exc:  # noqa: BLE001 - user code
+                    failures.append((rec, "handler", exc, spec.name))
+        if failures:
+            await self._failed(failures, len(records) * len(route.handlers), rebuilding)
+        else:
+            self.consecutive_failures = 0
+
+    async def _failed(self, failures: list[Failure], attempts: int, rebuilding: bool) -> None:
+        if not rebuilding:  # a rebuilt record's dead letter was sent when it was first handled
+            seen: set[tuple[int, str]] = set()
+            for rec, reason, exc, handler in failures:
+                if reason != "handler" and (rec.offset, reason) in seen:
+                    continue  # a decode failure is reported once, not once per handler
+                seen.add((rec.offset, reason))
+                await self.output.dead_letter(rec, reason, exc, handler)
+        if len(failures) == attempts:
+            self.consecutive_failures += attempts
+        else:
+            self.consecutive_failures = 0
+        now = time.monotonic()
+        if self.consecutive_failures >= self.failure_alarm_after and now - self._last_alarm > 10:
+            self._last_alarm = now
+            rec, reason, exc, handler = failures[-1]
+            log.error(
+                "%s: the last %d records all failed (%s in %s at %s[%d]@%d: %s: %s); they go to "
+                "%s, but the job is not doing useful work",
+                self.name, self.consecutive_failures, reason, handler or "decoding", rec.topic,
+                rec.partition, rec.offset, type(exc).__name__, exc, self.output.dead_letter_topic,
+            )
+
+
+def by_processor(routes: Iterable[tuple[Any, Route]], only: set[Any] | None = None) -> dict[ProcessorState, list[Any]]:
+    """Partitions grouped by the processor they route to (those in `only`, if given)."""
+    out: dict[ProcessorState, list[Any]] = {}
+    for tp, route in routes:
+        if only is None or tp in only:
+            out.setdefault(route.proc, []).append(tp)
+    return out
+
+
+def _decode_reason(rec: Any, key_loads: Callable[[bytes], Any]) -> str:
+    if rec.key is not None:
+        try:
+            key_loads(rec.key)
+        except Exception:  # noqa: BLE001
+            return "key-decode"
+    return "value-decode"

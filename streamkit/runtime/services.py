@@ -1,0 +1,28 @@
+"""What a worker's group members share, handed to each of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.runtime.output import Output
+from streamkit.runtime.progress import ProgressLog
+
+
+@dataclass(frozen=True)
+class Services:
+    """The worker's shared parts. A member uses these and nothing else of its worker."""
+
+    bootstrap: str
+    client_id: str
+    p0: int
+    """The job's initial processor count."""
+    registry: LayoutRegistry
+    progress: ProgressLog
+    output: Output
+    lock: asyncio.Lock
+    """One batch, rebalance step or timer at a time, across the worker's members."""
+    beat: Callable[[], None]
+    """Publish a heartbeat now (after a rebalance or checkpoint), not at the next tick."""

@@ -1,0 +1,82 @@
+"""`@app.every` timers: `fn()` once per worker, or `fn(ctx)` once per hosted processor.
+
+A per-processor timer runs with that processor's tables bound and may send output
+(`ctx.send`, no source header: there is no input record). Windowed tables address the
+window of the current wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from streamkit.app import TimerSpec
+from streamkit.context import Context, Outbox
+from streamkit.runtime.binding import TableBinder
+from streamkit.runtime.output import Output
+from streamkit.runtime.processor import ProcessorState
+from streamkit.tables import Table
+
+log = logging.getLogger(__name__)
+
+
+class TimerContext(Context):
+    """Context of a per-processor timer: no input record; `send` adds no source header."""
+
+    __slots__ = ()
+
+    def __init__(self, outbox: Outbox, processor: int) -> None:
+        super().__init__(outbox)
+        self.processor = processor
+
+    @property
+    def timestamp(self) -> int:
+        """Now, in ms since the epoch (a timer has no record)."""
+        return int(time.time() * 1000)
+
+    def send(self, topic: Any, key: Any, value: Any, headers: Any = ()) -> None:
+        self._outbox.add(topic, key, value, list(headers))
+
+
+async def run_timer(
+    spec: TimerSpec,
+    *,
+    processors: Callable[[], Iterable[ProcessorState]],
+    tables: Mapping[str, Table],
+    output: Output,
+    lock: asyncio.Lock,
+) -> None:
+    """Fire `spec` every `spec.seconds` until cancelled; a failure is logged, not raised.
+
+    `processors()`: the processors hosted at the time of firing."""
+    while True:
+        await asyncio.sleep(spec.seconds)
+        async with lock:
+            try:
+                await fire(spec, processors(), tables, output)
+            except Exception:  # noqa: BLE001 - a failing timer must not stop the worker
+                log.exception("timer %s failed", spec.fn.__qualname__)
+
+
+async def fire(
+    spec: TimerSpec, processors: Iterable[ProcessorState], tables: Mapping[str, Table], output: Output
+) -> None:
+    """Fire `spec` once: once for the worker, or once per processor in `processors`."""
+    if not spec.per_processor:
+        result = spec.fn()
+        if inspect.isawaitable(result):
+            await result
+        return
+    for proc in list(processors):
+        outbox = Outbox()
+        ctx = TimerContext(outbox, proc.id)
+        TableBinder(tables, ctx).bind(proc.caches)
+        result = spec.fn(ctx)
+        if inspect.isawaitable(result):
+            await result
+        for topic, key, value, headers in outbox.items:
+            await output.send(topic, key, value, headers)
