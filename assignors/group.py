@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from aiokafka.cluster import ClusterMetadata
@@ -61,13 +60,17 @@ class MemberInfo:
     layouts: dict[str, TopicShape] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return orjson.dumps({
-            "p0": self.p0, "p": self.p, "hosted": self.hosted,
-            "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
-        })
+        return orjson.dumps(
+            {
+                "p0": self.p0,
+                "p": self.p,
+                "hosted": self.hosted,
+                "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
+            }
+        )
 
     @classmethod
-    def decode(cls, data: bytes) -> "MemberInfo | None":
+    def decode(cls, data: bytes) -> MemberInfo | None:
         if not data:
             return None
         d = orjson.loads(data)
@@ -86,28 +89,33 @@ class ProcessorAssignment:
     epochs: dict[str, int] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return orjson.dumps({
-            "p0": self.p0, "p": self.p, "g": self.generation_hint, "epochs": self.epochs,
-            "processors": {
-                str(pid): [[t, part, None if f is None else [f.modulus, sorted(f.residues)]]
-                           for t, part, f in slots]
-                for pid, slots in self.processors.items()
-            },
-        })
+        return orjson.dumps(
+            {
+                "p0": self.p0,
+                "p": self.p,
+                "g": self.generation_hint,
+                "epochs": self.epochs,
+                "processors": {
+                    str(pid): [
+                        [t, part, None if f is None else [f.modulus, sorted(f.residues)]] for t, part, f in slots
+                    ]
+                    for pid, slots in self.processors.items()
+                },
+            }
+        )
 
     @classmethod
-    def decode(cls, data: bytes) -> "ProcessorAssignment":
+    def decode(cls, data: bytes) -> ProcessorAssignment:
         d = orjson.loads(data)
         procs: dict[int, list[PartitionSlot]] = {}
         for pid, slots in d["processors"].items():
             procs[int(pid)] = [
-                (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1])))
-                for t, part, f in slots
+                (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1]))) for t, part, f in slots
             ]
         return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})))
 
 
-class StreamkitAssignor(AbstractPartitionAssignor):
+class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
     """One instance per consumer: `info` is sent on join, `assignment` is set on sync."""
 
     name = "streamkit-lh"
@@ -118,14 +126,14 @@ class StreamkitAssignor(AbstractPartitionAssignor):
         self.assignment: ProcessorAssignment | None = None
         self._rounds = 0
 
-    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics), self.info.encode())
 
-    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         self.assignment = ProcessorAssignment.decode(assignment.user_data)
         self.info.hosted = sorted(self.assignment.processors)
 
-    def assign(  # type: ignore[override]
+    def assign(
         self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> dict[str, ConsumerProtocolMemberAssignment]:
         self._rounds += 1
@@ -168,4 +176,3 @@ class StreamkitAssignor(AbstractPartitionAssignor):
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )
         return result
-

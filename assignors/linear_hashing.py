@@ -77,9 +77,7 @@ def lh_bucket(h: int, n0: int, n: int) -> int:
     return b if b < n else b - base
 
 
-def lh_bucket_batch(
-    h: npt.NDArray[np.integer[Any]], n0: int, n: int
-) -> npt.NDArray[np.integer[Any]]:
+def lh_bucket_batch(h: npt.NDArray[np.integer[Any]], n0: int, n: int) -> npt.NDArray[np.integer[Any]]:
     """:func:`lh_bucket` of every hash in ``h`` (non-negative integers, e.g. the
     ``np.uint32`` output of :mod:`assignors.vectorized`).
 

@@ -49,9 +49,7 @@ Bytes = bytes | bytearray | memoryview
 
 # Precompiled little-endian word decoders for keys of up to 4*63 bytes; longer keys
 # build their format on the fly (rare, and the per-word loop dominates anyway).
-_UNPACK: tuple[Callable[[Bytes], tuple[int, ...]], ...] = tuple(
-    struct.Struct(f"<{i}I").unpack_from for i in range(64)
-)
+_UNPACK: tuple[Callable[[Bytes], tuple[int, ...]], ...] = tuple(struct.Struct(f"<{i}I").unpack_from for i in range(64))
 
 
 def _words(data: Bytes, n4: int) -> tuple[int, ...]:

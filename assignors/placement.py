@@ -106,9 +106,7 @@ def processor_for_hash(h: int, p0: int, p: int) -> int:
     return lh_bucket(h, p0, p)
 
 
-def _intersections(
-    b: int, n0: int, n: int, other_n0: int, other_n: int
-) -> dict[int, tuple[int, int]]:
+def _intersections(b: int, n0: int, n: int, other_n0: int, other_n: int) -> dict[int, tuple[int, int]]:
     """For bucket ``b`` of layout (n0, n): ``{other bucket: (lcm, residue)}`` for every
     bucket of layout (other_n0, other_n) sharing hashes with it.
 
@@ -134,9 +132,7 @@ def _intersections(
     return result
 
 
-def processors_for_partition(
-    partition: int, n0: int, n: int, p0: int, p: int
-) -> dict[int, KeyFilter | None]:
+def processors_for_partition(partition: int, n0: int, n: int, p0: int, p: int) -> dict[int, KeyFilter | None]:
     """Which processors receive keys of ``partition`` (topic layout ``n0 -> n``, job
     ``p0 -> p``): ``{processor: None}`` when one processor owns the whole partition,
     else ``{processor: KeyFilter}`` with disjoint filters covering the partition.
@@ -163,9 +159,7 @@ def partitions_for_processor(proc: int, n0: int, n: int, p0: int, p: int) -> lis
     return sorted(_intersections(proc, p0, p, n0, n))
 
 
-def assign_partitions(
-    topics: Mapping[str, tuple[int, int]], p0: int, p: int
-) -> Assignment:
+def assign_partitions(topics: Mapping[str, tuple[int, int]], p0: int, p: int) -> Assignment:
     """``{processor: [(topic, partition, KeyFilter | None), ...]}`` for every processor in
     ``range(p)`` (possibly an empty list), topics being ``{name: (n0, n)}``.
 
@@ -208,9 +202,7 @@ def processor_key_sources(
     return result
 
 
-def assign_processors_to_members(
-    members: Mapping[str, Sequence[int]], p: int
-) -> dict[str, list[int]]:
+def assign_processors_to_members(members: Mapping[str, Sequence[int]], p: int) -> dict[str, list[int]]:
     """Host processors ``range(p)`` on consumer-group members, sticky and balanced.
 
     ``members`` maps each member id to the processor ids it hosted before (its

@@ -67,14 +67,10 @@ U32Array = npt.NDArray[np.uint32]
 
 def _word_view(buf: npt.NDArray[np.uint8]) -> U32Array:
     """uint32 view of ``buf`` where element i is the little-endian word at byte i."""
-    return np.ndarray(
-        shape=(buf.size - 3,), dtype="<u4", buffer=buf, offset=0, strides=(1,)
-    )
+    return np.ndarray(shape=(buf.size - 3,), dtype="<u4", buffer=buf, offset=0, strides=(1,))
 
 
-def murmur2_offsets(
-    data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.integer[Any]]
-) -> U32Array:
+def murmur2_offsets(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.integer[Any]]) -> U32Array:
     """Unsigned 32-bit murmur2 of each key ``data[offsets[i]:offsets[i+1]]``.
 
     The full 32-bit hash (``key_hash`` is this & 0x7fffffff).  Word gathers read up to
@@ -150,9 +146,7 @@ def _mix(h: U32Array, k: U32Array) -> None:
     h ^= k
 
 
-def key_hash_batch(
-    keys: Sequence[bytes | None], *, null_hash: int | None = NULL_HASH
-) -> U32Array:
+def key_hash_batch(keys: Sequence[bytes | None], *, null_hash: int | None = NULL_HASH) -> U32Array:
     """``key_hash`` of every key, as a ``np.uint32`` array (same order as ``keys``).
 
     Keys are bytes-like (``bytes``, ``bytearray``, ``memoryview``).  ``None`` keys get
@@ -193,9 +187,7 @@ def _key_hash_joined(keys: Sequence[bytes | None], null_hash: int | None) -> U32
     return _apply_nulls(h, nulls, null_hash)
 
 
-def _apply_nulls(
-    h: U32Array, nulls: npt.NDArray[np.bool_] | None, null_hash: int | None
-) -> U32Array:
+def _apply_nulls(h: U32Array, nulls: npt.NDArray[np.bool_] | None, null_hash: int | None) -> U32Array:
     """Overwrite the hashes of null keys with ``null_hash`` (or refuse nulls)."""
     if nulls is not None and nulls.any():
         if null_hash is None:
@@ -204,9 +196,7 @@ def _apply_nulls(
     return h
 
 
-def key_hash_arrow(
-    array: "pa.Array | pa.ChunkedArray", *, null_hash: int | None = NULL_HASH
-) -> U32Array:
+def key_hash_arrow(array: pa.Array | pa.ChunkedArray, *, null_hash: int | None = NULL_HASH) -> U32Array:
     """``key_hash`` of every element of a pyarrow binary / large_binary / string /
     large_string (or binary_view / string_view) array or chunked array, as a
     ``np.uint32`` array.
@@ -235,9 +225,7 @@ def key_hash_arrow(
     if count == 0:
         return np.empty(0, dtype=np.uint32)
     _validity, off_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(off_buf, dtype=off_dtype, count=array.offset + count + 1)[
-        array.offset :
-    ].astype(np.int64)
+    offsets = np.frombuffer(off_buf, dtype=off_dtype, count=array.offset + count + 1)[array.offset :].astype(np.int64)
     if data_buf is None:
         data = np.zeros(0, dtype=np.uint8)
     else:

@@ -90,12 +90,14 @@ def make_input(path: Path, events: int, keys: int, seed: int = 7) -> None:
     for p in range(PARTITIONS):
         idx = np.flatnonzero(part == p)
         offset[idx] = np.arange(idx.size)
-    table = pa.table({
-        "key": key_arr,
-        "amount": rng.integers(1, 100, events),
-        "partition": part,
-        "offset": offset,
-    })
+    table = pa.table(
+        {
+            "key": key_arr,
+            "amount": rng.integers(1, 100, events),
+            "partition": part,
+            "offset": offset,
+        }
+    )
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp, row_group_size=1 << 20)
     os.replace(tmp, path)
@@ -108,10 +110,10 @@ def baseline(parquet: Path, state_dir: Path, app: Any, p: int, mode: str) -> dic
     """Single process: pyarrow aggregation, vectorised placement, RocksDB (WriteBatch or SST)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from stores.base import Checkpoint
     from stores.rocksdb import RocksDBStore, write_sst
     from stores.serde import JsonSerde
-
     from streamkit.spark.encoding import encode_array
     from streamkit.spark.placement import processors_of
 
@@ -122,7 +124,9 @@ def baseline(parquet: Path, state_dir: Path, app: Any, p: int, mode: str) -> dic
     t1 = time.perf_counter()
     agg = table.group_by("key").aggregate([("amount", "count"), ("amount", "sum")])
     last = table.group_by("partition").aggregate([("offset", "max")])
-    positions = {(TOPIC, int(q)): int(o) + 1 for q, o in zip(last["partition"].to_pylist(), last["offset_max"].to_pylist())}
+    positions = {
+        (TOPIC, int(q)): int(o) + 1 for q, o in zip(last["partition"].to_pylist(), last["offset_max"].to_pylist())
+    }
     t["aggregate"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     keys = agg["key"].combine_chunks().cast(pa.large_binary())
@@ -148,7 +152,7 @@ def baseline(parquet: Path, state_dir: Path, app: Any, p: int, mode: str) -> dic
             store = RocksDBStore.open(str(path), sorted(app.tables))
             step = 100_000
             for i in range(0, len(ks), step):
-                store.commit({"totals": dict(zip(ks[i:i + step], vs[i:i + step]))}, cp)
+                store.commit({"totals": dict(zip(ks[i : i + step], vs[i : i + step]))}, cp)
             if not ks:
                 store.commit({}, cp)
             store.close()
@@ -182,9 +186,9 @@ def baseline_replay(parquet: Path, state_dir: Path, app: Any, p: int) -> dict[st
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+
     from stores.base import Checkpoint
     from stores.rocksdb import RocksDBStore, write_sst
-
     from streamkit.replay import Replayer
     from streamkit.spark.placement import processors_of
 
@@ -218,7 +222,9 @@ def baseline_replay(parquet: Path, state_dir: Path, app: Any, p: int) -> dict[st
     t["replay"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     last = table.group_by("partition").aggregate([("offset", "max")])
-    positions = {(TOPIC, int(q)): int(o) + 1 for q, o in zip(last["partition"].to_pylist(), last["offset_max"].to_pylist())}
+    positions = {
+        (TOPIC, int(q)): int(o) + 1 for q, o in zip(last["partition"].to_pylist(), last["offset_max"].to_pylist())
+    }
     owners = _owners(table, p)
     app_dir = state_dir / app.name
     shutil.rmtree(app_dir, ignore_errors=True)
@@ -226,8 +232,9 @@ def baseline_replay(parquet: Path, state_dir: Path, app: Any, p: int) -> dict[st
         sst = state_dir / f"baseline-replay-{q}.sst"
         write_sst(sst, out[q])
         cp = Checkpoint(positions={tp: o for tp, o in positions.items() if q in owners.get(tp[1], ())})
-        RocksDBStore.create_from_sst(str(app_dir / f"processor-{q}"), sorted(app.tables), {"totals": [str(sst)]}, cp,
-                                     move=True).close()
+        RocksDBStore.create_from_sst(
+            str(app_dir / f"processor-{q}"), sorted(app.tables), {"totals": [str(sst)]}, cp, move=True
+        ).close()
     t["write stores"] = time.perf_counter() - t3
     t["total"] = time.perf_counter() - t0
     return t
@@ -243,7 +250,8 @@ def _aggregated(spark: Any, parquet: Path) -> Any:
     ev = spark.read.parquet(str(parquet))
     return ev.groupBy("key").agg(
         F.struct(F.count("*").alias("count"), F.sum("amount").alias("sum")).alias("value"),
-        F.max("offset").alias("offset"), F.first("partition").alias("partition"),
+        F.max("offset").alias("offset"),
+        F.first("partition").alias("partition"),
     )
 
 
@@ -253,8 +261,16 @@ def spark_state(spark: Any, parquet: Path, app: Any, state_dir: Path, fused: boo
     from streamkit.spark import backfill_table
 
     t0 = time.perf_counter()
-    res = backfill_table(app, "totals", _aggregated(spark, parquet), offset_col="offset", partition_col="partition",
-                         state_dir=state_dir, spark=spark, partitioned_by_key=fused)
+    res = backfill_table(
+        app,
+        "totals",
+        _aggregated(spark, parquet),
+        offset_col="offset",
+        partition_col="partition",
+        state_dir=state_dir,
+        spark=spark,
+        partitioned_by_key=fused,
+    )
     return time.perf_counter() - t0, res
 
 
@@ -264,18 +280,28 @@ def spark_breakdown(spark: Any, parquet: Path, p: int, work: Path, repeat: int =
     import functools
 
     from stores.serde import JsonSerde, StrSerde
-
     from streamkit.spark import tasks
-    from streamkit.spark.backfill import _STATE_A_DDL, _timed, spark_partition_keys
+    from streamkit.spark.shuffle import _timed, spark_partition_keys
+    from streamkit.spark.state_mode import _STATE_A_DDL
 
     sst = work / "breakdown-sst"
     shutil.rmtree(sst, ignore_errors=True)
     for q in range(p):
         (sst / f"processor-{q}" / "totals").mkdir(parents=True)
-    spec = tasks.Spec(mode="state", p0=p, p=p, subs=1, sst_root=str(sst), key_col="key", value_col="value",
-                      topic=TOPIC, partition_col="partition", offset_col="offset",
-                      tables=(tasks.TableCodec("totals", StrSerde(), JsonSerde()),),
-                      extra={"sp_keys": spark_partition_keys(p)})
+    spec = tasks.Spec(
+        mode="state",
+        p0=p,
+        p=p,
+        subs=1,
+        sst_root=str(sst),
+        key_col="key",
+        value_col="value",
+        topic=TOPIC,
+        partition_col="partition",
+        offset_col="offset",
+        tables=(tasks.TableCodec("totals", StrSerde(), JsonSerde()),),
+        extra={"sp_keys": spark_partition_keys(p)},
+    )
 
     def a(df: Any) -> Any:
         return df.mapInArrow(functools.partial(_timed, tasks.place_state, None, spec, 0), _STATE_A_DDL)
@@ -289,10 +315,16 @@ def spark_breakdown(spark: Any, parquet: Path, p: int, work: Path, repeat: int =
         ("+ aggregate (groupBy key): the input DataFrame", lambda: _aggregated(spark, parquet), False),
         ("+ stage A in Python (encode, hash, place)", lambda: a(_aggregated(spark, parquet)), False),
         ("+ shuffle by bucket", lambda: a(_aggregated(spark, parquet)).repartition(p, "_sp"), False),
-        ("+ sort within partitions", lambda: a(_aggregated(spark, parquet)).repartition(p, "_sp")
-         .sortWithinPartitions(*sort_cols), False),
-        ("+ stage B in Python (SST files): the whole job", lambda: b(a(_aggregated(spark, parquet))
-         .repartition(p, "_sp").sortWithinPartitions(*sort_cols)), True),
+        (
+            "+ sort within partitions",
+            lambda: a(_aggregated(spark, parquet)).repartition(p, "_sp").sortWithinPartitions(*sort_cols),
+            False,
+        ),
+        (
+            "+ stage B in Python (SST files): the whole job",
+            lambda: b(a(_aggregated(spark, parquet)).repartition(p, "_sp").sortWithinPartitions(*sort_cols)),
+            True,
+        ),
     ]
     out = []
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
@@ -316,8 +348,9 @@ def spark_replay(spark: Any, parquet: Path, app: Any, state_dir: Path) -> tuple[
 
     t0 = time.perf_counter()
     ev = spark.read.parquet(str(parquet))
-    res = backfill_replay(app, ev, value_col=["amount"], partition_col="partition", offset_col="offset",
-                          state_dir=state_dir, spark=spark)
+    res = backfill_replay(
+        app, ev, value_col=["amount"], partition_col="partition", offset_col="offset", state_dir=state_dir, spark=spark
+    )
     return {"total": time.perf_counter() - t0}, res
 
 
@@ -368,8 +401,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"generating {parquet} ...", flush=True)
         make_input(parquet, args.events, args.keys)
     p = args.processors
-    print(f"input: {args.events:,} events, {args.keys:,} keys, {PARTITIONS} partitions; {p} processors; "
-          f"local Spark with {args.cores} cores; os.cpu_count()={os.cpu_count()}", flush=True)
+    print(
+        f"input: {args.events:,} events, {args.keys:,} keys, {PARTITIONS} partitions; {p} processors; "
+        f"local Spark with {args.cores} cores; os.cpu_count()={os.cpu_count()}",
+        flush=True,
+    )
     runs: dict[str, list[float]] = {}
     parts: dict[str, dict[str, float]] = {}
     dirs: dict[str, Path] = {}
@@ -449,31 +485,47 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("baseline-writebatch", "baseline-sst", "spark-state", "spark-state-fused"):
         all_runs = ", ".join(f"{x:.2f}" for x in runs[name])
         print(f"{name:<22} {_fmt(best[name])}   {args.events / best[name] / 1e6:5.2f}M events/s   runs: {all_runs}")
-    print(f"{'spark-state + JVM':<22} {_fmt(bridge + jvm + warm)}   = JVM start {jvm:.2f}s + warm-up {warm:.2f}s "
-          f"(first queries: workers, codegen, JIT) + best run")
-    print(f"ratio to the faster baseline ({base_name}): excluding JVM start {bridge / base:.2f}x "
-          f"(worst run {max(runs['spark-state']) / base:.2f}x), including JVM start and warm-up "
-          f"{(bridge + jvm + warm) / base:.2f}x  [target <= 3x excluding]")
-    print(f"  with partitioned_by_key (no shuffle of its own): excluding JVM start {fused_best / base:.2f}x, "
-          f"including {(fused_best + jvm + warm) / base:.2f}x")
+    print(
+        f"{'spark-state + JVM':<22} {_fmt(bridge + jvm + warm)}   = JVM start {jvm:.2f}s + warm-up {warm:.2f}s "
+        f"(first queries: workers, codegen, JIT) + best run"
+    )
+    print(
+        f"ratio to the faster baseline ({base_name}): excluding JVM start {bridge / base:.2f}x "
+        f"(worst run {max(runs['spark-state']) / base:.2f}x), including JVM start and warm-up "
+        f"{(bridge + jvm + warm) / base:.2f}x  [target <= 3x excluding]"
+    )
+    print(
+        f"  with partitioned_by_key (no shuffle of its own): excluding JVM start {fused_best / base:.2f}x, "
+        f"including {(fused_best + jvm + warm) / base:.2f}x"
+    )
     print("-" * 86)
     print("where the time goes")
     for name in ("baseline-writebatch", "baseline-sst"):
         print(f"  {name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in parts[name].items() if k != "total"))
     tm = res.timings
-    print(f"  spark-state (last run): Spark job {tm.get('spark', 0):.2f}s wall, build stores (SST ingest) "
-          f"{tm.get('build', 0):.2f}s, publish {tm.get('publish', 0):.3f}s")
-    print(f"    Python CPU in tasks, summed over {args.cores} cores: stage A (encode, hash, place) "
-          f"{tm.get('tasks_stage_a_cpu', 0):.2f}s, stage B (dedupe, SST files) {tm.get('tasks_stage_b_cpu', 0):.2f}s "
-          f"(SST writing {tm.get('tasks_sst_write_cpu', 0):.2f}s)")
+    print(
+        f"  spark-state (last run): Spark job {tm.get('spark', 0):.2f}s wall, build stores (SST ingest) "
+        f"{tm.get('build', 0):.2f}s, publish {tm.get('publish', 0):.3f}s"
+    )
+    print(
+        f"    Python CPU in tasks, summed over {args.cores} cores: stage A (encode, hash, place) "
+        f"{tm.get('tasks_stage_a_cpu', 0):.2f}s, stage B (dedupe, SST files) {tm.get('tasks_stage_b_cpu', 0):.2f}s "
+        f"(SST writing {tm.get('tasks_sst_write_cpu', 0):.2f}s)"
+    )
     ft = results["spark-state-fused"].timings
-    print(f"  spark-state-fused (last run): Spark job {ft.get('spark', 0):.2f}s wall, build stores (SST ingest + "
-          f"uniqueness check) {ft.get('build', 0):.2f}s; Python CPU: stage A {ft.get('tasks_stage_a_cpu', 0):.2f}s, "
-          f"sort + stage B {ft.get('tasks_stage_b_cpu', 0):.2f}s")
-    print(f"    rows into the bridge {res.rows_read:,}, keys written {res.keys_total:,}, "
-          f"buckets {res.details['buckets']}, Spark partitions {res.details['spark_partitions']}")
+    print(
+        f"  spark-state-fused (last run): Spark job {ft.get('spark', 0):.2f}s wall, build stores (SST ingest + "
+        f"uniqueness check) {ft.get('build', 0):.2f}s; Python CPU: stage A {ft.get('tasks_stage_a_cpu', 0):.2f}s, "
+        f"sort + stage B {ft.get('tasks_stage_b_cpu', 0):.2f}s"
+    )
+    print(
+        f"    rows into the bridge {res.rows_read:,}, keys written {res.keys_total:,}, "
+        f"buckets {res.details['buckets']}, Spark partitions {res.details['spark_partitions']}"
+    )
     if breakdown:
-        print("  the same job built up step by step (wall seconds of each cumulative run, best of 2; deltas in brackets):")
+        print(
+            "  the same job built up step by step (wall seconds of each cumulative run, best of 2; deltas in brackets):"
+        )
         prev = 0.0
         for name, secs in breakdown:
             print(f"    {name:<50} {secs:6.2f}s  [{secs - prev:+.2f}s]")
@@ -481,16 +533,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.replay:
         rb, rs = best["baseline-replay"], best["spark-replay"]
         print("-" * 86)
-        print(f"mode 2 (the handler replayed over every event): baseline-replay {rb:.2f}s, spark-replay {rs:.2f}s "
-              f"(+ JVM {jvm:.2f}s): {rs / rb:.2f}x")
-        print("  baseline-replay: " + ", ".join(f"{k} {v:.2f}s" for k, v in parts["baseline-replay"].items()
-                                                 if k != "total"))
+        print(
+            f"mode 2 (the handler replayed over every event): baseline-replay {rb:.2f}s, spark-replay {rs:.2f}s "
+            f"(+ JVM {jvm:.2f}s): {rs / rb:.2f}x"
+        )
+        print(
+            "  baseline-replay: "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in parts["baseline-replay"].items() if k != "total")
+        )
         if replay_res is not None:
             rt = replay_res.timings
-            print(f"  spark-replay: job {rt.get('spark', 0):.2f}s wall; Python CPU: stage A "
-                  f"{rt.get('tasks_stage_a_cpu', 0):.2f}s, stage B {rt.get('tasks_stage_b_cpu', 0):.2f}s "
-                  f"(handlers {rt.get('tasks_replay_cpu', 0):.2f}s, SST {rt.get('tasks_sst_write_cpu', 0):.2f}s); "
-                  f"build {rt.get('build', 0):.2f}s")
+            print(
+                f"  spark-replay: job {rt.get('spark', 0):.2f}s wall; Python CPU: stage A "
+                f"{rt.get('tasks_stage_a_cpu', 0):.2f}s, stage B {rt.get('tasks_stage_b_cpu', 0):.2f}s "
+                f"(handlers {rt.get('tasks_replay_cpu', 0):.2f}s, SST {rt.get('tasks_sst_write_cpu', 0):.2f}s); "
+                f"build {rt.get('build', 0):.2f}s"
+            )
     print("-" * 86)
     for name, (ok, n) in checks.items():
         print(f"stores of {name} == baseline-writebatch: {'yes' if ok else 'NO'} ({n:,} keys)")

@@ -50,12 +50,30 @@ async def produce(bootstrap: str, topic: str, n: int, keys: int, rate: float | N
 
 def run_job(bootstrap: str, topic: str, n: int, workdir: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.contenders.streamkit_app", "--bootstrap", bootstrap, "--topic", topic,
-         "--records", str(n), "--partitions", "4", "--workdir", workdir, "--session-timeout-ms", "6000"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.contenders.streamkit_app",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--records",
+            str(n),
+            "--partitions",
+            "4",
+            "--workdir",
+            workdir,
+            "--session-timeout-ms",
+            "6000",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
     r["rate"] = r["records"] / (r["last_record_at"] - r["first_record_at"])
     return r
 
@@ -92,11 +110,29 @@ async def under_load(bootstrap: str, rate: float, console: Console) -> list[tupl
     async with LayoutCoordinator(bootstrap) as coord:
         await coord.create(topic, 4, capacity=8)
         producer = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.gating", "--produce-only", topic, "--bootstrap", bootstrap,
-             "--records", str(int(rate * seconds)), "--rate", str(rate)], cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.gating",
+                "--produce-only",
+                topic,
+                "--bootstrap",
+                bootstrap,
+                "--records",
+                str(int(rate * seconds)),
+                "--rate",
+                str(rate),
+            ],
+            cwd=ROOT,
+        )
         with tempfile.TemporaryDirectory() as wd:
-            app = streamkit.App(f"gating-{uuid.uuid4().hex[:6]}", broker=bootstrap, state_dir=Path(wd),
-                                session_timeout_ms=6000, commit_interval=0.5)
+            app = streamkit.App(
+                f"gating-{uuid.uuid4().hex[:6]}",
+                broker=bootstrap,
+                state_dir=Path(wd),
+                session_timeout_ms=6000,
+                commit_interval=0.5,
+            )
             counts = app.table("counts", key_serde="raw", default=int)
             handled = [0]
 

@@ -64,9 +64,8 @@ def availability(name: str) -> str | None:
         try:
             tree = ast.parse(Path(spec.origin).read_text())
             for node in tree.body:
-                if (
-                    isinstance(node, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets)
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets
                 ):
                     needs += list(ast.literal_eval(node.value))
         except (OSError, SyntaxError, ValueError):
@@ -127,13 +126,21 @@ def run_contender(
     module = f"benchmarks.contenders.{module_for(name)}"
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     cmd = [
-        sys.executable, "-m", module,
-        "--bootstrap", bootstrap,
-        "--topic", topic,
-        "--records", str(records),
-        "--partitions", str(partitions),
-        "--workdir", str(workdir),
-        "--session-timeout-ms", str(session_timeout_ms),
+        sys.executable,
+        "-m",
+        module,
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--records",
+        str(records),
+        "--partitions",
+        str(partitions),
+        "--workdir",
+        str(workdir),
+        "--session-timeout-ms",
+        str(session_timeout_ms),
     ]
     out_path, err_path = logdir / f"{name}.stdout", logdir / f"{name}.stderr"
     load_before = os.getloadavg()[0]
@@ -147,7 +154,11 @@ def run_contender(
         # so a timeout kills both with one killpg.
         proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, str(usage_path), *cmd],
-            cwd=ROOT, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            stdout=out,
+            stderr=err,
+            env=env,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         try:
@@ -195,7 +206,7 @@ def run_contender(
         if "ModuleNotFoundError" in row["reason"] or "ImportError" in row["reason"]:
             row["status"] = "skipped"
         return row
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     row["result"] = result
     n = result.get("records") or 0
     first, last, start = (result.get(k) for k in ("first_record_at", "last_record_at", "process_start"))
@@ -231,9 +242,7 @@ def compare_check(row: dict[str, Any], expected: dict[str, int]) -> None:
     if not isinstance(check, dict):
         row["check"] = "n/a"
         return
-    mismatches = {
-        k: (check[k], v) for k, v in expected.items() if k in check and check[k] != v
-    }
+    mismatches = {k: (check[k], v) for k, v in expected.items() if k in check and check[k] != v}
     if mismatches:
         row["check"] = "MISMATCH " + ", ".join(f"{k}={a} (expected {b})" for k, (a, b) in mismatches.items())
         if row.get("status") == "ok":
@@ -262,10 +271,18 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
 
     table = Table(title=header, title_justify="left")
     for col, justify in [
-        ("contender", "left"), ("records", "right"), ("rec/s steady", "right"),
-        ("rec/s from start", "right"), ("startup s", "right"), ("CPU s", "right"),
-        ("CPU µs/rec", "right"), ("peak RSS MB", "right"), ("broker CPU s", "right"),
-        ("load", "right"), ("check", "left"), ("status", "left"),
+        ("contender", "left"),
+        ("records", "right"),
+        ("rec/s steady", "right"),
+        ("rec/s from start", "right"),
+        ("startup s", "right"),
+        ("CPU s", "right"),
+        ("CPU µs/rec", "right"),
+        ("peak RSS MB", "right"),
+        ("broker CPU s", "right"),
+        ("load", "right"),
+        ("check", "left"),
+        ("status", "left"),
     ]:
         table.add_column(col, justify=justify)
     for r in rows:
@@ -332,17 +349,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=500_000)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--contenders", default=DEFAULT_CONTENDERS,
-                    help=f"comma list of short names (default {DEFAULT_CONTENDERS})")
-    ap.add_argument("--faust-fraction", type=float, default=0.1,
-                    help="faust processes this fraction of the records (it is ~300x slower)")
+    ap.add_argument(
+        "--contenders", default=DEFAULT_CONTENDERS, help=f"comma list of short names (default {DEFAULT_CONTENDERS})"
+    )
+    ap.add_argument(
+        "--faust-fraction",
+        type=float,
+        default=0.1,
+        help="faust processes this fraction of the records (it is ~300x slower)",
+    )
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
     ap.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
-    ap.add_argument("--producers", type=int, default=1,
-                    help="producer processes for the input (each owns some partitions); "
-                         "1 is usually fastest on 2 cores")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="per-contender timeout in seconds (default 120 + 1 ms per record)")
+    ap.add_argument(
+        "--producers",
+        type=int,
+        default=1,
+        help="producer processes for the input (each owns some partitions); 1 is usually fastest on 2 cores",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=None, help="per-contender timeout in seconds (default 120 + 1 ms per record)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / ".bench")
     args = ap.parse_args(argv)
 
@@ -354,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     fractions = {n: (args.faust_fraction if n == "faust" else 1.0) for n in names}
     spec = InputSpec(args.records, args.keys, args.partitions)
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     logdir = args.out / f"harness-{run_id}"
     logdir.mkdir(parents=True, exist_ok=True)
 
@@ -407,20 +433,30 @@ def main(argv: list[str] | None = None) -> int:
             timeout = args.timeout if args.timeout is not None else 120 + size / 1000
             console.print(f"running {name} on {size:,} records ...")
             row = run_contender(
-                name, bootstrap=broker.bootstrap, topic=topics[size], records=size,
-                partitions=spec.partitions, session_timeout_ms=args.session_timeout_ms,
-                timeout=timeout, logdir=logdir, broker_pid=broker_pid,
+                name,
+                bootstrap=broker.bootstrap,
+                topic=topics[size],
+                records=size,
+                partitions=spec.partitions,
+                session_timeout_ms=args.session_timeout_ms,
+                timeout=timeout,
+                logdir=logdir,
+                broker_pid=broker_pid,
             )
             row["fraction"] = fractions[name]
             row["expected_check"] = expected[size]
             compare_check(row, expected[size])
             rows.append(row)
             if row["status"] != "ok":
-                console.print(f"  {name}: {row['status']}: {row.get('reason', row.get('check'))} "
-                              f"(logs: {row.get('stderr_log', '-')})")
+                console.print(
+                    f"  {name}: {row['status']}: {row.get('reason', row.get('check'))} "
+                    f"(logs: {row.get('stderr_log', '-')})"
+                )
             elif row.get("steady_rps"):
-                console.print(f"  {name}: {row['steady_rps']:,.0f} records/s steady, "
-                              f"{row.get('from_start_rps', 0):,.0f} from process start")
+                console.print(
+                    f"  {name}: {row['steady_rps']:,.0f} records/s steady, "
+                    f"{row.get('from_start_rps', 0):,.0f} from process start"
+                )
 
     rows.sort(key=lambda r: names.index(r["contender"]))
     report["results"] = rows

@@ -64,7 +64,11 @@ def _produce_worker(worker: int, workers: int) -> int:
     from streamkit.testing import produce_json
 
     bootstrap, topic, n, ks, placement = (
-        _WORK["bootstrap"], _WORK["topic"], _WORK["n"], _WORK["ks"], _WORK["placement"],
+        _WORK["bootstrap"],
+        _WORK["topic"],
+        _WORK["n"],
+        _WORK["ks"],
+        _WORK["placement"],
     )
     dumps = orjson.dumps
     keys = [b"key-%d" % k for k in range(len(placement))]

@@ -91,13 +91,20 @@ def main(argv: list[str] | None = None) -> None:
         "with N / 4 partitions; ->old: moved between partitions existing before; "
         "skew: largest partition / mean, LH(4) at N",
     )
-    for col in ("N", "+1 Kafka", "->old", "+1 LH(N)", "+1 LH(4)",
-                "x2 Kafka", "x2 LH(N)", "x2 LH(4)", "skew"):
+    for col in ("N", "+1 Kafka", "->old", "+1 LH(N)", "+1 LH(4)", "x2 Kafka", "x2 LH(N)", "x2 LH(4)", "skew"):
         table.add_column(col, justify="right")
     for n, r in rows.items():
-        table.add_row(str(n), pct(r["kafka+1"]), pct(r["kafka+1_old"]), pct(r["lhN+1"]),
-                      pct(r["lh4+1"]), pct(r["kafka*2"]), pct(r["lhN*2"]), pct(r["lh4*2"]),
-                      f"{r['skew']:.2f}x")
+        table.add_row(
+            str(n),
+            pct(r["kafka+1"]),
+            pct(r["kafka+1_old"]),
+            pct(r["lhN+1"]),
+            pct(r["lh4+1"]),
+            pct(r["kafka*2"]),
+            pct(r["lhN*2"]),
+            pct(r["lh4*2"]),
+            f"{r['skew']:.2f}x",
+        )
     console = Console()
     console.print(table)
 
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{worst_skew:.2f}x the mean (hashing: {args.keys / hash_s / 1e6:.1f}M keys/s)",
         soft_wrap=True,
     )
+
 
 if __name__ == "__main__":
     main()

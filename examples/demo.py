@@ -24,9 +24,9 @@ from rich.table import Table
 
 from examples.order_producer import expected_totals, produce
 from stores.rocksdb import RocksDBStore
+from stores.serde import StrSerde
 from streamkit.broker import EmbeddedBroker
 from streamkit.tables import WindowKeySerde
-from stores.serde import StrSerde
 from streamkit.testing import create_topic, read_topic
 
 ORDERS, CUSTOMERS, SEED, START_MS = 20_000, 200, 7, 1_767_225_600_000
@@ -50,8 +50,13 @@ def main() -> None:
         create_topic(broker.bootstrap, "big-orders", 2)
         asyncio.run(produce(broker.bootstrap, "orders", ORDERS, CUSTOMERS, SEED, START_MS))
         console.print(f"produced {ORDERS} orders for {CUSTOMERS} customers (1 in 500 malformed)")
-        env = dict(os.environ, STREAMKIT_BROKER=broker.bootstrap, STREAMKIT_STATE_DIR=state_dir,
-                   STREAMKIT_SESSION_TIMEOUT_MS="4000", PYTHONPATH=str(ROOT))
+        env = dict(
+            os.environ,
+            STREAMKIT_BROKER=broker.bootstrap,
+            STREAMKIT_STATE_DIR=state_dir,
+            STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            PYTHONPATH=str(ROOT),
+        )
         cmd = [sys.executable, "-m", "streamkit.cli", "worker", "examples.orders:app", "--log-level", "WARNING"]
         workers = [subprocess.Popen(cmd, cwd=ROOT, env=env) for _ in range(2)]
         console.print("started 2 workers: [cyan]streamkit worker examples.orders:app[/]")
@@ -63,8 +68,9 @@ def main() -> None:
                 sys.exit("the workers did not finish within 120 s")
             time.sleep(0.2)
         console.print(f"all {ORDERS} orders consumed in {time.monotonic() - t0:.1f} s\n")
-        subprocess.run([sys.executable, "-m", "streamkit.cli", "status", "examples.orders:app"],
-                       cwd=ROOT, env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "status", "examples.orders:app"], cwd=ROOT, env=env, check=True
+        )
         for w in workers:
             w.send_signal(signal.SIGTERM)
         for w in workers:
@@ -97,9 +103,11 @@ def main() -> None:
     console.print(minutes)
     ok = totals == exp_totals and revenue == exp_revenue
     mark = "[bold green]OK[/]" if ok else "[bold red]MISMATCH[/]"
-    console.print(f"{mark}: {len(totals)} customers' totals and {len(revenue)} windows equal the "
-                  f"reference computed from the generated orders; {bad} malformed orders went to "
-                  f"orders-demo-dead-letters; {len(big)} big orders were sent to big-orders")
+    console.print(
+        f"{mark}: {len(totals)} customers' totals and {len(revenue)} windows equal the "
+        f"reference computed from the generated orders; {bad} malformed orders went to "
+        f"orders-demo-dead-letters; {len(big)} big orders were sent to big-orders"
+    )
     sys.exit(0 if ok else 1)
 
 

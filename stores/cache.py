@@ -234,7 +234,9 @@ class CachedTable:
         overlay = sorted(((kdumps(k), k, cache[k]) for k in self._dirty), key=_first)
         return self._merge(overlay, self.store.items(self.table))
 
-    def _merge(self, overlay: list[tuple[bytes, Any, Any]], stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Any, Any]]:
+    def _merge(
+        self, overlay: list[tuple[bytes, Any, Any]], stored: Iterator[tuple[bytes, bytes]]
+    ) -> Iterator[tuple[Any, Any]]:
         cache = self._cache
         kloads = self._kloads
         vloads = self._vloads
@@ -267,8 +269,7 @@ class CachedTable:
 
     def __repr__(self) -> str:
         return (
-            f"<CachedTable {self.table!r} of {self.store.name!r}: "
-            f"{len(self._cache)} cached, {len(self._dirty)} dirty>"
+            f"<CachedTable {self.table!r} of {self.store.name!r}: {len(self._cache)} cached, {len(self._dirty)} dirty>"
         )
 
 

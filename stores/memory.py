@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_bytes, check_changes
 

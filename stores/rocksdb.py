@@ -48,9 +48,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from rocksdict import IngestExternalFileOptions, Options, ReadOptions, Rdict, SstFileWriter, WriteBatch, WriteOptions
+from rocksdict import IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch, WriteOptions
 
 from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_changes
 from .serde import short_repr
@@ -277,7 +277,7 @@ class RocksDBStore(Store):
         if not keys:
             return []
         try:
-            return cf.get(list(keys))
+            return cast("list[bytes | None]", cf.get(list(keys)))
         except KeyError:
             raise TypeError(f"table {table!r}: keys must be bytes") from None
 
@@ -290,7 +290,7 @@ class RocksDBStore(Store):
         if end is not None:
             read_opts.set_iterate_upper_bound(end)
         # The RocksDB iterator is created here, so it sees the store as of this call.
-        return iter(cf.items(from_key=start, read_opt=read_opts))
+        return cast("Iterator[tuple[bytes, bytes]]", iter(cf.items(from_key=start, read_opt=read_opts)))
 
     def checkpoint(self) -> Checkpoint:
         if self._db is None:
@@ -439,34 +439,39 @@ def write_sst(
     with no items no file is left behind and 0 is returned.
     """
     path = os.fspath(path)
-    writer: SstFileWriter | None = SstFileWriter(options if options is not None else store_options())
+    writer = SstFileWriter(options if options is not None else store_options())
     writer.open(path)
-    n = 0
-    last: bytes | None = None
     try:
-        for key, value in sorted_items:
-            try:
-                writer[key] = value
-            except KeyError:
-                raise TypeError(f"write_sst {path}: keys must be bytes, got {type(key).__name__}") from None
-            except ValueError:
-                raise TypeError(f"write_sst {path}: values must be bytes, got {type(value).__name__}") from None
-            except Exception as exc:
-                raise StoreError(
-                    f"write_sst {path}: key {short_repr(key)} after {short_repr(last)}: {exc} "
-                    "(keys must be strictly ascending bytes)"
-                ) from None
-            last = key
-            n += 1
-        if n == 0:
-            writer = None  # RocksDB refuses to finish an empty SST
-            _remove_quietly(path)
-            return 0
-        writer.finish()
+        n = _append_sorted(writer, path, sorted_items)
+        if n:
+            writer.finish()
     except BaseException:
-        writer = None
+        del writer  # the file is closed before it is removed
         _remove_quietly(path)
         raise
+    if n == 0:
+        del writer  # RocksDB refuses to finish an empty SST
+        _remove_quietly(path)
+    return n
+
+
+def _append_sorted(writer: SstFileWriter, path: str, sorted_items: Iterable[tuple[bytes, bytes]]) -> int:
+    n = 0
+    last: bytes | None = None
+    for key, value in sorted_items:
+        try:
+            writer[key] = value
+        except KeyError:
+            raise TypeError(f"write_sst {path}: keys must be bytes, got {type(key).__name__}") from None
+        except ValueError:
+            raise TypeError(f"write_sst {path}: values must be bytes, got {type(value).__name__}") from None
+        except Exception as exc:
+            raise StoreError(
+                f"write_sst {path}: key {short_repr(key)} after {short_repr(last)}: {exc} "
+                "(keys must be strictly ascending bytes)"
+            ) from None
+        last = key
+        n += 1
     return n
 
 

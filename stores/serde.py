@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import orjson
 
@@ -75,7 +75,7 @@ class JsonSerde:
     def __init__(self, option: int = 0) -> None:
         self.option = option
         # Bind the encoder directly: this is called per dirty key per checkpoint.
-        self.dumps = orjson.dumps if option == 0 else functools.partial(orjson.dumps, option=option)
+        self.dumps = orjson.dumps if option == 0 else functools.partial(orjson.dumps, option=option)  # type: ignore[method-assign, assignment]
 
     def dumps(self, obj: Any) -> bytes:  # pragma: no cover - replaced per instance
         return orjson.dumps(obj)
@@ -165,7 +165,7 @@ class IntSerde:
 
     def loads(self, data: bytes) -> int:
         try:
-            return _unpack_q(data)[0]
+            return int(_unpack_q(data)[0])
         except (struct.error, TypeError):
             raise SerdeError("IntSerde", data, f"expected 8 bytes, got {_len_or_type(data)}") from None
 
@@ -193,12 +193,12 @@ def serde_for(spec: Any) -> Serde:
         if cls is None:
             names = ", ".join(repr(n) for n in _BY_NAME)
             raise ValueError(f"unknown serde name {spec!r}; expected one of {names} or an object with dumps/loads")
-        return cls()
+        return cast(Serde, cls())
     if isinstance(spec, type):
         if callable(getattr(spec, "dumps", None)) and callable(getattr(spec, "loads", None)):
-            return spec()
+            return cast(Serde, spec())
     elif callable(getattr(spec, "dumps", None)) and callable(getattr(spec, "loads", None)):
-        return spec
+        return cast(Serde, spec)
     raise TypeError(
         f"not a serde: {short_repr(spec)} (type {type(spec).__name__}); "
         "expected a name ('json', 'raw', 'str', 'int') or an object with dumps(obj) -> bytes and loads(bytes)"

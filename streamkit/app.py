@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stores.serde import serde_for
-
 from streamkit.settings import Settings
 from streamkit.tables import Table, WindowedTable
 from streamkit.topics import Topic
@@ -94,9 +93,7 @@ class App:
             raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
         ks, vs = serde_for(key_serde), serde_for(value_serde)
         table: Table = (
-            WindowedTable(name, ks, vs, window, default)
-            if window is not None
-            else Table(name, ks, vs, default)
+            WindowedTable(name, ks, vs, window, default) if window is not None else Table(name, ks, vs, default)
         )
         self.tables[name] = table
         return table
@@ -107,9 +104,7 @@ class App:
 
         def register(fn: F) -> F:
             _check_arity(fn, 3, "@app.processor handler", "(key, value, ctx)")
-            self.handlers.setdefault(t.name, []).append(
-                HandlerSpec(t, fn, inspect.iscoroutinefunction(fn))
-            )
+            self.handlers.setdefault(t.name, []).append(HandlerSpec(t, fn, inspect.iscoroutinefunction(fn)))
             return fn
 
         return register

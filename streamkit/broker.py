@@ -29,6 +29,7 @@ import threading
 import time
 from importlib.resources import files
 from pathlib import Path
+from typing import IO
 
 __all__ = [
     "BrokerError",
@@ -150,9 +151,7 @@ def wait_for_broker(address: str, timeout: float = _STARTUP_TIMEOUT) -> dict[int
             return api_versions(address, timeout=min(1.0, max(0.05, deadline - time.monotonic())))
         except (OSError, ConnectionError) as exc:
             if time.monotonic() + delay >= deadline:
-                raise BrokerError(
-                    f"no Kafka broker answers at {address} ({_describe(exc)})"
-                ) from exc
+                raise BrokerError(f"no Kafka broker answers at {address} ({_describe(exc)})") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
 
@@ -270,13 +269,11 @@ class EmbeddedBroker:
         self.host = host
         self.port: int | None = port
         self.startup_timeout = startup_timeout
-        self.keep_log = (
-            keep_log if keep_log is not None else os.environ.get("STREAMKIT_BROKER_KEEP_LOG") == "1"
-        )
+        self.keep_log = keep_log if keep_log is not None else os.environ.get("STREAMKIT_BROKER_KEEP_LOG") == "1"
         self.api_versions: dict[int, tuple[int, int]] = {}
         self._proc: subprocess.Popen | None = None
         self._log_dir: Path | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
         self._lock = threading.Lock()
         if start:
             self.start()
@@ -390,9 +387,7 @@ class EmbeddedBroker:
             if time.monotonic() >= deadline:
                 self._kill()
                 self._reap()
-                raise BrokerError(
-                    f"Tansu broker did not answer on {address} within {self.startup_timeout:.0f}s"
-                )
+                raise BrokerError(f"Tansu broker did not answer on {address} within {self.startup_timeout:.0f}s")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=delay)  # returns early if it exits
             delay = min(delay * 2, 0.1)

@@ -22,9 +22,7 @@ def load_app(spec: str) -> App:
     except ModuleNotFoundError as exc:
         raise AppLoadError(f"cannot import module {module_name!r} for {spec!r}: {exc}") from exc
     except Exception as exc:  # the user's module raised while importing
-        raise AppLoadError(
-            f"importing {module_name!r} for {spec!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise AppLoadError(f"importing {module_name!r} for {spec!r} raised {type(exc).__name__}: {exc}") from exc
     try:
         obj = getattr(module, attr)
     except AttributeError:

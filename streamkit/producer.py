@@ -49,9 +49,6 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 
 from assignors.murmur2 import kafka_partition, key_hash_cached
 from streamkit.errors import StreamkitError
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
-from streamkit.layout.model import TopicLayout
-from streamkit.layout.placement import Placer
 from streamkit.layout.control import (
     DEFAULT_HEARTBEAT_MS,
     DEFAULT_LEASE_MS,
@@ -59,7 +56,10 @@ from streamkit.layout.control import (
     ensure_acks_topic,
     heartbeat_fields,
 )
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.placement import Placer
 from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
 
 __all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]
 
@@ -171,7 +171,9 @@ class Delivery:
     def _meta(self, ob: _Open, md: Any) -> RecordMetadata:
         tp = TopicPartition(ob.topic, ob.partition)
         ts = self._ts if self._ts is not None else md.timestamp
-        return RecordMetadata(ob.topic, ob.partition, tp, md.offset + self._rel, ts, md.timestamp_type, md.log_start_offset)
+        return RecordMetadata(
+            ob.topic, ob.partition, tp, md.offset + self._rel, ts, md.timestamp_type, md.log_start_offset
+        )
 
     def result(self) -> RecordMetadata:
         ob = self._ob
@@ -364,7 +366,9 @@ class Producer:
             await self._dispatch(full)
         return d
 
-    async def send_and_wait(self, topic: str, key: Any, value: Any, headers: Headers = None, **kw: Any) -> RecordMetadata:
+    async def send_and_wait(
+        self, topic: str, key: Any, value: Any, headers: Headers = None, **kw: Any
+    ) -> RecordMetadata:
         d = await self.send(topic, key, value, headers, **kw)
         self._seal_topic(topic)
         return await d
@@ -428,7 +432,9 @@ class Producer:
             meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
             if meta is None:
                 del self._open[k]
-                raise ValueError(f"record of {len(vb or b'') + len(kb or b'')} bytes is too large for a batch of {self.batch_bytes}")
+                raise ValueError(
+                    f"record of {len(vb or b'') + len(kb or b'')} bytes is too large for a batch of {self.batch_bytes}"
+                )
         if d is None:
             d = Delivery(ob, meta.offset, ts)
         else:
@@ -447,8 +453,14 @@ class Producer:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
         if ob.epoch < self._acked_epoch.get(ob.topic, -1):  # would land after the seal: late records
-            log.error("%s: batch of %s[%d] stamped %d dispatched after acking a newer epoch", self.producer_id,
-                      ob.topic, ob.partition, ob.epoch, stack_info=True)
+            log.error(
+                "%s: batch of %s[%d] stamped %d dispatched after acking a newer epoch",
+                self.producer_id,
+                ob.topic,
+                ob.partition,
+                ob.epoch,
+                stack_info=True,
+            )
         self._inflight.setdefault(ob.topic, set()).add(ob.future)
         lock = self._locks.get(k)
         if lock is None:
@@ -465,8 +477,8 @@ class Producer:
     def _delivered(self, ob: _Open, f: asyncio.Future[Any]) -> None:
         if f.cancelled():
             self._fail(ob, asyncio.CancelledError())
-        elif f.exception() is not None:
-            self._fail(ob, f.exception())
+        elif (exc := f.exception()) is not None:
+            self._fail(ob, exc)
         else:
             md = f.result()
             ends = self._ends.setdefault(ob.topic, {})
@@ -581,8 +593,15 @@ class Producer:
         key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id, ends=ends)
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
         self.stats["acks"] += 1
-        log.info("%s: acknowledged epoch %d of %s after %.3f s (%d batches were in flight); ends %s",
-                 self.producer_id, epoch, topic, time.monotonic() - started, len(pending), ends)
+        log.info(
+            "%s: acknowledged epoch %d of %s after %.3f s (%d batches were in flight); ends %s",
+            self.producer_id,
+            epoch,
+            topic,
+            time.monotonic() - started,
+            len(pending),
+            ends,
+        )
 
     def _check_fence(self, layout: TopicLayout) -> None:
         for s in layout.seals:
@@ -593,7 +612,10 @@ class Producer:
                 log.warning(
                     "producer %s was fenced by the %s of %s to epoch %d: it did not acknowledge in time "
                     "(paused or partitioned?); records it had already sent may be late",
-                    self.producer_id, s.kind.value, layout.topic, s.epoch,
+                    self.producer_id,
+                    s.kind.value,
+                    layout.topic,
+                    s.epoch,
                 )
                 key, value = control_record("fenced", self.producer_id, topic=layout.topic, epoch=s.epoch)
                 t = asyncio.ensure_future(self._kp.send(self.acks_topic, value, key=key, partition=0))

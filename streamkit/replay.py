@@ -25,7 +25,7 @@ from streamkit.tables import Table, WindowedTable
 class _KeyScopedState:
     """A table backend that only lets the handler touch the current record's key."""
 
-    def __init__(self, table: Table, replay: "Replayer") -> None:
+    def __init__(self, table: Table, replay: Replayer) -> None:
         self.table = table
         self.replay = replay
         self.data: dict[Any, Any] = {}

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Protocol
 
 from stores.serde import Serde
-
 from streamkit.windows import Tumbling
 
 _MISSING: Any = object()
@@ -160,7 +159,7 @@ class WindowedTable(Table):
 
     @property
     def store_key_serde(self) -> Serde:
-        return self._stored_key_serde  # type: ignore[return-value]
+        return self._stored_key_serde
 
     def _wkey(self, key: Any) -> tuple[Any, int]:
         ts = self._clock.timestamp

@@ -142,7 +142,7 @@ async def aproduce_json(
     order within a partition is the order given.
     """
     own = producer is None
-    if own:
+    if producer is None:
         producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             acks="all",
@@ -153,8 +153,9 @@ async def aproduce_json(
             enable_idempotence=False,  # unsupported by the reference broker
         )
         await producer.start()
+    sender: AIOKafkaProducer = producer
     try:
-        partitions = sorted(await producer.partitions_for(topic) or ())
+        partitions = sorted(await sender.partitions_for(topic) or ())
         if not partitions:
             raise ValueError(f"topic {topic!r} has no partitions (does it exist?)")
         n = len(partitions)
@@ -181,25 +182,25 @@ async def aproduce_json(
         futures: list[asyncio.Future] = []
 
         async def send_partition(part: int, items: list) -> None:
-            batch = producer.create_batch()
+            batch = sender.create_batch()
             for key, value in items:
                 ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
                 if batch.append(timestamp=ts, key=key, value=value, headers=hdrs) is None:
                     batch.close()
-                    futures.append(await producer.send_batch(batch, topic, partition=part))
-                    batch = producer.create_batch()
+                    futures.append(await sender.send_batch(batch, topic, partition=part))
+                    batch = sender.create_batch()
                     if batch.append(timestamp=ts, key=key, value=value, headers=hdrs) is None:
                         raise ValueError(f"record larger than batch_bytes={batch_bytes}")
             if batch.record_count():
                 batch.close()
-                futures.append(await producer.send_batch(batch, topic, partition=part))
+                futures.append(await sender.send_batch(batch, topic, partition=part))
 
         await asyncio.gather(*(send_partition(p, items) for p, items in by_partition.items()))
         await asyncio.gather(*futures)
         return count
     finally:
         if own:
-            await producer.stop()
+            await sender.stop()
 
 
 produce_json = _blocking(aproduce_json)
@@ -208,9 +209,7 @@ produce_json = _blocking(aproduce_json)
 # --------------------------------------------------------------------------- read
 
 
-async def aread_topic(
-    bootstrap: str, topic: str, *, partitions: Iterable[int] | None = None
-) -> list[FetchedRecord]:
+async def aread_topic(bootstrap: str, topic: str, *, partitions: Iterable[int] | None = None) -> list[FetchedRecord]:
     """Every record of ``topic`` (or of the given ``partitions``), from offset 0 up to the
     high watermark a fetch response reports for each partition.
 

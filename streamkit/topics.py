@@ -16,7 +16,7 @@ class Topic:
     ordered_delivery: bool = True
 
     @classmethod
-    def declare(cls, name: str, key_serde: Any = "str", value_serde: Any = "json") -> "Topic":
+    def declare(cls, name: str, key_serde: Any = "str", value_serde: Any = "json") -> Topic:
         if not name or not isinstance(name, str):
             raise ValueError(f"topic name must be a non-empty string, got {name!r}")
         return cls(name, serde_for(key_serde), serde_for(value_serde))

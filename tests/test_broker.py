@@ -109,9 +109,7 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         """
     )
     for mode in ("exit", "sigkill"):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", script, mode], stdout=subprocess.PIPE, text=True, cwd=ROOT
-        )
+        proc = subprocess.Popen([sys.executable, "-c", script, mode], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
             pid_text, log_dir = read_line(proc, 20).split()
             broker_pid = int(pid_text)

@@ -10,11 +10,11 @@ import pytest
 
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import kafka_partition, key_hash
-from streamkit.layout import model
 from streamkit.kafkaio import KafkaIO
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
+from streamkit.layout import model
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
 from streamkit.producer import Producer, ProducerFencedError
 
 
@@ -54,7 +54,7 @@ def test_places_by_layout_stamps_epoch_and_batches(broker: str) -> None:
         recs = await read(broker, topic, 8)
         assert sum(len(v) for v in recs.values()) == len(keys) * 20 + 10
         assert not recs[5] and not recs[6] and not recs[7]  # never a None partition
-        for p_, lst in recs.items():
+        for lst in recs.values():
             for r in lst:
                 h = dict(r.headers)
                 assert record_epoch(r.headers) == 2 and h[PRODUCER_HEADER].startswith(b"alone-")
@@ -114,9 +114,10 @@ def test_fence_raise_mode_and_clear(broker: str) -> None:
         async with LayoutCoordinator(broker) as co:
             lay = await co.create(topic, 2, capacity=4)
         seen = []
-        async with Producer(broker, client_id="strict", on_fence="raise") as p, Producer(
-            broker, client_id="cb", on_fence=seen.append
-        ) as q:
+        async with (
+            Producer(broker, client_id="strict", on_fence="raise") as p,
+            Producer(broker, client_id="cb", on_fence=seen.append) as q,
+        ):
             await (await p.send(topic, "a", 1))
             async with LayoutRegistry(broker) as reg:
                 await reg.load(topic)

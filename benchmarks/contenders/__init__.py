@@ -113,9 +113,13 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None):
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="hard timeout in seconds (RESULT with an error, then exit); default "
-                             "$PEER_TIMEOUT_S, else 60 s + 1 ms per record")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="hard timeout in seconds (RESULT with an error, then exit); default "
+        "$PEER_TIMEOUT_S, else 60 s + 1 ms per record",
+    )
     args, _unknown = parser.parse_known_args(argv)
     if args.timeout is None:
         env = os.environ.get("PEER_TIMEOUT_S")
@@ -250,7 +254,6 @@ def run_peer(
     error = error or progress.get("error")
     if progress["n"] < args.records and error is None:
         error = f"{stopper} stopped after {progress['n']} of {args.records} records"
-    if not emit_progress(progress, check=check, error=error, contender=contender,
-                         stopped_at=stopped_at):
+    if not emit_progress(progress, check=check, error=error, contender=contender, stopped_at=stopped_at):
         return 3  # the watchdog has fired and printed the RESULT
     return 0 if error is None else 1

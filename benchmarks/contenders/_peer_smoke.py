@@ -34,9 +34,18 @@ def start_broker() -> tuple[subprocess.Popen, str]:
     port = _free_port()
     url = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -49,8 +58,7 @@ def start_broker() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("tansu did not start")
 
 
-async def fill_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int,
-                     retention: bool) -> int:
+async def fill_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int, retention: bool) -> int:
     import orjson
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -61,8 +69,7 @@ async def fill_topic(bootstrap: str, topic: str, partitions: int, records: int, 
     await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=configs)])
     await admin.close()
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20,
-                                max_batch_size=256 * 1024, acks=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024, acks=1)
     await producer.start()
     total = 0
     pending = []
@@ -70,9 +77,9 @@ async def fill_topic(bootstrap: str, topic: str, partitions: int, records: int, 
         for i in range(records):
             amount = (i * 7919) % 1000
             total += amount
-            pending.append(await producer.send(
-                topic, key=b"key-%d" % (i % keys),
-                value=orjson.dumps({"amount": amount, "seq": i})))
+            pending.append(
+                await producer.send(topic, key=b"key-%d" % (i % keys), value=orjson.dumps({"amount": amount, "seq": i}))
+            )
             if len(pending) >= 20000:
                 await asyncio.gather(*pending)
                 pending.clear()
@@ -89,8 +96,9 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
-    ap.add_argument("--no-retention", action="store_true",
-                    help="create the input topic without retention.ms/retention.bytes")
+    ap.add_argument(
+        "--no-retention", action="store_true", help="create the input topic without retention.ms/retention.bytes"
+    )
     ap.add_argument("--extra", type=int, default=0, help="produce this many extra records")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
@@ -99,22 +107,36 @@ def main() -> int:
     try:
         topic = "bench-input"
         t0 = time.time()
-        expected_sum = asyncio.run(fill_topic(
-            bootstrap, topic, args.partitions, args.records + args.extra, args.keys,
-            retention=not args.no_retention))
+        expected_sum = asyncio.run(
+            fill_topic(
+                bootstrap, topic, args.partitions, args.records + args.extra, args.keys, retention=not args.no_retention
+            )
+        )
         if args.extra:  # sum of the first N records only is not knowable per partition order
             expected_sum = None
-        print(f"produced {args.records + args.extra} records in {time.time() - t0:.1f}s",
-              flush=True)
+        print(f"produced {args.records + args.extra} records in {time.time() - t0:.1f}s", flush=True)
         with tempfile.TemporaryDirectory(prefix=f"peer-{args.contender}-") as workdir:
-            cmd = [sys.executable, "-m", f"benchmarks.contenders.{args.contender}",
-                   "--bootstrap", bootstrap, "--topic", topic, "--records", str(args.records),
-                   "--partitions", str(args.partitions), "--workdir", workdir,
-                   "--session-timeout-ms", str(args.session_timeout_ms),
-                   "--timeout", str(args.timeout)]
+            cmd = [
+                sys.executable,
+                "-m",
+                f"benchmarks.contenders.{args.contender}",
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                topic,
+                "--records",
+                str(args.records),
+                "--partitions",
+                str(args.partitions),
+                "--workdir",
+                workdir,
+                "--session-timeout-ms",
+                str(args.session_timeout_ms),
+                "--timeout",
+                str(args.timeout),
+            ]
             started = time.time()
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60,
-                                 cwd=os.getcwd())
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60, cwd=os.getcwd())
             wall = time.time() - started
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode != 0 or len(lines) != 1:
@@ -123,17 +145,22 @@ def main() -> int:
         if not lines:
             print(f"no RESULT (rc={out.returncode})")
             return 1
-        res = json.loads(lines[-1][len("RESULT "):])
+        res = json.loads(lines[-1][len("RESULT ") :])
         n = res.get("records", 0) if res.get("last_record_at") else 0
         span = res["last_record_at"] - res["first_record_at"] if n else float("nan")
         since_start = res["last_record_at"] - res["process_start"] if n else float("nan")
         print("RESULT", json.dumps(res))
-        print(f"rc={out.returncode} wall={wall:.1f}s  first->last {n / span:,.0f} rec/s  "
-              f"from process start {n / since_start:,.0f} rec/s")
-        ok = (not res.get("error") and n == args.records
-              and res["check"]["count"] == args.records
-              and res["check"]["keys"] == min(args.keys, args.records)
-              and (expected_sum is None or res["check"]["sum"] == expected_sum))
+        print(
+            f"rc={out.returncode} wall={wall:.1f}s  first->last {n / span:,.0f} rec/s  "
+            f"from process start {n / since_start:,.0f} rec/s"
+        )
+        ok = (
+            not res.get("error")
+            and n == args.records
+            and res["check"]["count"] == args.records
+            and res["check"]["keys"] == min(args.keys, args.records)
+            and (expected_sum is None or res["check"]["sum"] == expected_sum)
+        )
         print("CHECK", "OK" if ok else f"FAILED (expected sum {expected_sum})")
         return 0 if ok else 1
     finally:

@@ -24,6 +24,7 @@ from the table's RocksDB partitions on disk after the worker has closed them.
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
 from benchmarks.contenders import PROCESS_START, check_totals, parse_args, run_peer  # noqa: F401
 
+# isort: split
 import json
 import logging
 import os
@@ -52,8 +53,7 @@ def _stored_pairs(tabledir: str):
     for name in sorted(os.listdir(tabledir)):
         if not (name.startswith(TABLE_NAME + "-") and name.endswith(".db")):
             continue
-        db = Rdict(os.path.join(tabledir, name), options=Options(raw_mode=True),
-                   access_type=AccessType.read_only())
+        db = Rdict(os.path.join(tabledir, name), options=Options(raw_mode=True), access_type=AccessType.read_only())
         try:
             for k, v in db.items():
                 if not k.startswith(b"__faust"):
@@ -81,10 +81,8 @@ def _run(args, app_id: str, datadir: str, progress: dict) -> str:
         topic_partitions=args.partitions,
         web_enabled=False,
     )
-    topic = app.topic(args.topic, key_type=bytes, value_serializer="json",
-                      partitions=args.partitions)
-    table = app.Table(TABLE_NAME, default=None, partitions=args.partitions,
-                      key_type=bytes)
+    topic = app.topic(args.topic, key_type=bytes, value_serializer="json", partitions=args.partitions)
+    table = app.Table(TABLE_NAME, default=None, partitions=args.partitions, key_type=bytes)
 
     n_target = args.records
     now = time.time

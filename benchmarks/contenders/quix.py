@@ -19,6 +19,7 @@ partitions on disk after the app has closed them.
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
 from benchmarks.contenders import PROCESS_START, check_totals, parse_args, run_peer  # noqa: F401
 
+# isort: split
 import json
 import os
 import sys
@@ -49,8 +50,12 @@ def _stored_pairs(state_dir: str):
             continue
         dirs[:] = []
         cfs = Rdict.list_cf(root)
-        db = Rdict(root, options=Options(raw_mode=True), access_type=AccessType.read_only(),
-                   column_families={cf: Options(raw_mode=True) for cf in cfs if cf != "default"})
+        db = Rdict(
+            root,
+            options=Options(raw_mode=True),
+            access_type=AccessType.read_only(),
+            column_families={cf: Options(raw_mode=True) for cf in cfs if cf != "default"},
+        )
         try:
             for k, v in db.items():
                 if not k.endswith(suffix):
@@ -127,8 +132,7 @@ def main(argv=None) -> int:
     args = parse_args(argv, prog="benchmarks.contenders.quix")
     state_dir = os.path.join(args.workdir, f"quix-state-{uuid.uuid4().hex[:10]}")
     os.makedirs(args.workdir, exist_ok=True)
-    return run_peer(args, "quix", lambda progress: _run(args, state_dir, progress),
-                    lambda: read_back(state_dir))
+    return run_peer(args, "quix", lambda progress: _run(args, state_dir, progress), lambda: read_back(state_dir))
 
 
 if __name__ == "__main__":

@@ -82,9 +82,14 @@ def main() -> int:
     try:
         result = asyncio.run(run(args))
     except Exception as exc:  # report, do not hang the harness
-        emit_result(records=0, first_record_at=None, last_record_at=None,
-                    process_start=PROCESS_START, error=f"{type(exc).__name__}: {exc}",
-                    contender="raw")
+        emit_result(
+            records=0,
+            first_record_at=None,
+            last_record_at=None,
+            process_start=PROCESS_START,
+            error=f"{type(exc).__name__}: {exc}",
+            contender="raw",
+        )
         return 1
     emit_result(process_start=PROCESS_START, contender="raw", **result)
     return 0

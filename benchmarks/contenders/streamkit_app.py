@@ -12,6 +12,7 @@ is read back from the processors' RocksDB stores after the worker has closed the
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
 from benchmarks.contenders import PROCESS_START, check_totals, emit_result, parse_args
 
+# isort: split
 import asyncio
 import time
 import uuid
@@ -29,7 +30,9 @@ def main() -> None:
     a = parse_args(prog="benchmarks.contenders.streamkit_app")
 
     app = streamkit.App(
-        f"bench-{uuid.uuid4().hex[:8]}", broker=a.bootstrap, state_dir=Path(a.workdir) / "state",
+        f"bench-{uuid.uuid4().hex[:8]}",
+        broker=a.bootstrap,
+        state_dir=Path(a.workdir) / "state",
         session_timeout_ms=a.session_timeout_ms,
     )
     source = app.topic(a.topic, key_serde="raw")
@@ -56,8 +59,10 @@ def main() -> None:
         pairs.extend(orjson.loads(v) for _, v in store.items("stats"))
         store.close()
     emit_result(
-        records=progress["n"], first_record_at=progress["first"],
-        last_record_at=progress["last"], process_start=PROCESS_START,
+        records=progress["n"],
+        first_record_at=progress["first"],
+        last_record_at=progress["last"],
+        process_start=PROCESS_START,
         check=check_totals(pairs),
     )
 

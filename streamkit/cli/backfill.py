@@ -24,8 +24,16 @@ from typing import Any
 import typer
 
 FORMATS = ("parquet", "json", "csv", "orc", "text", "avro", "delta", "table")
-_EXT = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json", ".ndjson": "json",
-        ".csv": "csv", ".orc": "orc", ".avro": "avro"}
+_EXT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".csv": "csv",
+    ".orc": "orc",
+    ".avro": "avro",
+}
 
 _LOG4J = """\
 rootLogger.level = {level}
@@ -102,8 +110,14 @@ class _RichReporter:
         self.base = Reporter()
         self.timings = self.base.timings
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, disable=not enabled, transient=False,
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+            transient=False,
         )
         self._tasks: dict[str, Any] = {}
         self._poll: threading.Thread | None = None
@@ -131,8 +145,12 @@ class _RichReporter:
                 reporter.timings[name] = reporter.timings.get(name, 0.0) + dt
                 task = reporter._tasks[name]
                 ok = exc[0] is None
-                reporter.progress.update(task, total=1, completed=1 if ok else 0,
-                                         description=f"{name}: {description} {'done' if ok else 'FAILED'}")
+                reporter.progress.update(
+                    task,
+                    total=1,
+                    completed=1 if ok else 0,
+                    description=f"{name}: {description} {'done' if ok else 'FAILED'}",
+                )
                 reporter.progress.stop_task(task)
 
         return _Ctx()
@@ -154,8 +172,9 @@ class _RichReporter:
                 return
             done = sum(c for c, _ in seen.values())
             total = sum(t for _, t in seen.values())
-            self.progress.update(task, completed=done, total=total or None,
-                                 description=f"  spark tasks ({len(seen)} stage(s))")
+            self.progress.update(
+                task, completed=done, total=total or None, description=f"  spark tasks ({len(seen)} stage(s))"
+            )
 
         def poll() -> None:
             while not self._stop.wait(0.3):
@@ -199,8 +218,11 @@ def _summary(console: Any, result: Any, jvm_seconds: float, total: float) -> Non
     if d.get("duplicates") or d.get("null_values"):
         t.add_row("duplicates / nulls", f"{d['duplicates']:,} older rows dropped, {d['null_values']:,} null values")
     tm = result.timings
-    t.add_row("time", f"{total:.1f}s total = JVM start {jvm_seconds:.1f}s + spark job {tm.get('spark', 0):.1f}s "
-                      f"+ build {tm.get('build', 0):.2f}s + publish {tm.get('publish', 0):.3f}s")
+    t.add_row(
+        "time",
+        f"{total:.1f}s total = JVM start {jvm_seconds:.1f}s + spark job {tm.get('spark', 0):.1f}s "
+        f"+ build {tm.get('build', 0):.2f}s + publish {tm.get('publish', 0):.3f}s",
+    )
     for w in result.warnings:
         t.add_row("[yellow]warning", escape(w))
     console.print(t)
@@ -225,8 +247,9 @@ def backfill(
     from_start: bool = typer.Option(False, "--from-start", help="no positions: none of the history is in Kafka"),
     p0: int | None = typer.Option(None, "--p0", min=1, help="the job's initial processor count (default: the app's)"),
     processors: int | None = typer.Option(None, "--processors", min=1, help="current processor count (default p0)"),
-    broker: str | None = typer.Option(None, "--broker", "-b",
-                                      help="check/record p0 in the cluster (default: the app's broker)"),
+    broker: str | None = typer.Option(
+        None, "--broker", "-b", help="check/record p0 in the cluster (default: the app's broker)"
+    ),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="default: the app's state_dir"),
     allow_partial: bool = typer.Option(False, "--allow-partial", help="leave the app's other tables empty"),
     keep_backup: bool = typer.Option(False, "--keep-backup", help="keep the replaced stores under .backfill/"),
@@ -275,10 +298,23 @@ def backfill(
         conf.update(_quiet_spark_logs(spark_log_level))
     reporter = _RichReporter(console, progress and not as_json)
     common: dict[str, Any] = dict(
-        key_col=key_col, value_col=value_col, key_encoded=key_encoded, value_encoded=value_encoded,
-        partition_col=partition_col, offset_col=offset_col, positions=position or None, from_start=from_start,
-        p0=p0, processors=processors, broker=broker, state_dir=state_dir, allow_partial=allow_partial, keep_backup=keep_backup,
-        num_partitions=num_partitions, reporter=reporter, fail_at=fail_at,
+        key_col=key_col,
+        value_col=value_col,
+        key_encoded=key_encoded,
+        value_encoded=value_encoded,
+        partition_col=partition_col,
+        offset_col=offset_col,
+        positions=position or None,
+        from_start=from_start,
+        p0=p0,
+        processors=processors,
+        broker=broker,
+        state_dir=state_dir,
+        allow_partial=allow_partial,
+        keep_backup=keep_backup,
+        num_partitions=num_partitions,
+        reporter=reporter,
+        fail_at=fail_at,
     )
     with reporter:
         with reporter.phase("jvm", f"start local Spark ({cores} cores)"):
@@ -287,22 +323,46 @@ def backfill(
         if replay:
             df = load_source(spark, source[0], reader_options)
             result = backfill_replay(
-                app, df, spark=spark, topic=topic, order_by=order_by.split(",") if order_by else None,
-                timestamp_col=timestamp_col, tables=table or None, allow_timers=allow_timers, **common,
+                app,
+                df,
+                spark=spark,
+                topic=topic,
+                order_by=order_by.split(",") if order_by else None,
+                timestamp_col=timestamp_col,
+                tables=table or None,
+                allow_timers=allow_timers,
+                **common,
             )
         else:
             frames = {name: load_source(spark, src, reader_options) for name, src in zip(table, source)}
-            result = backfill_state(app, frames, spark=spark, topic=topic, topic_col=topic_col,
-                                    partitioned_by_key=partitioned_by_key, **common)
+            result = backfill_state(
+                app,
+                frames,
+                spark=spark,
+                topic=topic,
+                topic_col=topic_col,
+                partitioned_by_key=partitioned_by_key,
+                **common,
+            )
     total = time.perf_counter() - t0
     if as_json:
         doc = {
-            "app": result.app, "mode": result.mode, "tables": result.tables, "rows_read": result.rows_read,
-            "keys_written": result.keys_written, "stores_published": result.stores_published,
-            "store_paths": result.store_paths, "p0": result.p0, "processors": result.processors,
+            "app": result.app,
+            "mode": result.mode,
+            "tables": result.tables,
+            "rows_read": result.rows_read,
+            "keys_written": result.keys_written,
+            "stores_published": result.stores_published,
+            "store_paths": result.store_paths,
+            "p0": result.p0,
+            "processors": result.processors,
             "positions": [[t, p, o] for (t, p), o in result.positions.items()],
-            "seconds": total, "jvm_seconds": jvm_s, "timings": result.timings, "details": result.details,
-            "warnings": result.warnings, "run_id": result.run_id,
+            "seconds": total,
+            "jvm_seconds": jvm_s,
+            "timings": result.timings,
+            "details": result.details,
+            "warnings": result.warnings,
+            "run_id": result.run_id,
         }
         sys.stdout.write(json.dumps(doc) + "\n")
     else:

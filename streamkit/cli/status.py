@@ -18,9 +18,9 @@ from streamkit.loader import load_app
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
 
-async def _gather(app: App, bootstrap: str) -> tuple[
-    list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str]
-]:
+async def _gather(
+    app: App, bootstrap: str
+) -> tuple[list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str]]:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
     async with KafkaIO(bootstrap) as io:
@@ -55,7 +55,10 @@ def status(
     statuses, offsets, reasons = asyncio.run(_gather(app, bootstrap))
 
     owner = {
-        (t, p): pid for s in statuses if s.alive and not s.stale for pid, parts in s.processors.items()
+        (t, p): pid
+        for s in statuses
+        if s.alive and not s.stale
+        for pid, parts in s.processors.items()
         for t, p in parts
     }
     workers = Table(title=f"app {app.name}: workers")
@@ -67,16 +70,27 @@ def status(
         if s.consecutive_failures >= app.settings.failure_alarm_after:
             fail = f"[bold red]{fail} FAILING[/]"
         workers.add_row(
-            s.worker, state, ", ".join(str(p) for p in sorted(s.processors)) or "-", str(s.handled),
-            str(sum(s.dead_letters.values())), fail, (s.last_error or "")[:60],
+            s.worker,
+            state,
+            ", ".join(str(p) for p in sorted(s.processors)) or "-",
+            str(s.handled),
+            str(sum(s.dead_letters.values())),
+            fail,
+            (s.last_error or "")[:60],
         )
     parts = Table(title="partitions")
     for col in ("topic", "partition", "processor", "committed", "high watermark", "lag"):
         parts.add_column(col, justify="right" if col not in ("topic",) else "left")
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
-        parts.add_row(topic, str(partition), str(owner.get((topic, partition), "-")),
-                      "-" if com is None else str(com), str(hw), str(lag))
+        parts.add_row(
+            topic,
+            str(partition),
+            str(owner.get((topic, partition), "-")),
+            "-" if com is None else str(com),
+            str(hw),
+            str(lag),
+        )
     console.print(workers)
     console.print(parts)
     dl = Table(title="dead letters")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import typer
@@ -44,7 +44,7 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="topics")
 
 
-def _run(fn: Callable[[], Awaitable[T]]) -> T:
+def _run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     from streamkit.kafkaio import KafkaIOError
     from streamkit.layout.model import LayoutError
 
@@ -73,7 +73,9 @@ def create(
     topic: str = typer.Argument(..., help="topic name"),
     partitions: int = typer.Option(..., "--partitions", "-p", min=1, help="initial (and active) partition count N0"),
     capacity: int | None = typer.Option(None, "--capacity", "-c", help="physical partitions to reserve (>= N0)"),
-    ordered: bool = typer.Option(True, "--ordered-delivery/--no-ordered-delivery", help="gate consumers across layout changes"),
+    ordered: bool = typer.Option(
+        True, "--ordered-delivery/--no-ordered-delivery", help="gate consumers across layout changes"
+    ),
     replication_factor: int = typer.Option(1, "--replication-factor", "-r", min=1),
     broker: str = BrokerOpt,
 ) -> None:
@@ -271,12 +273,19 @@ def _print_describe(info: Any, groups: list[str]) -> None:
             dl = lay.drain_deadline_ms(p)
             if dl:
                 extra = f" until {time.strftime('%H:%M:%S', time.localtime(dl / 1000))}"
-        row = [str(p), f"[{style[m]}]{m.label}{extra}[/{style[m]}]", str(info.high_watermarks.get(p, "-")), str(lay.base_offset(p))]
+        row = [
+            str(p),
+            f"[{style[m]}]{m.label}{extra}[/{style[m]}]",
+            str(info.high_watermarks.get(p, "-")),
+            str(lay.base_offset(p)),
+        ]
         for g in groups:
             pos = info.group_positions.get(g, {}).get(p)
             gate = gates[g].gates.get(p)
-            blocked = gate is not None and gate.limit is not None and not gate.skip
-            row.append(("-" if pos is None else str(pos)) + (f" [red](held at {gate.limit})[/red]" if blocked else ""))
+            held = gate.limit if gate is not None and not gate.skip else None
+            row.append(
+                ("-" if pos is None else str(pos)) + (f" [red](held at {held})[/red]" if held is not None else "")
+            )
         row.append("; ".join(notes.get(p, [])[-2:]))
         t.add_row(*row)
     con.print(t)

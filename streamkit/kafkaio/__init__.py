@@ -2,8 +2,8 @@
 asked for again (:class:`KafkaIO`).  The group consumers are aiokafka's own."""
 
 from streamkit.kafkaio.client import (
-    CREATE_PARTITIONS_API,
     CREATE_CONFIGS,
+    CREATE_PARTITIONS_API,
     HOLE_CONFIRM_SECONDS,
     FetchedRecord,
     KafkaIO,

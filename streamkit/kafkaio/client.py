@@ -287,9 +287,7 @@ class KafkaIO:
             for part in parts:
                 if part[0] == partition and part[1] == 0:
                     return int(part[-1] if len(part) <= 4 else part[3])
-        raise KafkaIOError(
-            f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}"
-        )
+        raise KafkaIOError(f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}")
 
     async def high_watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         parts = sorted(set(partitions))

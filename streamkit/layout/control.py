@@ -138,17 +138,14 @@ class AckLog:
 
     def live(self, since_ms: int) -> dict[str, dict[str, Any]]:
         """Producers whose latest control record is a heartbeat at or after ``since_ms``."""
-        return {
-            pid: d
-            for pid, d in self.last.items()
-            if d.get("type") == "hb" and heartbeat_ts(d) >= since_ms
-        }
+        return {pid: d for pid, d in self.last.items() if d.get("type") == "hb" and heartbeat_ts(d) >= since_ms}
 
     def acked(self, topic: str, epoch: int, change_id: str) -> set[str]:
         return {p for (p, t, e, c) in self.acks if t == topic and e == epoch and c == change_id}
 
 
-async def publish_control(producer: AIOKafkaProducer, kind: str, pid: str, topic: str = ACKS_TOPIC, **fields: Any) -> None:
+async def publish_control(
+    producer: AIOKafkaProducer, kind: str, pid: str, topic: str = ACKS_TOPIC, **fields: Any
+) -> None:
     key, value = control_record(kind, pid, **fields)
     await producer.send_and_wait(topic, value, key=key, partition=0)
-

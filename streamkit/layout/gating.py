@@ -208,9 +208,7 @@ class GateState:
         return frozenset(p for p, g in self.gates.items() if g.limit is not None and not g.skip)
 
 
-def compute_gate(
-    layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int]
-) -> GateState:
+def compute_gate(layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int]) -> GateState:
     """Gate every partition in ``assigned`` given the group's committed positions."""
     cons = constraints(layout)
     ev = _Eval(cons, group_positions)

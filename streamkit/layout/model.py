@@ -217,9 +217,7 @@ class TopicLayout:
         object.__setattr__(self, "modes", modes)
         for p, m in enumerate(modes):
             if (m == PartitionMode.READ_WRITE) != (p < self.active):
-                raise LayoutError(
-                    f"{self.topic}: partition {p} is {m.label} but the active count is {self.active}"
-                )
+                raise LayoutError(f"{self.topic}: partition {p} is {m.label} but the active count is {self.active}")
         if self.epoch < 1:
             raise LayoutError(f"{self.topic}: epoch must be >= 1, got {self.epoch}")
         if self.seals:
@@ -403,7 +401,9 @@ def check_expand(layout: TopicLayout, n2: int, *, physical: int | None = None) -
     if layout.draining:
         dl = [layout.drain_deadline_ms(p) for p in layout.draining]
         due = max((d for d in dl if d is not None), default=None)
-        when = f" (may be given up after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(due / 1000))})" if due else ""
+        when = (
+            f" (may be given up after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(due / 1000))})" if due else ""
+        )
         raise LayoutError(
             f"cannot expand {t}: partitions {list(layout.draining)} are still draining from a shrink{when}; "
             f"wait until they are drained (streamkit topics finish-drain {t})"
@@ -533,9 +533,7 @@ def seal(
     for p, o in offs:
         a = pend.announce_offset(p)
         if a is not None and o < a:
-            raise LayoutError(
-                f"{layout.topic}: seal offset {o} of partition {p} is below its announce offset {a}"
-            )
+            raise LayoutError(f"{layout.topic}: seal offset {o} of partition {p} is below its announce offset {a}")
     s = replace(pend, seal_offsets=offs, fenced=tuple(sorted(set(fenced))))
     return replace(layout, seals=layout.seals[:-1] + (s,))
 
@@ -562,9 +560,7 @@ def finish_drain(
     ts = _now_ms() if now_ms is None else now_ms
     for p in parts:
         if layout.mode(p) != PartitionMode.READ_ONLY:
-            raise LayoutError(
-                f"{layout.topic}: partition {p} is {layout.mode(p).label}, not draining (ReadOnly)"
-            )
+            raise LayoutError(f"{layout.topic}: partition {p} is {layout.mode(p).label}, not draining (ReadOnly)")
         dl = layout.drain_deadline_ms(p)
         if not force and dl is not None and ts < dl:
             raise LayoutError(

@@ -76,13 +76,12 @@ from streamkit.layout.control import (
     live_window_ms,
 )
 from streamkit.layout.model import ChangeKind, LayoutError, PartitionMode, TopicLayout
-from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
 from streamkit.layout.registry import (
     ACKS_TOPIC,
-    ACKS_TOPIC_CONFIGS,
     LAYOUTS_TOPIC,
     LayoutRegistry,
 )
+from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
@@ -96,6 +95,7 @@ __all__ = [
 log = logging.getLogger("streamkit.layout")
 
 DEFAULT_ACK_TIMEOUT = 5.0
+
 
 @dataclass(frozen=True)
 class ChangeResult:
@@ -183,8 +183,8 @@ class LayoutCoordinator:
         it holds no records yet.
         """
         await self.registry.refresh()
-        if self.registry.get(topic) is not None:
-            raise LayoutError(f"{topic} already has a layout: {self.registry.get(topic).describe()}")
+        if (known := self.registry.get(topic)) is not None:
+            raise LayoutError(f"{topic} already has a layout: {known.describe()}")
         capacity = partitions if capacity is None else capacity
         layout = model.create(topic, partitions, capacity=capacity, ordered_delivery=ordered_delivery)
         existing = await self.io.partition_count(topic)
@@ -194,9 +194,7 @@ class LayoutCoordinator:
         else:
             hws = await self.io.high_watermarks(topic, range(existing))
             if existing < capacity:
-                raise LayoutError(
-                    f"{topic} exists with {existing} partitions, fewer than --capacity {capacity}"
-                )
+                raise LayoutError(f"{topic} exists with {existing} partitions, fewer than --capacity {capacity}")
             if existing != partitions and any(hws.values()):
                 raise LayoutError(
                     f"{topic} exists with {existing} partitions and holds records placed over {existing}; "
@@ -286,9 +284,7 @@ class LayoutCoordinator:
 
     def _due_drains(self, layout: TopicLayout, now_ms: int | None = None) -> tuple[int, ...]:
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        return tuple(
-            p for p in layout.draining if (dl := layout.drain_deadline_ms(p)) is not None and dl <= now
-        )
+        return tuple(p for p in layout.draining if (dl := layout.drain_deadline_ms(p)) is not None and dl <= now)
 
     async def finish_drain(
         self,
@@ -367,7 +363,8 @@ class LayoutCoordinator:
         live = {
             pid: d
             for pid, d in acks.last.items()
-            if d.get("type") == "hb" and heartbeat_ts(d) >= pend.ts_ms - live_window_ms(int(d.get("lease_ms", DEFAULT_LEASE_MS)))
+            if d.get("type") == "hb"
+            and heartbeat_ts(d) >= pend.ts_ms - live_window_ms(int(d.get("lease_ms", DEFAULT_LEASE_MS)))
         }
         # Each producer is waited for until its own deadline: ack_timeout, but at least
         # its lease + 1 s (by then its lease has run out: it cannot place records with
@@ -388,19 +385,34 @@ class LayoutCoordinator:
         fenced = frozenset(waiting)
         waited = time.monotonic() - started
         if fenced:
-            names = ", ".join(f"{p} ({live[p].get('client_id')}@{live[p].get('host')}:{live[p].get('pid')})" for p in sorted(fenced))
+            names = ", ".join(
+                f"{p} ({live[p].get('client_id')}@{live[p].get('host')}:{live[p].get('pid')})" for p in sorted(fenced)
+            )
             self._progress(f"{announced.topic}: no acknowledgement within {waited:.1f} s from {names}: fenced")
         hws = await self.io.high_watermarks(announced.topic, announced.readable)
         for p, end in acks.ends.get((announced.topic, pend.epoch, pend.change_id), {}).items():
             if p in hws and end > hws[p]:
-                log.warning("%s[%d]: high watermark %d is below an acknowledged end %d; sealing at %d",
-                            announced.topic, p, hws[p], end, end)
+                log.warning(
+                    "%s[%d]: high watermark %d is below an acknowledged end %d; sealing at %d",
+                    announced.topic,
+                    p,
+                    hws[p],
+                    end,
+                    end,
+                )
                 hws[p] = end
         sealed = model.seal(announced, hws, fenced=fenced)
         published = await self.registry.publish(sealed)
         self._progress(f"{announced.topic}: sealed epoch {pend.epoch} ({len(acked)} producer(s) acknowledged)")
-        log.info("%s: epoch %d sealed after %.3f s; waited for %s; acknowledged by %s; fenced %s", announced.topic,
-                 pend.epoch, waited, sorted(live), sorted(acked), sorted(fenced))
+        log.info(
+            "%s: epoch %d sealed after %.3f s; waited for %s; acknowledged by %s; fenced %s",
+            announced.topic,
+            pend.epoch,
+            waited,
+            sorted(live),
+            sorted(acked),
+            sorted(fenced),
+        )
         return ChangeResult(published, frozenset(acked), fenced, waited, waited_for=frozenset(live))
 
 

@@ -225,7 +225,9 @@ class LayoutRegistry:
             if end < self._offset:
                 log.warning(
                     "layout registry %s went back from offset %d to %d (broker lost its log?): re-reading",
-                    self.topic, self._offset, end,
+                    self.topic,
+                    self._offset,
+                    end,
                 )
                 self._offset = 0
                 recs, end = await self._io.read(self.topic, 0, 0)
@@ -252,7 +254,9 @@ class LayoutRegistry:
         if not ok:
             if reason.startswith("stale") and cur is not None and layout.version < cur.version:
                 self.stale_refused += 1
-            self.refusals.append(Refusal(layout.topic, rec.offset, layout.version, cur and cur.version, reason))
+            self.refusals.append(
+                Refusal(layout.topic, rec.offset, layout.version, cur.version if cur is not None else None, reason)
+            )
             self._decide(rec.offset, False)
             return None
         self._decide(rec.offset, True)
@@ -359,9 +363,7 @@ class LayoutRegistry:
         held = self._layouts.get(layout.topic)
         if not self._decisions.get(meta.offset, False) or held is None:
             winner = held.describe() if held else "nothing"
-            raise ConcurrentChangeError(
-                f"{layout.topic}: a concurrent change won the registry; it now holds {winner}"
-            )
+            raise ConcurrentChangeError(f"{layout.topic}: a concurrent change won the registry; it now holds {winner}")
         return held
 
     # ------------------------------------------------------------------ helpers

@@ -128,7 +128,7 @@ class Admission:
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
             rebuild = [r for r in records if r.offset < route.rebuild_until]
-            records = records[len(rebuild):]
+            records = records[len(rebuild) :]
         next_pos = stop_at if stop_at is not None else checked[-1].offset + 1
         if stop_at is not None:
             self.consumer.seek(tp, stop_at)
@@ -198,8 +198,21 @@ class Admission:
                 )
                 if verdict.violation:
                     producer = dict(r.headers).get(PRODUCER_HEADER, b"").decode() or None
-                    late.append((r, violation_record(tp.topic, tp.partition, r.offset, r.key, verdict, producer,
-                                                     layout_epoch=layout.epoch, group=self.group)))
+                    late.append(
+                        (
+                            r,
+                            violation_record(
+                                tp.topic,
+                                tp.partition,
+                                r.offset,
+                                r.key,
+                                verdict,
+                                producer,
+                                layout_epoch=layout.epoch,
+                                group=self.group,
+                            ),
+                        )
+                    )
                 else:
                     deliver.append(r)
         return deliver, stop_at, late
@@ -232,16 +245,30 @@ class Admission:
                 pos = local[p]
                 if pos < gate.start:  # records below belong to an earlier incarnation
                     if pos > 0:
-                        log.warning("%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
-                                    "below the start of its current incarnation", self.name, pos, gate.start - 1,
-                                    topic, p)
+                        log.warning(
+                            "%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
+                            "below the start of its current incarnation",
+                            self.name,
+                            pos,
+                            gate.start - 1,
+                            topic,
+                            p,
+                        )
                     route.position = pos = gate.start
                     self.consumer.seek(tp, pos)
                 limit = gate.start if gate.skip else gate.limit
                 self._note_gate_wait(tp, route.limit, limit)
                 if limit != route.limit:
-                    log.info("%s: %s[%d] at %d: gate %s -> %s%s", self.name, topic, p, pos, route.limit, limit,
-                             f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "")
+                    log.info(
+                        "%s: %s[%d] at %d: gate %s -> %s%s",
+                        self.name,
+                        topic,
+                        p,
+                        pos,
+                        route.limit,
+                        limit,
+                        f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "",
+                    )
                 route.limit = limit
                 if limit is not None and pos >= limit:
                     self.consumer.pause(tp)

@@ -27,8 +27,8 @@ import orjson
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
-from stores.base import Checkpoint
 
+from stores.base import Checkpoint
 from streamkit.errors import StreamkitError
 from streamkit.layout.epochs import check_stamp
 from streamkit.runtime.processor import ProcessorState
@@ -99,6 +99,13 @@ async def checkpoint(
         log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)
     t5 = time.monotonic()
     if t5 - t0 > 0.5:
-        log.warning("slow checkpoint %s: progress %.3f flush %.3f store %.3f record %.3f kafka %.3f", member,
-                    t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+        log.warning(
+            "slow checkpoint %s: progress %.3f flush %.3f store %.3f record %.3f kafka %.3f",
+            member,
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            t4 - t3,
+            t5 - t4,
+        )
     return committed

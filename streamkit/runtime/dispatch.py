@@ -68,9 +68,7 @@ class Dispatcher:
             for topic, key, value, headers in items:
                 await self.output.send(topic, key, value, headers)
 
-    async def fire(
-        self, callbacks: list[Callable[..., Any]], partitions: Mapping[ProcessorState, list[Any]]
-    ) -> None:
+    async def fire(self, callbacks: list[Callable[..., Any]], partitions: Mapping[ProcessorState, list[Any]]) -> None:
         """Call each key callback once per processor with that processor's partitions,
         its tables bound."""
         if not callbacks:
@@ -131,8 +129,16 @@ class Dispatcher:
             log.error(
                 "%s: the last %d records all failed (%s in %s at %s[%d]@%d: %s: %s); they go to "
                 "%s, but the job is not doing useful work",
-                self.name, self.consecutive_failures, reason, handler or "decoding", rec.topic,
-                rec.partition, rec.offset, type(exc).__name__, exc, self.output.dead_letter_topic,
+                self.name,
+                self.consecutive_failures,
+                reason,
+                handler or "decoding",
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                type(exc).__name__,
+                exc,
+                self.output.dead_letter_topic,
             )
 
 

@@ -33,7 +33,7 @@ def shape_of(layout: TopicLayout) -> TopicShape:
     return TopicShape(layout.n0, layout.active, draining, layout.epoch)
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Listener(ConsumerRebalanceListener):
     def __init__(self, member: GroupMember) -> None:
         self.member = member
 
@@ -79,9 +79,7 @@ class GroupMember:
             max_partition_fetch_bytes=s.max_partition_fetch_bytes,
         )
         self.admission = Admission(self.consumer, group=app.group_id, name=self.name)
-        self.dispatcher = Dispatcher(
-            self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after
-        )
+        self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
 
     # -- what the worker reads -------------------------------------------------------------
     @property
@@ -116,8 +114,14 @@ class GroupMember:
         self.assignor.info.layouts[new.topic] = shape
         self._regate_needed = True
         if old is None or (shape_of(old).active, shape_of(old).draining) != (shape.active, shape.draining):
-            log.info("%s: layout of %s is now epoch %d (active %d, draining %s): rebalancing",
-                     self.name, new.topic, new.epoch, shape.active, list(shape.draining))
+            log.info(
+                "%s: layout of %s is now epoch %d (active %d, draining %s): rebalancing",
+                self.name,
+                new.topic,
+                new.epoch,
+                shape.active,
+                list(shape.draining),
+            )
             self.consumer._coordinator.request_rejoin()
 
     # -- rebalances -----------------------------------------------------------------------
@@ -126,8 +130,7 @@ class GroupMember:
         async with self.services.lock:
             if not self.processors:
                 return
-            log.info("%s: giving up processors %s (generation %d)", self.name, sorted(self.processors),
-                     self.generation)
+            log.info("%s: giving up processors %s (generation %d)", self.name, sorted(self.processors), self.generation)
             await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission))
             await self._checkpoint()
             self._close_all()
@@ -148,8 +151,9 @@ class GroupMember:
             assignment = self.assignor.assignment
             if assignment is None or self._stopping:
                 return
-            log.info("%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors),
-                     self.generation)
+            log.info(
+                "%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors), self.generation
+            )
             progress, registry = self.services.progress, self.services.registry
             generation = self.assigned_generation = self.generation
             slots_all = [(t, p) for slots in assignment.processors.values() for t, p, _ in slots]
@@ -182,22 +186,38 @@ class GroupMember:
                     self.consumer.seek(tp, route.position)
                     starts[(topic, part)] = route.position
                     if group_pos > route.position:
-                        log.info("%s: processor %d rebuilds %s from %d to %d without output",
-                                 self.name, pid, tp, route.position, group_pos)
+                        log.info(
+                            "%s: processor %d rebuilds %s from %d to %d without output",
+                            self.name,
+                            pid,
+                            tp,
+                            route.position,
+                            group_pos,
+                        )
             await progress.record(self.name, generation, self.layout_epochs, starts)
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
             self.services.beat()
-            log.info("%s: hosts processors %s (generation %d): %s", self.name,
-                     sorted(self.processors), generation, sorted(self.routes))
+            log.info(
+                "%s: hosts processors %s (generation %d): %s",
+                self.name,
+                sorted(self.processors),
+                generation,
+                sorted(self.routes),
+            )
             # A layout change seen during the rebalance may be newer than the one the
             # leader placed by (aiokafka drops a rejoin request made while joining).
             used = assignment.epochs
             for topic, shape in self._shapes().items():
                 if shape.epoch > used.get(topic, -1):
-                    log.info("%s: assignment used epoch %s of %s, the layout is at %d: rebalancing again",
-                             self.name, used.get(topic), topic, shape.epoch)
+                    log.info(
+                        "%s: assignment used epoch %s of %s, the layout is at %d: rebalancing again",
+                        self.name,
+                        used.get(topic),
+                        topic,
+                        shape.epoch,
+                    )
                     self.consumer._coordinator.request_rejoin()
                     break
 
@@ -209,8 +229,7 @@ class GroupMember:
             await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission, events.revoked))
             self._next_checkpoint = 0.0
         if events.assigned:
-            await self.dispatcher.fire(self.app.keys_assigned_callbacks,
-                                       by_processor(self.admission, events.assigned))
+            await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission, events.assigned))
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -233,9 +252,7 @@ class GroupMember:
                     if self.admission.gated:
                         await self.services.progress.refresh()
                     await self._regate()
-            if self.processors and (
-                self._since_checkpoint >= settings.commit_every or now >= self._next_checkpoint
-            ):
+            if self.processors and (self._since_checkpoint >= settings.commit_every or now >= self._next_checkpoint):
                 async with lock:
                     await self._checkpoint()
                 self.services.beat()
@@ -293,4 +310,3 @@ class GroupMember:
                 await self._checkpoint()
             self._close_all(discard=not checkpoint)
         await self.consumer.stop()
-

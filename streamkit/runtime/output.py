@@ -21,9 +21,7 @@ from streamkit.topics import Topic
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTERS = PromCounter(
-    "streamkit_dead_letters", "records sent to the dead-letter topic", ["app", "reason"]
-)
+DEAD_LETTERS = PromCounter("streamkit_dead_letters", "records sent to the dead-letter topic", ["app", "reason"])
 
 Header = tuple[str, bytes]
 
@@ -54,9 +52,7 @@ class Output:
         t = self._topic(topic)
         await self.producer.send(t.name, t.encode_key(key), t.encode_value(value), headers)
 
-    async def dead_letter(
-        self, record: Any, reason: str, exc: BaseException | str, handler: str = ""
-    ) -> None:
+    async def dead_letter(self, record: Any, reason: str, exc: BaseException | str, handler: str = "") -> None:
         """Send the input record as it came (raw bytes) with headers saying why and whence."""
         text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         headers: list[Header] = [

@@ -17,7 +17,6 @@ from pathlib import Path
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CachedTable, commit_cached
 from stores.rocksdb import RocksDBStore
-
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -70,15 +71,21 @@ class ProgressLog:
                 self._apply(orjson.loads(rec.value))
         self._offset = max(self._offset, end)
 
-    def _apply(self, d: Mapping[str, object]) -> None:
-        gen = int(d["gen"])  # type: ignore[call-overload]
-        for topic, part, offset in d["parts"]:  # type: ignore[union-attr]
+    def _apply(self, d: Mapping[str, Any]) -> None:
+        gen = int(d["gen"])
+        for topic, part, offset in d["parts"]:
             tp = (topic, part)
             cur = self._state.get(tp)
             if cur is not None and gen < cur.generation:
                 self.rejected.append(Rejected(str(d["member"]), gen, cur.generation, tp))
-                log.warning("progress of %s[%d] from generation %d (member %s) rejected: generation %d owns it",
-                            topic, part, gen, d["member"], cur.generation)
+                log.warning(
+                    "progress of %s[%d] from generation %d (member %s) rejected: generation %d owns it",
+                    topic,
+                    part,
+                    gen,
+                    d["member"],
+                    cur.generation,
+                )
                 continue
             base = cur.offset if cur is not None else 0
             self._state[tp] = _Owner(gen, base if offset is None else int(offset))
@@ -101,7 +108,10 @@ class ProgressLog:
         if not parts:
             return
         body = {
-            "group": self.group, "member": member, "gen": generation, "epochs": dict(epochs),
+            "group": self.group,
+            "member": member,
+            "gen": generation,
+            "epochs": dict(epochs),
             "parts": [[t, p, o] for (t, p), o in sorted(parts.items())],
         }
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)

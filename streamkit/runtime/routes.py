@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from stores.serde import JsonSerde, Serde
 
+from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
 from streamkit.runtime.processor import Position, ProcessorState
@@ -56,7 +56,11 @@ class Route:
 
     @classmethod
     def build(
-        cls, proc: ProcessorState, handlers: list[HandlerSpec], partition: Position, group_position: int,
+        cls,
+        proc: ProcessorState,
+        handlers: list[HandlerSpec],
+        partition: Position,
+        group_position: int,
         layout: TopicLayout | None,
     ) -> Route:
         """The route of `partition` for `proc`, which resumes at its own checkpoint and
@@ -64,6 +68,13 @@ class Route:
         pos = proc.positions.setdefault(partition, 0)
         topic = handlers[0].topic
         return cls(
-            proc, handlers, decoder(topic.key_serde), decoder(topic.value_serde), partition,
-            max(pos, group_position), group_position, layout, epoch_stamp(layout),
+            proc,
+            handlers,
+            decoder(topic.key_serde),
+            decoder(topic.value_serde),
+            partition,
+            max(pos, group_position),
+            group_position,
+            layout,
+            epoch_stamp(layout),
         )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -59,9 +59,16 @@ def snapshot(
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
     processor consumes, its counts, and its output's dead-letter figures."""
     return WorkerStatus(
-        app=app, worker=worker, pid=os.getpid(), host=socket.gethostname(), at=time.time(), alive=alive,
-        processors={pid: sorted(parts) for pid, parts in hosted.items()}, handled=handled,
-        dead_letters=dict(output.dead_letter_counts), consecutive_failures=consecutive_failures,
+        app=app,
+        worker=worker,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        at=time.time(),
+        alive=alive,
+        processors={pid: sorted(parts) for pid, parts in hosted.items()},
+        handled=handled,
+        dead_letters=dict(output.dead_letter_counts),
+        consecutive_failures=consecutive_failures,
         last_error=output.last_error,
     )
 
@@ -70,6 +77,8 @@ async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:
     """The newest heartbeat of each worker of ``app_name``."""
     latest: dict[str, WorkerStatus] = {}
     for rec in await io.read_topic(STATUS_TOPIC):
+        if not rec.value:
+            continue
         d: dict[str, Any] = orjson.loads(rec.value)
         if d.get("app") != app_name:
             continue

@@ -9,8 +9,8 @@ import signal
 import uuid
 
 from aiokafka import AIOKafkaProducer
-from stores.tuning import relax_malloc_trim
 
+from stores.tuning import relax_malloc_trim
 from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.errors import ConfigError
@@ -68,7 +68,10 @@ class Worker:
         await io.create_topic(app.dead_letter_topic, 1)
         await io.create_topic(STATUS_TOPIC, 1)
         self._producer = AIOKafkaProducer(  # internal records: heartbeats, progress
-            bootstrap_servers=bootstrap, client_id=self.client_id, acks="all", linger_ms=0,
+            bootstrap_servers=bootstrap,
+            client_id=self.client_id,
+            acks="all",
+            linger_ms=0,
         )
         await self._producer.start()
         registry = self._registry = LayoutRegistry(bootstrap, client_id=self.client_id, io=io)
@@ -93,8 +96,14 @@ class Worker:
         self._output_producer = await Producer(bootstrap, client_id=self.client_id).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
         self.services = Services(
-            bootstrap=bootstrap, client_id=self.client_id, p0=p0, registry=registry, progress=progress,
-            output=output, lock=asyncio.Lock(), beat=self._beat.set,
+            bootstrap=bootstrap,
+            client_id=self.client_id,
+            p0=p0,
+            registry=registry,
+            progress=progress,
+            output=output,
+            lock=asyncio.Lock(),
+            beat=self._beat.set,
         )
         return self.services
 
@@ -116,8 +125,15 @@ class Worker:
             await m.start()
         runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
         aux = [
-            asyncio.create_task(run_timer(t, processors=self._hosted_processors, tables=self.app.tables,
-                                          output=services.output, lock=services.lock))
+            asyncio.create_task(
+                run_timer(
+                    t,
+                    processors=self._hosted_processors,
+                    tables=self.app.tables,
+                    output=services.output,
+                    lock=services.lock,
+                )
+            )
             for t in self.app.timers
         ]
         aux.append(asyncio.create_task(self._heartbeat()))
@@ -176,10 +192,13 @@ class Worker:
             for pid, parts in m.hosted().items():
                 hosted.setdefault(pid, []).extend(parts)
         status = snapshot(
-            app=self.app.name, worker=self.client_id, hosted=hosted,
+            app=self.app.name,
+            worker=self.client_id,
+            hosted=hosted,
             handled=sum(m.dispatcher.handled for m in self.members),
             consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
-            output=self.services.output, alive=alive,
+            output=self.services.output,
+            alive=alive,
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 

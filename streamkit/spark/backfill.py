@@ -21,11 +21,11 @@ This module re-exports the public names.
 
 from __future__ import annotations
 
-from streamkit.spark.positions import Positions, parse_positions
-from streamkit.spark.replay_mode import _REPLAY_A_DDL, backfill_replay
+from streamkit.spark.positions import parse_positions
+from streamkit.spark.replay_mode import backfill_replay
 from streamkit.spark.result import BackfillResult, Reporter
-from streamkit.spark.shuffle import _murmur3_int, _timed, spark_partition_keys
-from streamkit.spark.state_mode import _STATE_A_DDL, backfill_state, backfill_table
+from streamkit.spark.shuffle import spark_partition_keys
+from streamkit.spark.state_mode import backfill_state, backfill_table
 
 __all__ = [
     "BackfillResult",

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
 from stores.serde import IntSerde, JsonSerde, RawSerde, Serde, StrSerde
 
 __all__ = ["EncodeError", "decode_to_text", "encode_array", "to_python"]
@@ -118,9 +119,7 @@ def _maps_to_dicts(v: Any) -> Any:
     return v
 
 
-def encode_array(
-    serde: Serde, arr: pa.Array | pa.ChunkedArray, *, what: str, nulls: str = "error"
-) -> pa.Array:
+def encode_array(serde: Serde, arr: pa.Array | pa.ChunkedArray, *, what: str, nulls: str = "error") -> pa.Array:
     """Encode every element with ``serde``; returns a ``large_binary`` array.
 
     ``nulls``: ``"error"`` refuses null elements, ``"keep"`` keeps them as nulls (a
@@ -181,4 +180,3 @@ def decode_to_text(serde: Serde, values: list[bytes]) -> list[str | None]:
         else:
             out.append(orjson.dumps(obj, default=str).decode())
     return out
-

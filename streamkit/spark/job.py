@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stores.base import Checkpoint
-
 from streamkit.errors import ReplayError
 from streamkit.spark import tasks
 from streamkit.spark.plan import _Plan
@@ -46,8 +45,8 @@ def _translate(exc: BaseException) -> BaseException | None:
 
 def _run(
     plan: _Plan,
-    spark: "SparkSession",
-    build: Callable[[Staging, int, int, list[int], Any], "DataFrame"],
+    spark: SparkSession,
+    build: Callable[[Staging, int, int, list[int], Any], DataFrame],
     reporter: Reporter,
 ) -> BackfillResult:
     t_start = time.perf_counter()
@@ -81,9 +80,9 @@ def _run(
                 finally:
                     reporter.spark_job_done(ok)
         finally:
-            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", old_batch)
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setLocalProperty("spark.job.description", None)
+            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", old_batch)  # type: ignore[arg-type]
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]  # None clears it
+            sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
         check_fail("after-spark", plan.fail_at)
 
         # -- what the tasks did -----------------------------------------------------------
@@ -178,8 +177,14 @@ def _run(
         run_id=staging.run_id,
         seconds=seconds,
         timings=timings,
-        details={"duplicates": dups, "null_values": nulls, "handler_errors": handler_errors,
-                 "skipped_decode": skipped, "buckets": plan.p * plan.subs, "spark_partitions": plan.num_partitions},
+        details={
+            "duplicates": dups,
+            "null_values": nulls,
+            "handler_errors": handler_errors,
+            "skipped_decode": skipped,
+            "buckets": plan.p * plan.subs,
+            "spark_partitions": plan.num_partitions,
+        },
         warnings=warnings,
     )
 

@@ -43,18 +43,20 @@ def sub_of(h: int, subs: int) -> int:
     return (h >> _SUB_SHIFT) % subs
 
 
-def hashes_of(keys: "pa.Array | pa.ChunkedArray") -> npt.NDArray[np.uint32]:
+def hashes_of(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint32]:
     """``key_hash`` of every key of a binary/string Arrow array; nulls get ``NULL_HASH``."""
     return key_hash_arrow(keys)
 
 
-def processors_of(keys: "pa.Array | pa.ChunkedArray", p0: int, p: int) -> npt.NDArray[np.int32]:
+def processors_of(keys: pa.Array | pa.ChunkedArray, p0: int, p: int) -> npt.NDArray[np.int32]:
     """Vectorised :func:`processor_of` (keys must not be null)."""
     h = key_hash_arrow(keys, null_hash=None)
     return lh_bucket_batch(h, p0, p).astype(np.int32, copy=False)
 
 
-def buckets_of(h: npt.NDArray[np.uint32], p0: int, p: int, subs: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+def buckets_of(
+    h: npt.NDArray[np.uint32], p0: int, p: int, subs: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """(processor, bucket) of every hash; bucket = processor * subs + sub-bucket."""
     proc = lh_bucket_batch(h, p0, p).astype(np.int32, copy=False)
     if subs == 1:
@@ -67,4 +69,3 @@ def bucket_of(key: bytes, p0: int, p: int, subs: int) -> int:
     """Scalar form of :func:`buckets_of` (for tests and the single-process path)."""
     h = key_hash(key)
     return lh_bucket(h, p0, p) * subs + sub_of(h, subs)
-

@@ -43,7 +43,7 @@ class _Plan:
     verify_unique: bool = False  # fused mode 1: check that no key was written twice
 
 
-def _layout(spark: "SparkSession", p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
+def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
     par = max(1, spark.sparkContext.defaultParallelism)
     target = max(2 * par, p)
     if subs is None:
@@ -127,14 +127,16 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - unreachable broker etc.: one line
-            raise ConfigError(f"cannot check the job's processor count at {bootstrap}: {type(exc).__name__}: {exc}") from None
+            raise ConfigError(
+                f"cannot check the job's processor count at {bootstrap}: {type(exc).__name__}: {exc}"
+            ) from None
     p = processors if processors is not None else p0
     if p0 < 1 or p < p0:
         raise ConfigError(f"processor counts must satisfy 1 <= p0 <= processors, got p0={p0}, processors={p}")
     return int(p0), int(p), notes
 
 
-def _value_expr(F: Any, value_col: str | Sequence[str]) -> "Column":
+def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:
     if isinstance(value_col, str):
         if "," in value_col:
             value_col = [c.strip() for c in value_col.split(",") if c.strip()]
@@ -143,7 +145,7 @@ def _value_expr(F: Any, value_col: str | Sequence[str]) -> "Column":
     return F.struct(*[F.col(c) for c in value_col])
 
 
-def _check_columns(df: "DataFrame", names: Sequence[str | None], what: str) -> None:
+def _check_columns(df: DataFrame, names: Sequence[str | None], what: str) -> None:
     have = set(df.columns)
     missing = [n for n in names if n is not None and n not in have]
     if missing:
@@ -164,7 +166,7 @@ def _common_checks(app: App, tables: Sequence[str], mode: str, allow_partial: bo
             )
 
 
-def _spark(spark: "SparkSession | None") -> "SparkSession":
+def _spark(spark: SparkSession | None) -> SparkSession:
     require("pyspark")
     require("pyarrow")
     from streamkit.spark.session import check_session, local_session

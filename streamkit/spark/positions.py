@@ -86,13 +86,15 @@ def _stamp(
             )
     everywhere: set[tuple[str, int]] = set()
     for tp, nxt in positions.items():
-        procs = owners.get(tp) or layout_owners.get(tp)
-        if procs is None and plan.topic_partitions and tp[0] in plan.topic_partitions:
-            raise BackfillError(f"position {tp[0]}:{tp[1]} is outside topic {tp[0]!r}'s layout {plan.topic_partitions[tp[0]]}")
-        if procs is None:
+        owned = owners.get(tp) or layout_owners.get(tp)
+        if owned is None and plan.topic_partitions and tp[0] in plan.topic_partitions:
+            raise BackfillError(
+                f"position {tp[0]}:{tp[1]} is outside topic {tp[0]!r}'s layout {plan.topic_partitions[tp[0]]}"
+            )
+        if owned is None:
             everywhere.add(tp)
-            procs = set(range(plan.p))
-        for proc in procs:
+            owned = set(range(plan.p))
+        for proc in owned:
             per_proc[proc][tp] = nxt
     return per_proc, everywhere
 
@@ -120,7 +122,8 @@ def _final_positions(plan: _Plan, max_off: Mapping[tuple[str, int], int]) -> dic
         missing = [t for t in plan.topics if t not in covered]
         if missing:
             how = (
-                "the offset column had no values for it" if plan.derive_positions
+                "the offset column had no values for it"
+                if plan.derive_positions
                 else "give positions (TOPIC:PARTITION=NEXT) or an offset column"
             )
             raise BackfillError(

@@ -9,13 +9,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stores.serde import RawSerde
-
 from streamkit.app import App
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
 from streamkit.spark.job import _run
-from streamkit.spark.plan import _check_columns, _common_checks, _counts, _layout, _Plan, _resolve_app, _spark, _value_expr
+from streamkit.spark.plan import (
+    _check_columns,
+    _common_checks,
+    _counts,
+    _layout,
+    _Plan,
+    _resolve_app,
+    _spark,
+    _value_expr,
+)
 from streamkit.spark.positions import _layouts, parse_positions
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import _timed
@@ -29,9 +37,9 @@ __all__ = ["backfill_replay"]
 
 def backfill_replay(
     app: App | str,
-    df: "DataFrame",
+    df: DataFrame,
     *,
-    spark: "SparkSession | None" = None,
+    spark: SparkSession | None = None,
     topic: str | None = None,
     key_col: str = "key",
     value_col: str | Sequence[str] = "value",
@@ -91,9 +99,9 @@ def backfill_replay(
         )
     stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
     if stateful_timers and not allow_timers:
-        names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
+        timer_names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
         raise ConfigError(
-            f"app {app_obj.name!r} has per-processor timers ({names}) that run with its tables bound; the replay "
+            f"app {app_obj.name!r} has per-processor timers ({timer_names}) that run with its tables bound; the replay "
             "runs handlers only and cannot reproduce what timers do to state. Pass allow_timers=True "
             "(CLI: --allow-timers) if they do not change table state"
         )
@@ -111,12 +119,24 @@ def backfill_replay(
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
-        app=app_obj, mode="replay", tables=names, p0=p0_, p=p, subs=subs_, num_partitions=nparts,
+        app=app_obj,
+        mode="replay",
+        tables=names,
+        p0=p0_,
+        p=p,
+        subs=subs_,
+        num_partitions=nparts,
         state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        positions=parse_positions(positions), derive_positions=offset_col is not None,
-        topics=[topic], layout_epochs=dict(layout_epochs or {}),
-        allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions), notes=notes,
+        positions=parse_positions(positions),
+        derive_positions=offset_col is not None,
+        topics=[topic],
+        layout_epochs=dict(layout_epochs or {}),
+        allow_partial=allow_partial,
+        from_start=from_start,
+        fail_at=fail_at,
+        keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions),
+        notes=notes,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(
@@ -146,19 +166,29 @@ def backfill_replay(
     codecs = tuple(tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde) for n in names)
     ddl = _REPLAY_A_DDL + "".join(f", _o{i} {ty}" for i, ty in enumerate(order_types))
 
-    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> "DataFrame":
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
         spec = tasks.Spec(
-            mode="replay", p0=p0_, p=p, subs=subs, sst_root=str(staging.sst_root), large_binary=large,
-            key_col="key", value_col="value", topic=topic,
+            mode="replay",
+            p0=p0_,
+            p=p,
+            subs=subs,
+            sst_root=str(staging.sst_root),
+            large_binary=large,
+            key_col="key",
+            value_col="value",
+            topic=topic,
             partition_col="partition" if partition_col else None,
             offset_col="offset" if offset_col else None,
             timestamp_col="ts" if timestamp_col else None,
             order_cols=tuple(f"o{i}" for i in range(len(order))),
-            tables=codecs, app_ref=app_ref, app_pickle=app_pickle,
+            tables=codecs,
+            app_ref=app_ref,
+            app_pickle=app_pickle,
             sys_path=tuple(worker_pythonpath().split(":")),
             key_serde=RawSerde() if key_encoded else t.key_serde,
             value_serde=RawSerde() if value_encoded else t.value_serde,
-            fail_at=fail_at, extra={"sp_keys": sp_keys},
+            fail_at=fail_at,
+            extra={"sp_keys": sp_keys},
         )
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
         return (

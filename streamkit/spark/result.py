@@ -65,7 +65,7 @@ class Reporter:
     def finished(self, name: str, seconds: float) -> None:
         log.info("backfill: %s done in %.2fs", name, seconds)
 
-    def spark_job(self, spark: "SparkSession", group: str) -> None:
+    def spark_job(self, spark: SparkSession, group: str) -> None:
         """Called right before the Spark job of job group ``group`` starts."""
 
     def spark_job_done(self, ok: bool) -> None:

@@ -51,7 +51,7 @@ def local_session(
     conf: Mapping[str, Any] | None = None,
     log_level: str = "ERROR",
     driver_memory: str | None = "2g",
-) -> "SparkSession":
+) -> SparkSession:
     """Get or create a local SparkSession configured for the bridge.
 
     ``max_task_failures`` > 1 makes local mode retry failed tasks (``local[N,F]``),
@@ -97,7 +97,7 @@ def local_session(
     return spark
 
 
-def check_session(spark: "SparkSession") -> list[str]:
+def check_session(spark: SparkSession) -> list[str]:
     """Warn about a session whose Python workers would not run this interpreter.
 
     Returns the warnings (also logged). The bridge still runs: another interpreter

@@ -52,6 +52,7 @@ def store_paths(path: str | os.PathLike[str]) -> list[tuple[int, str]]:
 def read_store_items(path: str, table: str, batch_rows: int = 65536) -> Iterator[tuple[list[bytes], list[bytes]]]:
     """``(keys, values)`` chunks of one table of one store, in key order, opened read-only."""
     from rocksdict import AccessType, Rdict
+
     from stores.rocksdb import CF_PREFIX, store_options
 
     opts = store_options()
@@ -59,13 +60,13 @@ def read_store_items(path: str, table: str, batch_rows: int = 65536) -> Iterator
     cf_names = Rdict.list_cf(path, opts)
     cf = CF_PREFIX + table
     if cf not in cf_names:
-        tables = sorted(n[len(CF_PREFIX):] for n in cf_names if n.startswith(CF_PREFIX))
+        tables = sorted(n[len(CF_PREFIX) :] for n in cf_names if n.startswith(CF_PREFIX))
         raise ValueError(f"store {path} has no table {table!r} (tables: {tables})")
     db = Rdict(path, opts, column_families={cf: opts}, access_type=AccessType.read_only())
     try:
         handle = db.get_column_family(cf)
-        keys: list[bytes] = []
-        values: list[bytes] = []
+        keys: list[Any] = []
+        values: list[Any] = []
         for k, v in handle.items():
             keys.append(k)
             values.append(v)
@@ -82,13 +83,13 @@ def read_store_items(path: str, table: str, batch_rows: int = 65536) -> Iterator
 def _datasource_classes() -> tuple[type, type]:
     ds = require("pyspark.sql.datasource")
 
-    class StoreInputPartition(ds.InputPartition):  # type: ignore[misc, name-defined]
+    class StoreInputPartition(ds.InputPartition):  # type: ignore[name-defined]
         def __init__(self, processor: int, path: str) -> None:
             super().__init__((processor, path))
             self.processor = processor
             self.path = path
 
-    class StoreReader(ds.DataSourceReader):  # type: ignore[misc, name-defined]
+    class StoreReader(ds.DataSourceReader):  # type: ignore[name-defined]
         def __init__(self, options: dict[str, str]) -> None:
             self.options = options
             self.table = options["table"]
@@ -116,7 +117,7 @@ def _datasource_classes() -> tuple[type, type]:
                     v = pa.array(decode_to_text(value_serde, values), pa.string())
                 yield pa.RecordBatch.from_arrays([proc, k, v], names=["processor", "key", "value"])
 
-    class StoreDataSource(ds.DataSource):  # type: ignore[misc, name-defined]
+    class StoreDataSource(ds.DataSource):  # type: ignore[name-defined]
         """``spark.read.format("streamkit")``: the stores of an app (see module doc)."""
 
         @classmethod
@@ -178,7 +179,7 @@ def _key_text(serde: Any, data: bytes) -> str:
 _REGISTERED: set[int] = set()
 
 
-def register(spark: "SparkSession") -> None:
+def register(spark: SparkSession) -> None:
     """Register the ``streamkit`` data source with ``spark`` (idempotent)."""
     if id(spark) in _REGISTERED:
         return
@@ -188,14 +189,14 @@ def register(spark: "SparkSession") -> None:
 
 
 def read_stores(
-    spark: "SparkSession",
+    spark: SparkSession,
     app: Any = None,
     table: str | None = None,
     *,
     path: str | os.PathLike[str] | None = None,
     decode: bool = False,
     state_dir: str | os.PathLike[str] | None = None,
-) -> "DataFrame":
+) -> DataFrame:
     """The stores of ``app`` (an App, ``MODULE:APP``, or None with ``path``) as a DataFrame
     of ``(processor, key, value)``, one Spark partition per store."""
     from streamkit.app import App

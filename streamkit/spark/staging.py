@@ -58,7 +58,6 @@ from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
 from stores.rocksdb import LOCK_FILE, RocksDBStore, fsync_dir
-
 from streamkit.errors import StreamkitError
 
 __all__ = [
@@ -224,7 +223,7 @@ def live_store_dirs(app_dir: Path) -> dict[int, Path]:
         name = entry.name
         if name.startswith("processor-") and entry.is_dir():
             try:
-                found[int(name[len("processor-"):])] = entry
+                found[int(name[len("processor-") :])] = entry
             except ValueError:
                 continue
     return dict(sorted(found.items()))

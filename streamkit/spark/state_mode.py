@@ -13,7 +13,16 @@ from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
 from streamkit.spark.job import _run
-from streamkit.spark.plan import _check_columns, _common_checks, _counts, _layout, _Plan, _resolve_app, _spark, _value_expr
+from streamkit.spark.plan import (
+    _check_columns,
+    _common_checks,
+    _counts,
+    _layout,
+    _Plan,
+    _resolve_app,
+    _spark,
+    _value_expr,
+)
 from streamkit.spark.positions import _layouts, parse_positions
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import _timed
@@ -27,9 +36,9 @@ __all__ = ["backfill_state", "backfill_table"]
 
 def backfill_state(
     app: App | str,
-    tables: Mapping[str, "DataFrame"],
+    tables: Mapping[str, DataFrame],
     *,
-    spark: "SparkSession | None" = None,
+    spark: SparkSession | None = None,
     key_col: str = "key",
     value_col: str | Sequence[str] = "value",
     key_encoded: bool = False,
@@ -92,19 +101,31 @@ def backfill_state(
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
-        app=app_obj, mode="state", tables=names, p0=p0_, p=p, subs=subs_, num_partitions=nparts,
+        app=app_obj,
+        mode="state",
+        tables=names,
+        p0=p0_,
+        p=p,
+        subs=subs_,
+        num_partitions=nparts,
         state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        positions=parse_positions(positions), derive_positions=offset_col is not None,
-        topics=app_obj.input_topics, layout_epochs=dict(layout_epochs or {}),
-        allow_partial=allow_partial, from_start=from_start, fail_at=fail_at, keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions), notes=notes,
+        positions=parse_positions(positions),
+        derive_positions=offset_col is not None,
+        topics=app_obj.input_topics,
+        layout_epochs=dict(layout_epochs or {}),
+        allow_partial=allow_partial,
+        from_start=from_start,
+        fail_at=fail_at,
+        keep_backup=keep_backup,
+        topic_partitions=_layouts(topic_partitions),
+        notes=notes,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(
             "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or an offset column of the "
             "history (offset_col + partition_col), or from_start=True if none of the history is in Kafka"
         )
-    normalized: list["DataFrame"] = []
+    normalized: list[DataFrame] = []
     for name in names:
         df = tables[name]
         cols = [c for c in (key_col if isinstance(key_col, str) else None, topic_col, partition_col, offset_col)]
@@ -123,19 +144,30 @@ def backfill_state(
     )
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
 
-    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> "DataFrame":
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
         spec = tasks.Spec(
-            mode="state", p0=p0_, p=p, subs=subs, sst_root=str(staging.sst_root), large_binary=large,
-            key_col="key", value_col="value", topic=topic,
+            mode="state",
+            p0=p0_,
+            p=p,
+            subs=subs,
+            sst_root=str(staging.sst_root),
+            large_binary=large,
+            key_col="key",
+            value_col="value",
+            topic=topic,
             topic_col="topic" if topic_col else None,
             partition_col="partition" if partition_col else None,
             offset_col="offset" if offset_col else None,
-            tables=codecs, fail_at=fail_at, extra={"sp_keys": sp_keys},
+            tables=codecs,
+            fail_at=fail_at,
+            extra={"sp_keys": sp_keys},
         )
         if partitioned_by_key:
             spec = dataclasses.replace(spec, extra={**spec.extra, "fused": True})
-            metas = [df.mapInArrow(functools.partial(tasks.fused_state, spec, i), tasks.META_DDL)
-                     for i, df in enumerate(normalized)]
+            metas = [
+                df.mapInArrow(functools.partial(tasks.fused_state, spec, i), tasks.META_DDL)
+                for i, df in enumerate(normalized)
+            ]
             return functools.reduce(lambda x, y: x.unionByName(y), metas)
         staged = None
         for i, df in enumerate(normalized):
@@ -153,7 +185,7 @@ def backfill_state(
     return _run(plan, spark, build, reporter or Reporter())
 
 
-def backfill_table(app: App | str, table: str, df: "DataFrame", **options: Any) -> BackfillResult:
+def backfill_table(app: App | str, table: str, df: DataFrame, **options: Any) -> BackfillResult:
     """Mode 1 for one table: ``backfill_state(app, {table: df}, **options)``."""
     return backfill_state(app, {table: df}, **options)
 

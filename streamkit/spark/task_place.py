@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-from stores.serde import RawSerde
 
+from stores.serde import RawSerde
 from streamkit.spark.encoding import encode_array
 from streamkit.spark.placement import buckets_of, hashes_of
 from streamkit.spark.task_spec import Spec, TaskError
@@ -118,7 +118,9 @@ def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         try:
             k = encode_array(key_serde, kcol, what=f"topic {spec.topic!r}, column {spec.key_col!r}")
             v = encode_array(
-                value_serde, batch.column(spec.value_col), what=f"topic {spec.topic!r}, column {spec.value_col!r}",
+                value_serde,
+                batch.column(spec.value_col),
+                what=f"topic {spec.topic!r}, column {spec.value_col!r}",
                 nulls="keep",
             )
         except (ValueError, TypeError) as exc:
@@ -128,7 +130,15 @@ def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         ts = _col(batch, spec.timestamp_col)
         ts = pa.array(np.full(n, -1, dtype=np.int64)) if ts is None else _to_ms(ts)
         topic, part, off = _positions_cols(spec, batch)
-        arrays = [pa.array(b, pa.int32()), _binary(k, spec.large_binary), _binary(v, spec.large_binary), ts, topic, part, off]
+        arrays = [
+            pa.array(b, pa.int32()),
+            _binary(k, spec.large_binary),
+            _binary(v, spec.large_binary),
+            ts,
+            topic,
+            part,
+            off,
+        ]
         names = ["_b", "_k", "_v", "_ts", "_topic", "_part", "_off"]
         for i, c in enumerate(spec.order_cols):
             arrays.append(batch.column(c))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
 from stores.serde import Serde
 
 # Markers that let the driver turn a task failure back into a one-line error.

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from stores.rocksdb import store_options, write_sst
 
+from stores.rocksdb import store_options, write_sst
 from streamkit.spark.staging import check_fail
 from streamkit.spark.task_place import place_state
 from streamkit.spark.task_spec import Spec, TaskError, _meta
@@ -138,6 +138,7 @@ def load_spec_app(spec: Spec) -> Any:
         else:
             import pickle  # written by pyspark's cloudpickle; plain pickle reads it
 
+            assert spec.app_pickle is not None  # a spec names the app or carries it pickled
             app = pickle.loads(spec.app_pickle)
         _APPS[key] = app
     return app
@@ -162,13 +163,19 @@ class _Offsets:
         if off.null_count == len(off):
             return
         procs = pa.array(batch.column("_b").to_numpy() // self.subs, pa.int32())
-        t = pa.table([procs, batch.column("_topic"), batch.column("_part"), off], names=["_p", "_topic", "_part", "_off"])
+        t = pa.table(
+            [procs, batch.column("_topic"), batch.column("_part"), off], names=["_p", "_topic", "_part", "_off"]
+        )
         t = t.filter(t.column("_off").is_valid())
         if t.column("_topic").null_count or t.column("_part").null_count:
             raise TaskError("offsets", "rows with an offset must also have a topic and a partition")
         g = t.group_by(["_p", "_topic", "_part"]).aggregate([("_off", "max")])
-        for key in zip(g.column("_p").to_pylist(), g.column("_topic").to_pylist(), g.column("_part").to_pylist(),
-                       g.column("_off_max").to_pylist()):
+        for key in zip(
+            g.column("_p").to_pylist(),
+            g.column("_topic").to_pylist(),
+            g.column("_part").to_pylist(),
+            g.column("_off_max").to_pylist(),
+        ):
             k, mx = key[:3], key[3]
             if mx > self.max.get(k, -1):
                 self.max[k] = mx
@@ -180,8 +187,9 @@ class _Offsets:
         ]
 
 
-def _segments(spec: Spec, batches: Iterable[pa.RecordBatch], stats: dict[str, int], offsets: _Offsets
-               ) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
+def _segments(
+    spec: Spec, batches: Iterable[pa.RecordBatch], stats: dict[str, int], offsets: _Offsets
+) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
     """Deduplicated runs of rows sorted by (_b, _t, _k, _off): ``((bucket, table), keys, values)``.
 
     Vectorised per batch: of several rows of one key the last (highest offset) is kept;
@@ -200,7 +208,9 @@ def _segments(spec: Spec, batches: Iterable[pa.RecordBatch], stats: dict[str, in
             "DataFrame; give the offset column so the latest row wins, or deduplicate",
         )
 
-    def flush(item: tuple[tuple[int, int], bytes, bytes | None]) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
+    def flush(
+        item: tuple[tuple[int, int], bytes, bytes | None],
+    ) -> Iterator[tuple[tuple[int, int], list[bytes], list[bytes]]]:
         group, k, v = item
         if v is None:
             stats["nulls"] += 1
@@ -220,8 +230,10 @@ def _segments(spec: Spec, batches: Iterable[pa.RecordBatch], stats: dict[str, in
         # rows whose successor has the same (bucket, table, key) are superseded
         same_next = np.zeros(n, dtype=bool)
         if n > 1:
-            same_next[:-1] = (b[1:] == b[:-1]) & (t[1:] == t[:-1]) & pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(
-                zero_copy_only=False
+            same_next[:-1] = (
+                (b[1:] == b[:-1])
+                & (t[1:] == t[:-1])
+                & pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(zero_copy_only=False)
             )
         first_group = (int(b[0]), int(t[0]))
         kl = k.to_pylist()
@@ -281,8 +293,17 @@ def write_state(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
         items = (kv for _, ks, vs in runs for kv in zip(ks, vs))
         path, n = sink.write(b, codec.name, items)
         if path is not None:
-            out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": codec.name,
-                        "path": path, "keys": n, "seconds": _cpu() - w0})
+            out.append(
+                {
+                    "kind": "sst",
+                    "bucket": b,
+                    "proc": b // spec.subs,
+                    "table": codec.name,
+                    "path": path,
+                    "keys": n,
+                    "seconds": _cpu() - w0,
+                }
+            )
     out.extend(offsets.rows())
     info = f"dups={stats['dups']} nulls={stats['nulls']}"
     out.append({"kind": "stats", "rows": stats["rows"], "info": info, "seconds": _cpu() - t0})
@@ -403,8 +424,17 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
                 w0 = _cpu()
                 path, n = sink.write(b, name, items)
                 if path is not None:
-                    out.append({"kind": "sst", "bucket": b, "proc": b // spec.subs, "table": name,
-                                "path": path, "keys": n, "seconds": _cpu() - w0})
+                    out.append(
+                        {
+                            "kind": "sst",
+                            "bucket": b,
+                            "proc": b // spec.subs,
+                            "table": name,
+                            "path": path,
+                            "keys": n,
+                            "seconds": _cpu() - w0,
+                        }
+                    )
     except ReplayError as exc:
         raise TaskError("replay", str(exc)) from None
     finally:
@@ -414,8 +444,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     info = f"keys={stats['keys']} skipped_decode={st.skipped_decode} handler_errors={st.handler_errors}"
     for err in st.errors[:5]:
         info += f"\n{err}"
-    out.append({"kind": "stats", "rows": stats["rows"], "keys": stats["keys"], "info": info,
-                "seconds": _cpu() - t0})
+    out.append({"kind": "stats", "rows": stats["rows"], "keys": stats["keys"], "info": info, "seconds": _cpu() - t0})
     out.append({"kind": "timing", "info": "replay", "seconds": replay_s})
     out.append({"kind": "timing", "info": "input_wait", "seconds": batches.wait})
     yield _meta(out)

@@ -67,7 +67,8 @@ def test_every_length_and_alignment() -> None:
 
 
 key_lists = st.lists(st.binary(max_size=64), max_size=200) | st.lists(
-    st.binary(min_size=5, max_size=12), max_size=200  # shallow raggedness path
+    st.binary(min_size=5, max_size=12),
+    max_size=200,  # shallow raggedness path
 )
 
 
@@ -107,14 +108,11 @@ def test_slices_near_the_end_of_the_buffer() -> None:
 
 def test_nulls() -> None:
     keys = [b"a", None, b"", None, "é".encode()]
-    expected = np.array([key_hash(b"a"), NULL_HASH, key_hash(b""), NULL_HASH,
-                         key_hash("é".encode())], dtype=np.uint32)
+    expected = np.array([key_hash(b"a"), NULL_HASH, key_hash(b""), NULL_HASH, key_hash("é".encode())], dtype=np.uint32)
     assert np.array_equal(key_hash_batch(keys), expected)
     assert np.array_equal(_key_hash_joined(keys, NULL_HASH), expected)
     assert np.array_equal(key_hash_arrow(pa.array(keys, type=pa.binary())), expected)
-    assert np.array_equal(
-        key_hash_arrow(pa.array(["a", None, "", None, "é"], type=pa.large_string())), expected
-    )
+    assert np.array_equal(key_hash_arrow(pa.array(["a", None, "", None, "é"], type=pa.large_string())), expected)
     assert NULL_HASH > 0x7FFFFFFF  # never a real key hash
     assert key_hash_batch([None, b"x"], null_hash=7)[0] == 7
     with pytest.raises(ValueError, match="null"):

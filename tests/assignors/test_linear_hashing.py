@@ -60,9 +60,10 @@ def test_unexpanded_topic_is_kafka_default_partitioner(key: bytes, n: int) -> No
     assert partition_for_key(key, n, n) == kafka_partition(key, n)
 
 
-@pytest.mark.parametrize(("n0", "n", "level", "split"),
-                         [(1, 1, 0, 0), (1, 5, 2, 1), (10, 15, 0, 5), (10, 18, 0, 8),
-                          (10, 20, 1, 0), (10, 39, 1, 19), (3, 100, 5, 4)])
+@pytest.mark.parametrize(
+    ("n0", "n", "level", "split"),
+    [(1, 1, 0, 0), (1, 5, 2, 1), (10, 15, 0, 5), (10, 18, 0, 8), (10, 20, 1, 0), (10, 39, 1, 19), (3, 100, 5, 4)],
+)
 def test_params(n0: int, n: int, level: int, split: int) -> None:
     assert lh_params(n0, n) == (level, split)
 
@@ -167,9 +168,7 @@ def test_deletion_blockers_are_exact(n0: int, extra: int, data: st.DataObject) -
 
 @settings(max_examples=200, deadline=None)
 @given(n0s, st.integers(min_value=0, max_value=400), st.data())
-def test_deletion_blockers_logarithmic_when_shrinking_at_most_half(
-    n0: int, extra: int, data: st.DataObject
-) -> None:
+def test_deletion_blockers_logarithmic_when_shrinking_at_most_half(n0: int, extra: int, data: st.DataObject) -> None:
     old_n = n0 + extra
     new_n = data.draw(st.integers(min_value=max(n0, (old_n + 1) // 2), max_value=old_n))
     bound = math.ceil(math.log2(old_n)) + 1

@@ -86,8 +86,7 @@ KAFKA_PYTHON_PARTITIONS_OF_1000 = {
 }
 
 # akka/akka Murmur2Spec.scala ("expected correct hash values from the kafka murmur2 impl").
-AKKA = {b"1": -1993445489, b"12": 126087238, b"123": -267702483, b"1234": -1614185708,
-        b"12345": -1188365604}
+AKKA = {b"1": -1993445489, b"12": 126087238, b"123": -267702483, b"1234": -1614185708, b"12345": -1188365604}
 
 
 @pytest.mark.parametrize(("data", "expected"), sorted(KAFKA_UTILS_TEST.items()))

@@ -29,15 +29,19 @@ def route(h: int, n0: int, n: int, p0: int, p: int) -> int:
     """The processor a record with hash h reaches: its partition, then the one
     processor of that partition whose filter accepts h."""
     part = lh_bucket(h, n0, n)
-    takers = [q for q, f in processors_for_partition(part, n0, n, p0, p).items()
-              if f is None or f.accepts(h)]
+    takers = [q for q, f in processors_for_partition(part, n0, n, p0, p).items() if f is None or f.accepts(h)]
     assert len(takers) == 1, (h, part, takers)
     return takers[0]
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(hashes, min_size=1, max_size=30), small, small,
-       st.integers(0, 12), st.lists(st.integers(0, 30), min_size=1, max_size=5))
+@given(
+    st.lists(hashes, min_size=1, max_size=30),
+    small,
+    small,
+    st.integers(0, 12),
+    st.lists(st.integers(0, 30), min_size=1, max_size=5),
+)
 def test_key_to_processor_unchanged_by_partition_expansion(
     hs: list[int], n0: int, p0: int, dp: int, growth: list[int]
 ) -> None:
@@ -52,9 +56,7 @@ def test_key_to_processor_unchanged_by_partition_expansion(
 
 @settings(max_examples=150, deadline=None)
 @given(small, st.integers(0, 40), small, st.integers(0, 30), st.data())
-def test_filters_partition_each_partition_exactly(
-    n0: int, dn: int, p0: int, dp: int, data: st.DataObject
-) -> None:
+def test_filters_partition_each_partition_exactly(n0: int, dn: int, p0: int, dp: int, data: st.DataObject) -> None:
     n, p = n0 + dn, p0 + dp
     part = data.draw(st.integers(0, n - 1))
     shares = processors_for_partition(part, n0, n, p0, p)
@@ -63,7 +65,7 @@ def test_filters_partition_each_partition_exactly(
     h = part + m * np.arange(2 * span // m, dtype=np.int64)  # every class, twice over
     owner = np.array([lh_bucket(int(x), p0, p) for x in h])
     if len(shares) == 1:
-        (q, flt), = shares.items()
+        ((q, flt),) = shares.items()
         assert flt is None and np.all(owner == q)
         return
     accepted = np.zeros(h.size, dtype=np.int64)
@@ -82,27 +84,26 @@ def test_whole_partitions_when_n0_over_p0_is_a_power_of_two() -> None:
             for n in range(max(n0, p), 2 * max(n0, p) + 3):
                 for part in range(n):
                     # seed 001's literal rule: partition -> processor by linear hashing
-                    assert processors_for_partition(part, n0, n, p0, p) == {
-                        lh_bucket(part, p0, p): None
-                    }
+                    assert processors_for_partition(part, n0, n, p0, p) == {lh_bucket(part, p0, p): None}
 
 
 def test_shared_tasks_when_ratio_is_not_a_power_of_two() -> None:
     # p0 divides n0: whole at p == p0, shared after processor growth ...
     assert processors_for_partition(0, 3, 3, 1, 1) == {0: None}
-    assert processors_for_partition(0, 3, 3, 1, 2) == {
-        0: KeyFilter(6, frozenset({0})), 1: KeyFilter(6, frozenset({3}))}
+    assert processors_for_partition(0, 3, 3, 1, 2) == {0: KeyFilter(6, frozenset({0})), 1: KeyFilter(6, frozenset({3}))}
     # ... p0 does not divide n0: shared from the start.
     assert len(processors_for_partition(0, 3, 3, 2, 2)) == 2
     # more processors than partitions (seed 003's shared tasks)
-    assert processors_for_partition(1, 2, 2, 2, 4) == {
-        1: KeyFilter(4, frozenset({1})), 3: KeyFilter(4, frozenset({3}))}
+    assert processors_for_partition(1, 2, 2, 2, 4) == {1: KeyFilter(4, frozenset({1})), 3: KeyFilter(4, frozenset({3}))}
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.sampled_from("abcdef"), st.tuples(small, st.integers(0, 20)),
-                       min_size=1, max_size=3), small, st.integers(0, 20),
-       st.lists(hashes, min_size=1, max_size=20))
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.tuples(small, st.integers(0, 20)), min_size=1, max_size=3),
+    small,
+    st.integers(0, 20),
+    st.lists(hashes, min_size=1, max_size=20),
+)
 def test_assign_partitions_covers_every_hash_once(
     spec: dict[str, tuple[int, int]], p0: int, dp: int, hs: list[int]
 ) -> None:
@@ -117,8 +118,12 @@ def test_assign_partitions_covers_every_hash_once(
     for topic, (n0, n) in topics.items():
         for h in hs:
             part = lh_bucket(h, n0, n)
-            owners = [q for q, entries in assignment.items() for t, pt, f in entries
-                      if t == topic and pt == part and (f is None or f.accepts(h))]
+            owners = [
+                q
+                for q, entries in assignment.items()
+                for t, pt, f in entries
+                if t == topic and pt == part and (f is None or f.accepts(h))
+            ]
             assert owners == [lh_bucket(h, p0, p)]
 
 
@@ -128,15 +133,12 @@ def test_processor_key_sources_seed_example() -> None:
     assert processor_key_sources(12, {"t": (10, 18)}, 10, 15) == {"t": {2, 12}}
     assert processor_key_sources(5, {"t": (10, 18)}, 10, 15) == {"t": {5, 15}}
     assert processor_key_sources(5, {"t": (10, 15)}, 10, 15) == {"t": {5}}
-    assert processor_key_sources(2, {"t": (10, 12)}, 10, 12,
-                                 high_water={"t": 25}) == {"t": {2, 12, 22}}
+    assert processor_key_sources(2, {"t": (10, 12)}, 10, 12, high_water={"t": 25}) == {"t": {2, 12, 22}}
 
 
 @settings(max_examples=100, deadline=None)
 @given(small, st.integers(0, 30), small, st.integers(0, 20), st.data())
-def test_processor_key_sources_brute_force(
-    n0: int, dn: int, p0: int, dp: int, data: st.DataObject
-) -> None:
+def test_processor_key_sources_brute_force(n0: int, dn: int, p0: int, dp: int, data: st.DataObject) -> None:
     n, p = n0 + dn, p0 + dp
     proc = data.draw(st.integers(0, p - 1))
     s1 = {part for part in range(n) if proc in processors_for_partition(part, n0, n, p0, p)}
@@ -178,6 +180,7 @@ def test_validation() -> None:
 
 
 # --- seed 001's worked example ---------------------------------------------------------
+
 
 def test_seed_001_worked_example() -> None:
     """10 partitions and 10 processors; partitions -> 15; processors -> 15; partitions -> 18."""
@@ -228,6 +231,7 @@ def test_seed_001_worked_example() -> None:
 
 # --- member assignment -------------------------------------------------------------------
 
+
 def check_valid(result: dict[str, list[int]], names: list[str], p: int) -> None:
     assert sorted(result) == sorted(names)
     ids = [q for qs in result.values() for q in qs]
@@ -240,7 +244,8 @@ def check_valid(result: dict[str, list[int]], names: list[str], p: int) -> None:
 member_maps = st.dictionaries(
     st.text("abcdefgh", min_size=1, max_size=3),
     st.lists(st.integers(-2, 40), max_size=12),
-    min_size=1, max_size=7,
+    min_size=1,
+    max_size=7,
 )
 
 
@@ -288,10 +293,12 @@ def test_members_examples() -> None:
     assert assign_processors_to_members({}, 5) == {}
     assert assign_processors_to_members({"a": []}, 0) == {"a": []}
     assert assign_processors_to_members({"b": [0, 1, 2], "a": [3, 4, 5], "c": []}, 6) == {
-        "a": [3, 4], "b": [0, 1], "c": [2, 5]}
+        "a": [3, 4],
+        "b": [0, 1],
+        "c": [2, 5],
+    }
     # duplicate and out-of-range ids are ignored; contested ids stay with the first name
-    assert assign_processors_to_members({"a": [0, 0, 9], "b": [0, 1]}, 2) == {
-        "a": [0], "b": [1]}
+    assert assign_processors_to_members({"a": [0, 0, 9], "b": [0, 1]}, 2) == {"a": [0], "b": [1]}
 
 
 @pytest.mark.parametrize("p", [1, 5, 40, 100, 300])

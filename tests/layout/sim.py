@@ -13,8 +13,8 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout import model
 from streamkit.layout.gating import compute_gate
-from streamkit.layout.stamps import RecordStatus, classify_record
 from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.stamps import RecordStatus, classify_record
 
 
 @dataclass(frozen=True)

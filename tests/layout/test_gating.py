@@ -16,8 +16,8 @@ from streamkit.layout.gating import (
     constraints,
     gate_limits,
 )
-from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch
 from streamkit.layout.model import ChangeKind
+from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch
 
 from .sim import run_random
 
@@ -41,9 +41,14 @@ def sealed_shrink(layout, n2, announce=None, seal=None, delay=0):
 
 def test_new_partition_waits_for_parent_seal():
     lay = model.create("t", 4, capacity=8, now_ms=0)
-    lay = sealed_expand(lay, 6, announce={0: 100, 1: 50, 2: 7, 3: 9, 4: 3, 5: 0}, seal={0: 120, 1: 60, 2: 8, 3: 9, 4: 3, 5: 0})
+    lay = sealed_expand(
+        lay, 6, announce={0: 100, 1: 50, 2: 7, 3: 9, 4: 3, 5: 0}, seal={0: 120, 1: 60, 2: 8, 3: 9, 4: 3, 5: 0}
+    )
     # 4 splits from 0, 5 from 1
-    assert {(c.partition, c.blocker, c.from_offset, c.need) for c in constraints(lay)} == {(4, 0, 3, 120), (5, 1, 0, 60)}
+    assert {(c.partition, c.blocker, c.from_offset, c.need) for c in constraints(lay)} == {
+        (4, 0, 3, 120),
+        (5, 1, 0, 60),
+    }
     g = compute_gate(lay, [0, 4, 5], {0: 119, 1: 60})
     assert g.gates[4].limit == 3 and g.gates[4].start == 3 and not g.gates[4].deliverable(3)
     assert g.gates[5].limit is None and g.gates[0].limit is None

@@ -19,8 +19,13 @@ from streamkit.kafkaio import KafkaIO
 
 def batch(base: int, count: int) -> bytes:
     b = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=0, producer_id=-1, producer_epoch=-1,
-        base_sequence=-1, batch_size=1 << 20,
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
     )
     for i in range(count):
         b.append(i, timestamp=1_000, key=b"k", value=b"v%d" % (base + i), headers=[])
@@ -39,14 +44,14 @@ class ScriptedBroker:
         self.drop_times = drop_times
         self.calls: list[int] = []
 
-    async def fetch_raw(self, topic: str, partition: int, offset: int, *, max_wait_ms: int,
-                        max_bytes: int) -> tuple[int, int, bytes | None]:
+    async def fetch_raw(
+        self, topic: str, partition: int, offset: int, *, max_wait_ms: int, max_bytes: int
+    ) -> tuple[int, int, bytes | None]:
         self.calls.append(offset)
         dropping = len(self.calls) <= self.drop_times
         hw = self.log[-1][0] + self.log[-1][1]
         data = b"".join(
-            batch(base, n) for base, n in self.log
-            if base + n > offset and not (dropping and base in self.dropped)
+            batch(base, n) for base, n in self.log if base + n > offset and not (dropping and base in self.dropped)
         )
         return 0, hw, data or None
 

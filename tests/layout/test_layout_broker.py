@@ -22,10 +22,9 @@ from typer.testing import CliRunner
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.cli import app as cli_app
-from streamkit.layout import model
 from streamkit.kafkaio import FetchedRecord, KafkaIO
+from streamkit.layout import model
 from streamkit.layout.gating import compute_gate
-from streamkit.layout.stamps import classify_record, record_epoch
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.protocol import LayoutCoordinator, check_topic
 from streamkit.layout.registry import (
@@ -36,6 +35,7 @@ from streamkit.layout.registry import (
     StaleLayoutError,
     encode_layout_record,
 )
+from streamkit.layout.stamps import classify_record, record_epoch
 from streamkit.producer import Producer
 
 HERE = Path(__file__).parent
@@ -101,8 +101,16 @@ class Proc:
     def __init__(self, broker: str, topic: str, name_: str, tmp: Path, **opts: Any) -> None:
         self.out = tmp / f"{name_}.json"
         self.stop_file = tmp / f"{name_}.stop"
-        args = [sys.executable, str(HERE / "producer_proc.py"), broker, topic, name_, str(self.out),
-                "--stop-file", str(self.stop_file)]
+        args = [
+            sys.executable,
+            str(HERE / "producer_proc.py"),
+            broker,
+            topic,
+            name_,
+            str(self.out),
+            "--stop-file",
+            str(self.stop_file),
+        ]
         for k, v in opts.items():
             args += [f"--{k.replace('_', '-')}", str(v)]
         env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
@@ -397,8 +405,9 @@ def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> No
                 try:
                     hdr = [("streamkit.epoch", b"1"), ("streamkit.producer", b"ghost-1")]
                     for k in (key, stay):
-                        await raw.send_and_wait(topic, orjson.dumps({"p": "x", "k": k, "seq": 2}), key=k.encode(),
-                                                partition=0, headers=hdr)
+                        await raw.send_and_wait(
+                            topic, orjson.dumps({"p": "x", "k": k, "seq": 2}), key=k.encode(), partition=0, headers=hdr
+                        )
                 finally:
                     await raw.stop()
                 md = await (await p.send(topic, key, {"p": "x", "k": key, "seq": 3}))
@@ -407,7 +416,13 @@ def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> No
             rep = await check_topic(broker, topic)
             assert len(rep.violations) == 1 and rep.late_harmless == 1
             v = rep.violations[0]
-            assert (v["producer"], v["key"], v["record_epoch"], v["seal_epoch"], v["moved"]) == ("ghost-1", key, 1, 2, True)
+            assert (v["producer"], v["key"], v["record_epoch"], v["seal_epoch"], v["moved"]) == (
+                "ghost-1",
+                key,
+                1,
+                2,
+                True,
+            )
             recs = await read_partitions(broker, lay)
             bad = misordered(deliver(lay, recs))
             assert [(r.partition, orjson.loads(r.value)["seq"]) for r in bad] == [(0, 2)]

@@ -33,9 +33,13 @@ class Job:
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            SK_TEST_APP=self.app, SK_TEST_TOPIC=self.topic, STREAMKIT_BROKER=self.bootstrap,
-            STREAMKIT_STATE_DIR=str(self.state_dir), STREAMKIT_SESSION_TIMEOUT_MS="4000",
-            STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT),
+            SK_TEST_APP=self.app,
+            SK_TEST_TOPIC=self.topic,
+            STREAMKIT_BROKER=self.bootstrap,
+            STREAMKIT_STATE_DIR=str(self.state_dir),
+            STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
+            PYTHONPATH=str(ROOT),
         )
         if self.processors is not None:
             env["STREAMKIT_PROCESSORS"] = str(self.processors)
@@ -44,9 +48,21 @@ class Job:
 
     def start_worker(self, members: int = 1, **env: str) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamkit.cli", "worker", "tests.runtime.job_app:app",
-             "--processors", str(members), "--log-level", "WARNING"],
-            cwd=ROOT, env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "streamkit.cli",
+                "worker",
+                "tests.runtime.job_app:app",
+                "--processors",
+                str(members),
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=self.env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         self.workers.append(proc)
         return proc

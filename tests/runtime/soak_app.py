@@ -20,7 +20,16 @@ def track(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     state = seen[key]
     count, last, disorder = state.get(value["p"], (0, -1, 0))
     if value["seq"] <= last:  # the test fails on this; the log line says where to look
-        log.error("out of order: key=%s producer=%s seq=%s after %s at %s[%s]@%s, processor %s",
-                  key, value["p"], value["seq"], last, ctx.topic, ctx.partition, ctx.offset, ctx.processor)
+        log.error(
+            "out of order: key=%s producer=%s seq=%s after %s at %s[%s]@%s, processor %s",
+            key,
+            value["p"],
+            value["seq"],
+            last,
+            ctx.topic,
+            ctx.partition,
+            ctx.offset,
+            ctx.processor,
+        )
     state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
     seen[key] = state

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import TopicPartition
-from stores.memory import MemoryStore
 
+from stores.memory import MemoryStore
 from streamkit.app import App
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout import model
@@ -57,8 +57,9 @@ def recs(offsets, partition: int = 0, epoch: int | None = None, key: bytes = b"k
     return [Rec("orders", partition, o, key, b"1", headers) for o in offsets]
 
 
-def make(layout: TopicLayout | None = None, position: int = 0, group_position: int = 0,
-         partition: int = 0) -> tuple[Admission, FakeConsumer, Route]:
+def make(
+    layout: TopicLayout | None = None, position: int = 0, group_position: int = 0, partition: int = 0
+) -> tuple[Admission, FakeConsumer, Route]:
     app = App("adm")
     topic = app.topic("orders")
 

@@ -24,8 +24,14 @@ BASE_MS = 1_767_225_600_000  # a minute boundary
 def make_app(broker: str, tmp_path: Path, partitions: int = 2) -> tuple[streamkit.App, str]:
     tag = uuid.uuid4().hex[:8]
     topic = create_topic(broker, f"api-{tag}", partitions)
-    app = streamkit.App(f"api-{tag}", broker=broker, state_dir=tmp_path, commit_interval=0.2,
-                        session_timeout_ms=4000, heartbeat_interval_ms=400)
+    app = streamkit.App(
+        f"api-{tag}",
+        broker=broker,
+        state_dir=tmp_path,
+        commit_interval=0.2,
+        session_timeout_ms=4000,
+        heartbeat_interval_ms=400,
+    )
     return app, topic
 
 

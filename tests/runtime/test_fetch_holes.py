@@ -26,13 +26,20 @@ LEFT_OUT = range(40, 60)
 
 
 @pytest.mark.parametrize("stays", [False, True], ids=["race", "real-hole"])
-def test_records_left_out_of_a_fetch_answer(broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            stays: bool) -> None:
+def test_records_left_out_of_a_fetch_answer(
+    broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stays: bool
+) -> None:
     tag = uuid.uuid4().hex[:8]
     topic = create_topic(broker, f"holes-{tag}", 1)
     produce_json(broker, topic, [(f"k{i % 5}", {"i": i}) for i in range(200)])
-    app = streamkit.App(f"holes-{tag}", broker=broker, state_dir=tmp_path, commit_interval=0.2,
-                        session_timeout_ms=4000, heartbeat_interval_ms=400)
+    app = streamkit.App(
+        f"holes-{tag}",
+        broker=broker,
+        state_dir=tmp_path,
+        commit_interval=0.2,
+        session_timeout_ms=4000,
+        heartbeat_interval_ms=400,
+    )
     source = app.topic(topic)
     handled: list[int] = []
     left_out: list[int] = []

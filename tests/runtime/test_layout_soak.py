@@ -33,11 +33,15 @@ PRODUCERS = 3
 WORKERS = 3
 
 
-async def group_progress(io: KafkaIO, group: str, topic: str, partitions: range) -> tuple[dict[int, int], dict[int, int]]:
+async def group_progress(
+    io: KafkaIO, group: str, topic: str, partitions: range
+) -> tuple[dict[int, int], dict[int, int]]:
     return await io.committed(group, topic, list(partitions)), await io.high_watermarks(topic, partitions)
 
 
-async def wait_consumed(io: KafkaIO, group: str, topic: str, partitions: list[int], workers: list, timeout: float = 90) -> None:
+async def wait_consumed(
+    io: KafkaIO, group: str, topic: str, partitions: list[int], workers: list, timeout: float = 90
+) -> None:
     """Until the group's committed offsets reach the high watermark of `partitions`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -67,9 +71,16 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
     topic, app = f"soak-{tag}", f"soak-{tag}"
     group = f"streamkit-{app}"
     stop_file = tmp_path / "stop"
-    env = dict(os.environ, SK_TEST_APP=app, SK_TEST_TOPIC=topic, STREAMKIT_BROKER=broker,
-               STREAMKIT_STATE_DIR=str(tmp_path / "state"), STREAMKIT_SESSION_TIMEOUT_MS="4000",
-               STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        SK_TEST_APP=app,
+        SK_TEST_TOPIC=topic,
+        STREAMKIT_BROKER=broker,
+        STREAMKIT_STATE_DIR=str(tmp_path / "state"),
+        STREAMKIT_SESSION_TIMEOUT_MS="4000",
+        STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
+        PYTHONPATH=str(ROOT),
+    )
     producers: list[subprocess.Popen[bytes]] = []
     workers: list[subprocess.Popen[bytes]] = []
 
@@ -79,15 +90,46 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
         try:
             await coord.create(topic, 4, capacity=12)
             for _ in range(WORKERS):
-                workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "streamkit.cli", "worker", "tests.runtime.soak_app:app",
-                     "--log-level", "INFO"], cwd=ROOT, env=env, stderr=open(tmp_path / f"w{len(workers)}.log", "wb")))
+                workers.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "streamkit.cli",
+                            "worker",
+                            "tests.runtime.soak_app:app",
+                            "--log-level",
+                            "INFO",
+                        ],
+                        cwd=ROOT,
+                        env=env,
+                        stderr=open(tmp_path / f"w{len(workers)}.log", "wb"),
+                    )
+                )
             for i in range(PRODUCERS):
-                producers.append(subprocess.Popen(
-                    [sys.executable, "-m", "tests.runtime.soak_producer", broker, topic, f"p{i}",
-                     str(tmp_path / f"p{i}.json"), "--keys", str(KEYS), "--rate", "400",
-                     "--stop-file", str(stop_file)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                    stderr=open(tmp_path / f"p{i}.log", "wb")))
+                producers.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "tests.runtime.soak_producer",
+                            broker,
+                            topic,
+                            f"p{i}",
+                            str(tmp_path / f"p{i}.json"),
+                            "--keys",
+                            str(KEYS),
+                            "--rate",
+                            "400",
+                            "--stop-file",
+                            str(stop_file),
+                        ],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=open(tmp_path / f"p{i}.log", "wb"),
+                    )
+                )
             ids = set()
             for p in producers:
                 assert p.stdout is not None
@@ -98,7 +140,9 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
             def waited_for_all(result: ChangeResult) -> None:
                 """Every producer runs throughout: each change must wait for and get all acks."""
                 assert not result.fenced
-                assert ids <= result.waited_for, f"epoch {result.layout.epoch} did not wait for {ids - result.waited_for}"
+                assert ids <= result.waited_for, (
+                    f"epoch {result.layout.epoch} did not wait for {ids - result.waited_for}"
+                )
                 assert ids <= result.acked, f"epoch {result.layout.epoch} sealed without acks of {ids - result.acked}"
 
             await wait_growth(io, group, topic, 4, 1000, workers)

@@ -9,7 +9,6 @@ import threading
 import uuid
 from pathlib import Path
 
-
 from streamkit.testing import create_topic, produce_json, read_topic
 from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference, wait_until_committed
 
@@ -116,9 +115,7 @@ def test_restart_with_a_different_initial_processor_count_is_refused(broker: str
     assert "Traceback" not in err
 
 
-def test_bad_records_go_to_the_dead_letter_topic_and_good_ones_are_processed(
-    broker: str, tmp_path: Path
-) -> None:
+def test_bad_records_go_to_the_dead_letter_topic_and_good_ones_are_processed(broker: str, tmp_path: Path) -> None:
     job = new_job(broker, tmp_path)
     good = make_records(3_000, 100)
     bad_json = [("k-bad-json", b"{not json"), ("k-bad-json", b"\xff\xfe")]
@@ -140,18 +137,19 @@ def test_bad_records_go_to_the_dead_letter_topic_and_good_ones_are_processed(
         h = {k: v.decode() for k, v in rec.headers}
         by_reason.setdefault(h["streamkit.error.reason"], []).append((rec, h))
         source = read_topic(broker, job.topic)
-        original = [r for r in source if r.partition == int(h["streamkit.source.partition"])
-                    and r.offset == int(h["streamkit.source.offset"])]
+        original = [
+            r
+            for r in source
+            if r.partition == int(h["streamkit.source.partition"]) and r.offset == int(h["streamkit.source.offset"])
+        ]
         assert h["streamkit.source.topic"] == job.topic
         assert len(original) == 1 and original[0].value == rec.value and original[0].key == rec.key
     assert sorted(by_reason) == ["handler", "value-decode"]
     assert len(by_reason["value-decode"]) == 2
     assert all("JSONDecodeError" in h["streamkit.error.exception"] for _, h in by_reason["value-decode"])
-    (_, h), = by_reason["handler"]
+    ((_, h),) = by_reason["handler"]
     assert h["streamkit.error.exception"] == "ValueError: asked to fail at seq 10000000"
     assert "count" in h["streamkit.error.handler"]
-
-
 
 
 def test_a_handler_failing_on_every_record_is_loud_in_logs_and_status(broker: str, tmp_path: Path) -> None:
@@ -163,7 +161,11 @@ def test_a_handler_failing_on_every_record_is_loud_in_logs_and_status(broker: st
         wait_until_committed(job, PARTITIONS, len(records))
         status = subprocess.run(
             [sys.executable, "-m", "streamkit.cli", "status", "tests.runtime.job_app:app"],
-            env=job.env(), cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=job.env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     finally:
         job.stop_all()

@@ -26,8 +26,14 @@ def test_a_stop_does_not_wait_for_a_member_stuck_in_getmany(broker: str, tmp_pat
     tag = uuid.uuid4().hex[:8]
     topic = create_topic(broker, f"stop-{tag}", 1)
     produce_json(broker, topic, [(f"k{i % 3}", {"n": 1}) for i in range(30)])
-    app = streamkit.App(f"stop-{tag}", broker=broker, state_dir=tmp_path, commit_interval=60,
-                        session_timeout_ms=4000, heartbeat_interval_ms=400)
+    app = streamkit.App(
+        f"stop-{tag}",
+        broker=broker,
+        state_dir=tmp_path,
+        commit_interval=60,
+        session_timeout_ms=4000,
+        heartbeat_interval_ms=400,
+    )
     totals = app.table("totals", default=int)
     handled: list[int] = []
 

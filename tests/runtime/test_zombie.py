@@ -72,7 +72,8 @@ def test_a_paused_processor_is_fenced_and_its_checkpoint_rejected(broker: str, t
     assert state == reference(records)
     # no commit of the zombie's old generation was accepted after the fence
     recs = asyncio.run(progress_records(broker, f"streamkit-{job.app}"))
-    fence_at = min(i for i, r in enumerate(recs) if r["gen"] > generation
-                   and any((t, p) in zombie_parts for t, p, _ in r["parts"]))
+    fence_at = min(
+        i for i, r in enumerate(recs) if r["gen"] > generation and any((t, p) in zombie_parts for t, p, _ in r["parts"])
+    )
     late = [r for r in recs[fence_at:] if r["member"] == member and r["gen"] == generation]
     assert not late, f"the zombie committed after it was fenced: {late[:2]}"

@@ -11,11 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 # scripts/test installs the 'spark' extra: a missing pyspark is a broken setup, not a skip
 import pyarrow  # noqa: E402,F401
 import pyspark  # noqa: E402,F401
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -8,16 +8,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import bf_apps
 import orjson
 import pytest
+
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
-
-import bf_apps
 from streamkit.errors import ConfigError, ReplayError
 from streamkit.spark import BackfillError, BackfillRefused, backfill_replay, backfill_state, backfill_table, read_stores
-from streamkit.spark.backfill import _murmur3_int, spark_partition_keys
 from streamkit.spark.placement import processor_of
+from streamkit.spark.shuffle import _murmur3_int, spark_partition_keys
 from streamkit.spark.staging import BACKFILL_DIR, InjectedFailure, live_store_dirs
 
 PARTS = 4
@@ -121,8 +121,9 @@ def test_spark_partition_keys_match_the_jvm(spark: Any) -> None:
 def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_dir: Path) -> None:
     events = count_events(6000, 700)
     df = state_df(spark, events)
-    res = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
-                         state_dir=state_dir)
+    res = backfill_table(
+        bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition", state_dir=state_dir
+    )
     app_dir = state_dir / "bf-counts"
     check_counts_stores(app_dir, events, 3, 3)
     assert res.rows_read == len(final_state(events)) == res.keys_written["totals"]
@@ -130,8 +131,9 @@ def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_di
     assert res.positions == next_positions(events)
     first = read_all(app_dir, ["totals"])
     # re-running the same backfill gives the same stores (contents and checkpoints)
-    res2 = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
-                          state_dir=state_dir)
+    res2 = backfill_table(
+        bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition", state_dir=state_dir
+    )
     assert res2.run_id != res.run_id
     assert read_all(app_dir, ["totals"]) == first
     assert sorted(os.listdir(app_dir / BACKFILL_DIR)) == ["lock"]
@@ -140,16 +142,30 @@ def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_di
 def test_state_backfill_without_shuffle_for_input_partitioned_by_key(spark: Any, state_dir: Path) -> None:
     events = count_events(5000, 600, seed=9)
     df = state_df(spark, events)  # groupBy(key) output: every key in one partition
-    res = backfill_table(bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition",
-                         partitioned_by_key=True, state_dir=state_dir)
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        df,
+        offset_col="offset",
+        partition_col="partition",
+        partitioned_by_key=True,
+        state_dir=state_dir,
+    )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
     assert res.keys_written["totals"] == len(final_state(events))
     # a DataFrame that breaks the promise is caught before anything is published
     rows = [(f"k{i % 40}", i, 0, i) for i in range(400)]
     spread = spark.createDataFrame(rows, "key string, value long, partition int, offset long").repartition(3)
     with pytest.raises(BackfillError, match="not partitioned by key"):
-        backfill_table(bf_apps.counts, "totals", spread, offset_col="offset", partition_col="partition",
-                       partitioned_by_key=True, state_dir=state_dir)
+        backfill_table(
+            bf_apps.counts,
+            "totals",
+            spread,
+            offset_col="offset",
+            partition_col="partition",
+            partitioned_by_key=True,
+            state_dir=state_dir,
+        )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
 
 
@@ -157,8 +173,14 @@ def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, stat
     events = count_events(3000, 400, seed=2)
     df = state_df(spark, events).drop("offset", "partition")
     pos = next_positions(events)
-    res = backfill_table(bf_apps.counts, "totals", df, positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
-                         processors=5, state_dir=state_dir)
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        df,
+        positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
+        processors=5,
+        state_dir=state_dir,
+    )
     # without partition data, every store gets every position (and the result says so)
     check_counts_stores(state_dir / "bf-counts", events, 3, 5, everywhere=True)
     assert any("stamped into every store" in w for w in res.warnings)
@@ -176,8 +198,15 @@ def test_duplicate_keys_latest_offset_wins_and_null_means_no_state(spark: Any, s
 
     df = spark.createDataFrame(rows, "key string, v string, partition int, offset long")
     df = df.withColumn("value", F.when(F.col("v").isNotNull(), F.col("v").cast("binary")))
-    res = backfill_table(bf_apps.counts, "totals", df, value_encoded=True, offset_col="offset",
-                         partition_col="partition", state_dir=state_dir)
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        df,
+        value_encoded=True,
+        offset_col="offset",
+        partition_col="partition",
+        state_dir=state_dir,
+    )
     stores = read_all(state_dir / "bf-counts", ["totals"])
     merged = {k: v for tables, _ in stores.values() for k, v in tables["totals"].items()}
     assert merged == {b"a": b'{"count":2,"sum":9}', b"c": b'{"count":1,"sum":4}'}
@@ -190,8 +219,9 @@ def test_several_tables_in_one_backfill(spark: Any, state_dir: Path) -> None:
 
     sums = spark.createDataFrame([(k, k * 10) for k in range(-50, 300)], "key long, value long")
     last = spark.createDataFrame([(k, f"tag-{k}") for k in range(0, 300, 3)], "key long, value string")
-    res = backfill_state(bf_apps.multi, {"sums": sums, "last": last}, positions={("m-events", 0): 99},
-                         processors=3, state_dir=state_dir)
+    res = backfill_state(
+        bf_apps.multi, {"sums": sums, "last": last}, positions={("m-events", 0): 99}, processors=3, state_dir=state_dir
+    )
     assert res.keys_written == {"sums": 350, "last": 100}
     ints = IntSerde()
     got_sums, got_last = {}, {}
@@ -230,8 +260,15 @@ def test_refusals_before_any_work(spark: Any, state_dir: Path) -> None:
         backfill_table(bf_apps.counts, "totals", df, positions={("typo", 0): 1}, state_dir=state_dir)
     ev = spark.createDataFrame([("a", 1, 0, 9)], "key string, value long, partition int, offset long")
     with pytest.raises(BackfillError, match="counted twice"):
-        backfill_table(bf_apps.counts, "totals", ev, positions={("events", 0): 5}, offset_col="offset",
-                       partition_col="partition", state_dir=state_dir)
+        backfill_table(
+            bf_apps.counts,
+            "totals",
+            ev,
+            positions={("events", 0): 5},
+            offset_col="offset",
+            partition_col="partition",
+            state_dir=state_dir,
+        )
     assert live_store_dirs(state_dir / "bf-counts") == {}
 
 
@@ -266,8 +303,15 @@ def test_a_failure_at_any_point_leaves_the_live_stores_untouched(spark: Any, sta
 def test_task_retries_leave_no_partial_files(spark: Any, state_dir: Path) -> None:
     events = count_events(3000, 500, seed=6)
     # every first attempt of a writing task dies after a partial SST; the retry succeeds
-    res = backfill_table(bf_apps.counts, "totals", state_df(spark, events), offset_col="offset",
-                         partition_col="partition", state_dir=state_dir, fail_at="task-once")
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        state_df(spark, events),
+        offset_col="offset",
+        partition_col="partition",
+        state_dir=state_dir,
+        fail_at="task-once",
+    )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
     assert res.keys_written["totals"] == len(final_state(events))
     leftovers = [str(p) for p in (state_dir / "bf-counts" / BACKFILL_DIR).rglob("*") if p.name != "lock"]
@@ -280,7 +324,6 @@ def test_task_retries_leave_no_partial_files(spark: Any, state_dir: Path) -> Non
 def multi_records(n: int, keys: int, seed: int) -> list[tuple[int, int, str | None, int, int, int]]:
     """(key, amount, tag, partition, offset, ts) for the multi app (int keys)."""
     from stores.serde import IntSerde
-
     from streamkit.testing import default_partition
 
     rng = random.Random(seed)
@@ -318,8 +361,15 @@ def test_replay_runs_the_apps_handlers_per_key_in_order(spark: Any, state_dir: P
 
     df = spark.createDataFrame(shuffled, "key long, amount long, tag string, partition int, offset long, ts long")
     df = df.withColumn("value", F.struct("amount", "tag"))
-    res = backfill_replay(bf_apps.multi, df, partition_col="partition", offset_col="offset", timestamp_col="ts",
-                          processors=3, state_dir=state_dir)
+    res = backfill_replay(
+        bf_apps.multi,
+        df,
+        partition_col="partition",
+        offset_col="offset",
+        timestamp_col="ts",
+        processors=3,
+        state_dir=state_dir,
+    )
     sums, last = multi_reference(records)
     stores = read_all(state_dir / "bf-multi", ["sums", "last"])
     assert sorted(stores) == [0, 1, 2]
@@ -350,8 +400,8 @@ def _counts_per_part(records: list[tuple[Any, ...]]) -> list[int]:
 
 
 def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
-    from streamkit.tables import WindowKeySerde
     from stores.serde import StrSerde
+    from streamkit.tables import WindowKeySerde
 
     rows = [(f"k{i % 7}", i % 5, 0, i, 1_700_000_000_000 + i * 7_000) for i in range(600)]
     df = spark.createDataFrame(rows, "key string, amount long, partition int, offset long, ts long")
@@ -359,8 +409,14 @@ def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
 
     # the timestamp as a Spark TIMESTAMP column (converted to epoch ms for ctx.timestamp)
     df = df.withColumn("ts", F.timestamp_millis("ts"))
-    backfill_replay(bf_apps.windowed, df.withColumn("value", F.struct("amount")), partition_col="partition",
-                    offset_col="offset", timestamp_col="ts", state_dir=state_dir)
+    backfill_replay(
+        bf_apps.windowed,
+        df.withColumn("value", F.struct("amount")),
+        partition_col="partition",
+        offset_col="offset",
+        timestamp_col="ts",
+        state_dir=state_dir,
+    )
     want: dict[tuple[str, int], int] = defaultdict(int)
     for key, amount, _, _, ts in rows:
         want[(key, ts - ts % 60_000)] += amount
@@ -373,15 +429,19 @@ def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
 
 
 def test_replay_refuses_a_handler_touching_another_key(spark: Any, state_dir: Path) -> None:
-    df = spark.createDataFrame([("a", "{}", 0, 0), ("b", "{}", 0, 1)], "key string, value string, partition int, offset long")
+    df = spark.createDataFrame(
+        [("a", "{}", 0, 0), ("b", "{}", 0, 1)], "key string, value string, partition int, offset long"
+    )
     with pytest.raises(ReplayError, match="touched key 'grand-total'") as info:
-        backfill_replay(bf_apps.bad, df, value_encoded=True, partition_col="partition", offset_col="offset",
-                        state_dir=state_dir)
+        backfill_replay(
+            bf_apps.bad, df, value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir
+        )
     assert "Traceback" not in str(info.value) and "\n" not in str(info.value)
     assert live_store_dirs(state_dir / "bf-bad") == {}
     with pytest.raises(ConfigError, match="per-processor timers .*t_decay"):
-        backfill_replay(bf_apps.timed, df, value_encoded=True, partition_col="partition", offset_col="offset",
-                        state_dir=state_dir)
+        backfill_replay(
+            bf_apps.timed, df, value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir
+        )
 
 
 # --------------------------------------------------------------------------- reader
@@ -389,8 +449,15 @@ def test_replay_refuses_a_handler_touching_another_key(spark: Any, state_dir: Pa
 
 def test_read_stores_one_partition_per_store(spark: Any, state_dir: Path) -> None:
     events = count_events(2000, 300, seed=8)
-    backfill_table(bf_apps.counts, "totals", state_df(spark, events), offset_col="offset",
-                   partition_col="partition", processors=4, state_dir=state_dir)
+    backfill_table(
+        bf_apps.counts,
+        "totals",
+        state_df(spark, events),
+        offset_col="offset",
+        partition_col="partition",
+        processors=4,
+        state_dir=state_dir,
+    )
     raw = read_stores(spark, bf_apps.counts, "totals", state_dir=state_dir)
     assert raw.rdd.getNumPartitions() == 4
     rows = raw.collect()

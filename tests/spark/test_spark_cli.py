@@ -10,21 +10,26 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+from test_spark_backfill import count_events, final_state, next_positions, read_all
 from typer.testing import CliRunner
 
 from streamkit.cli import app as cli
 from streamkit.cli.backfill import parse_source
 from streamkit.spark.placement import processor_of
 from streamkit.spark.staging import live_store_dirs
-from test_spark_backfill import count_events, final_state, next_positions, read_all
 
 
 def write_events(path: Path, events: list[tuple[str, int, int, int, int]]) -> None:
     pq.write_table(
-        pa.table({
-            "key": [e[0] for e in events], "amount": [e[1] for e in events], "partition": [e[2] for e in events],
-            "offset": [e[3] for e in events], "ts": [e[4] for e in events],
-        }),
+        pa.table(
+            {
+                "key": [e[0] for e in events],
+                "amount": [e[1] for e in events],
+                "partition": [e[2] for e in events],
+                "offset": [e[3] for e in events],
+                "ts": [e[4] for e in events],
+            }
+        ),
         path,
     )
 
@@ -54,13 +59,36 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
     import pyspark.sql.functions as F
 
     state = tmp_path / "state.parquet"
-    (spark.read.parquet(str(history)).groupBy("key")
-        .agg(F.count("*").alias("count"), F.sum("amount").alias("sum"), F.max("offset").alias("offset"),
-             F.first("partition").alias("partition"))
-        .write.parquet(str(state)))
-    res = run(["backfill", "bf_apps:counts", "--table", "totals", "--from", f"parquet:{state}",
-               "--value-col", "count,sum", "--offset-col", "offset", "--partition-col", "partition",
-               "--state-dir", str(state_dir), "--json"])
+    (
+        spark.read.parquet(str(history))
+        .groupBy("key")
+        .agg(
+            F.count("*").alias("count"),
+            F.sum("amount").alias("sum"),
+            F.max("offset").alias("offset"),
+            F.first("partition").alias("partition"),
+        )
+        .write.parquet(str(state))
+    )
+    res = run(
+        [
+            "backfill",
+            "bf_apps:counts",
+            "--table",
+            "totals",
+            "--from",
+            f"parquet:{state}",
+            "--value-col",
+            "count,sum",
+            "--offset-col",
+            "offset",
+            "--partition-col",
+            "partition",
+            "--state-dir",
+            str(state_dir),
+            "--json",
+        ]
+    )
     assert res.exit_code == 0, res.output + repr(res.exception)
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["rows_read"] == len(final_state(events)) == doc["keys_written"]["totals"]
@@ -72,9 +100,26 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
     assert merged == final_state(events)
 
     # mode 2 from the raw events, with the human summary
-    res = run(["backfill", "bf_apps:counts", "--replay", "--from", str(history), "--value-col", "amount,",
-               "--partition-col", "partition", "--offset-col", "offset", "--timestamp-col", "ts",
-               "--state-dir", str(state_dir), "--no-progress"])
+    res = run(
+        [
+            "backfill",
+            "bf_apps:counts",
+            "--replay",
+            "--from",
+            str(history),
+            "--value-col",
+            "amount,",
+            "--partition-col",
+            "partition",
+            "--offset-col",
+            "offset",
+            "--timestamp-col",
+            "ts",
+            "--state-dir",
+            str(state_dir),
+            "--no-progress",
+        ]
+    )
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "rows read" in res.stdout and f"{len(events):,}" in res.stdout
     assert "stores published" in res.stdout and "JVM start" in res.stdout
@@ -89,22 +134,49 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
 def test_cli_errors_are_one_line(spark: Any, state_dir: Path, tmp_path: Path) -> None:
     res = run(["backfill", "bf_apps:counts", "--table", "totals"])
     assert res.exit_code != 0 and "--from" in str(res.exception)
-    res = run(["backfill", "bf_apps:counts", "--table", "totals", "--from", str(tmp_path / "missing.parquet"),
-               "--from-start", "--state-dir", str(state_dir)])
+    res = run(
+        [
+            "backfill",
+            "bf_apps:counts",
+            "--table",
+            "totals",
+            "--from",
+            str(tmp_path / "missing.parquet"),
+            "--from-start",
+            "--state-dir",
+            str(state_dir),
+        ]
+    )
     assert res.exit_code != 0 and "no such file" in str(res.exception)
     events = count_events(200, 20, seed=12)
     history = tmp_path / "e.parquet"
     write_events(history, events)
-    res = run(["backfill", "bf_apps:counts", "--table", "totals", "--from", str(history), "--value-col", "amount",
-               "--state-dir", str(state_dir)])
+    res = run(
+        [
+            "backfill",
+            "bf_apps:counts",
+            "--table",
+            "totals",
+            "--from",
+            str(history),
+            "--value-col",
+            "amount",
+            "--state-dir",
+            str(state_dir),
+        ]
+    )
     assert res.exit_code != 0 and "no resume positions" in str(res.exception)
     assert live_store_dirs(state_dir / "bf-counts") == {}
     # the installed console script prints errors as one line
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "streamkit.cli", "backfill", "bf_apps:nope", "--table", "x",
-                           "--from", "y"], capture_output=True, text=True, cwd=Path(__file__).parent,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamkit.cli", "backfill", "bf_apps:nope", "--table", "x", "--from", "y"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+    )
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error:")
     assert len(proc.stderr.strip().splitlines()) == 1

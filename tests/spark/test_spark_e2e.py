@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from stores.rocksdb import RocksDBStore
 
+from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError
 from streamkit.spark import InjectedFailure, backfill_replay, backfill_table
 from streamkit.testing import create_topic, produce_json, read_topic
@@ -46,13 +46,28 @@ class Workers:
     def run_until_caught_up(self, app: str, total: int, timeout: float = 90.0) -> None:
         env = dict(os.environ)
         env.update(
-            SK_BF_APP=app, SK_BF_TOPIC=self.topic, STREAMKIT_BROKER=self.bootstrap,
-            STREAMKIT_STATE_DIR=str(self.state_dir), STREAMKIT_SESSION_TIMEOUT_MS="4000",
-            STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT),
+            SK_BF_APP=app,
+            SK_BF_TOPIC=self.topic,
+            STREAMKIT_BROKER=self.bootstrap,
+            STREAMKIT_STATE_DIR=str(self.state_dir),
+            STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
+            PYTHONPATH=str(ROOT),
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamkit.cli", "worker", "tests.spark.e2e_app:app", "--log-level", os.environ.get("SK_BF_LOG", "WARNING")],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=None if os.environ.get("SK_BF_LOG") else subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "streamkit.cli",
+                "worker",
+                "tests.spark.e2e_app:app",
+                "--log-level",
+                os.environ.get("SK_BF_LOG", "WARNING"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("SK_BF_LOG") else subprocess.PIPE,
         )
         try:
             deadline = time.monotonic() + timeout
@@ -65,7 +80,12 @@ class Workers:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{app} did not catch up in {timeout}s")
                 if os.environ.get("SK_BF_LOG"):
-                    print("wait", committed(self.bootstrap, f"streamkit-{app}", self.topic), self.stored_positions(app), file=sys.stderr)
+                    print(
+                        "wait",
+                        committed(self.bootstrap, f"streamkit-{app}", self.topic),
+                        self.stored_positions(app),
+                        file=sys.stderr,
+                    )
                 time.sleep(0.2)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -78,6 +98,7 @@ class Workers:
     def stored_positions(self, app: str) -> int:
         """Sum of the stores' checkpoint positions, read while the worker holds them."""
         from rocksdict import AccessType, Rdict
+
         from stores.base import Checkpoint
         from stores.rocksdb import CHECKPOINT_KEY, store_options
 
@@ -163,14 +184,16 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
     assert 0 < len(history) < N
     parquet = tmp_path / "history.parquet"
     pq.write_table(
-        pa.table({
-            "key": [r.key.decode() for r in history],
-            "amount": [orjson.loads(r.value)["amount"] for r in history],
-            "seq": [orjson.loads(r.value)["seq"] for r in history],
-            "partition": [r.partition for r in history],
-            "offset": [r.offset for r in history],
-            "timestamp": [r.timestamp for r in history],
-        }),
+        pa.table(
+            {
+                "key": [r.key.decode() for r in history],
+                "amount": [orjson.loads(r.value)["amount"] for r in history],
+                "seq": [orjson.loads(r.value)["seq"] for r in history],
+                "partition": [r.partition for r in history],
+                "offset": [r.offset for r in history],
+                "timestamp": [r.timestamp for r in history],
+            }
+        ),
         parquet,
     )
     workers = Workers(bootstrap, topic, tmp_path / "state")
@@ -186,17 +209,35 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
     a1 = make_app(f"bf1-{tag}", topic)
     final = hist.groupBy("key").agg(
         F.struct(
-            F.count("*").alias("n"), F.sum("amount").alias("sum"), F.max_by("seq", "offset").alias("last"),
+            F.count("*").alias("n"),
+            F.sum("amount").alias("sum"),
+            F.max_by("seq", "offset").alias("last"),
             F.lit(0).alias("disorder"),
         ).alias("value"),
-        F.max("offset").alias("offset"), F.first("partition").alias("partition"),
+        F.max("offset").alias("offset"),
+        F.first("partition").alias("partition"),
     )
-    r1 = backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition", broker=bootstrap,
-                        state_dir=workers.state_dir)
+    r1 = backfill_table(
+        a1,
+        "stats",
+        final,
+        offset_col="offset",
+        partition_col="partition",
+        broker=bootstrap,
+        state_dir=workers.state_dir,
+    )
     # p0 is now recorded for the job: a backfill for another p0 is refused before any work
     with pytest.raises(ConfigError, match="created with 3 processors"):
-        backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition", p0=2, broker=bootstrap,
-                       state_dir=workers.state_dir)
+        backfill_table(
+            a1,
+            "stats",
+            final,
+            offset_col="offset",
+            partition_col="partition",
+            p0=2,
+            broker=bootstrap,
+            state_dir=workers.state_dir,
+        )
     assert r1.positions == {(topic, p): c for p, c in cut.items()}
     for pid, (_, cp) in workers.raw(a1.name).items():  # each store: the partitions it reads
         assert cp.positions == {(topic, q): c for q, c in cut.items() if q % 3 == pid}
@@ -206,15 +247,27 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
     # A backfill that fails midway leaves the live (now caught-up) stores untouched.
     live = workers.raw(a1.name)
     with pytest.raises(InjectedFailure):
-        backfill_table(a1, "stats", final, offset_col="offset", partition_col="partition",
-                       state_dir=workers.state_dir, fail_at="publish")
+        backfill_table(
+            a1,
+            "stats",
+            final,
+            offset_col="offset",
+            partition_col="partition",
+            state_dir=workers.state_dir,
+            fail_at="publish",
+        )
     assert workers.raw(a1.name) == live
 
     # Mode 2: the app's own handler replayed over the Parquet records, then the tail.
     a2 = make_app(f"bf2-{tag}", topic)
-    replay_kw = dict(value_col=["amount", "seq"], partition_col="partition", offset_col="offset",
-                     timestamp_col="timestamp", topic_partitions={topic: PARTITIONS},
-                     state_dir=workers.state_dir)
+    replay_kw = dict(
+        value_col=["amount", "seq"],
+        partition_col="partition",
+        offset_col="offset",
+        timestamp_col="timestamp",
+        topic_partitions={topic: PARTITIONS},
+        state_dir=workers.state_dir,
+    )
     r2 = backfill_replay(a2, hist, **replay_kw)
     assert r2.rows_read == len(history) and r2.positions == r1.positions
     backfilled = workers.raw(a2.name)

@@ -8,13 +8,14 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
-from stores.serde import IntSerde, JsonSerde, RawSerde, StrSerde
 
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
-from streamkit.spark.backfill import _murmur3_int, parse_positions, spark_partition_keys
+from stores.serde import IntSerde, JsonSerde, RawSerde, StrSerde
+from streamkit.spark.backfill import parse_positions
 from streamkit.spark.encoding import EncodeError, encode_array
 from streamkit.spark.placement import bucket_of, buckets_of, hashes_of, processor_of, processors_of
+from streamkit.spark.shuffle import _murmur3_int, spark_partition_keys
 
 
 def _random_keys(n: int, seed: int) -> list[bytes]:
@@ -68,7 +69,8 @@ def test_encoding_fast_paths_equal_the_serdes() -> None:
     # JSON: structs become objects in field order, maps become objects, nested lists stay lists
     structs = pa.array([{"count": 1, "sum": 2}, {"count": 3, "sum": None}])
     assert encode_array(JsonSerde(), structs, what="v").to_pylist() == [
-        b'{"count":1,"sum":2}', b'{"count":3,"sum":null}'
+        b'{"count":1,"sum":2}',
+        b'{"count":3,"sum":null}',
     ]
     maps = pa.array([[("a", 1), ("b", 2)]], pa.map_(pa.string(), pa.int64()))
     assert encode_array(JsonSerde(), maps, what="v").to_pylist() == [orjson.dumps({"a": 1, "b": 2})]
@@ -130,7 +132,7 @@ def test_json_fast_path_is_byte_identical_to_orjson(seed: int) -> None:
     def maybe(v: object) -> object:
         return None if rng.random() < 0.1 else v
 
-    ints = [maybe(rng.choice([0, -1, 1, 2**63 - 1, -(2**63), rng.randrange(-10**12, 10**12)])) for _ in range(n)]
+    ints = [maybe(rng.choice([0, -1, 1, 2**63 - 1, -(2**63), rng.randrange(-(10**12), 10**12)])) for _ in range(n)]
     bools = [maybe(rng.random() < 0.5) for _ in range(n)]
     texts = [maybe(_random_text(rng)) for _ in range(n)]
     plain_texts = [maybe("".join(rng.choice("abcé日 ") for _ in range(rng.randrange(6)))) for _ in range(n)]

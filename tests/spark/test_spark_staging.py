@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+
 from stores.base import Checkpoint, StoreLockedError
 from stores.rocksdb import RocksDBStore, write_sst
-
 from streamkit.spark.staging import (
     BACKFILL_DIR,
     MARKER_FILE,

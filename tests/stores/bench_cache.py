@@ -99,8 +99,10 @@ def bench_checkpoint(store: RocksDBStore, dirty: int, rounds: int, label: str) -
         tot_c += c
         parts.append(f"{name} {w * 1e3:5.2f}/{c * 1e3:5.2f}")
     print(
-        f"checkpoint of {dirty} dirty keys ({label}), ms wall/cpu: " + ", ".join(parts)
-        + f"; total {tot_w * 1e3:5.2f}/{tot_c * 1e3:5.2f} ms ({tot_c / dirty * 1e9:4.0f} ns/key cpu, median of {rounds})"
+        f"checkpoint of {dirty} dirty keys ({label}), ms wall/cpu: "
+        + ", ".join(parts)
+        + f"; total {tot_w * 1e3:5.2f}/{tot_c * 1e3:5.2f} ms"
+        + f" ({tot_c / dirty * 1e9:4.0f} ns/key cpu, median of {rounds})"
     )
 
 

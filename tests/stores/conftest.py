@@ -24,7 +24,7 @@ if _REPO not in sys.path:
 if getattr(sys.modules.get("stores"), "__file__", "") is None:
     del sys.modules["stores"]  # the namespace package imported by mistake
 
-from stores import MemoryStore, RocksDBStore, Store
+from stores import MemoryStore, RocksDBStore, Store  # noqa: E402 - after the sys.path repair above
 
 OpenStore = Callable[..., Store]
 
@@ -57,4 +57,3 @@ def open_store(backend: str, tmp_path: Path) -> Iterator[OpenStore]:
         for p in {s.path for s in opened}:
             if p is not None:
                 MemoryStore.destroy(p)
-

@@ -77,7 +77,7 @@ def test_hits_and_repeated_misses_do_not_touch_the_store() -> None:
         assert t.get(2) is None  # negative cache
         assert 3 not in t
     assert store.gets == 3
-    for i in range(1000):
+    for _ in range(1000):
         t[1] = t[1] + 1
     assert store.gets == 3
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,7 +46,7 @@ def test_empty_and_helpers() -> None:
     cp = e.replace(positions={("t", 0): 7}, generation=3)
     assert cp.position("t", 0) == 7 and not cp.is_empty()
     assert e.positions == {}  # replace did not touch the original
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cp.generation = 4  # type: ignore[misc]
 
 

@@ -26,13 +26,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crash_writer
 import orjson
 import pytest
-
-from stores import RocksDBStore
 from stores_testutil import HERE, PYTHON, subprocess_env
 
-import crash_writer
+from stores import RocksDBStore
 
 WRITER = str(HERE / "crash_writer.py")
 KILLS = int(os.environ.get("STORES_CRASH_KILLS", "100"))

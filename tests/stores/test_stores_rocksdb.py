@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from rocksdict import Options, Rdict, SstFileWriter
+from stores_testutil import PYTHON, subprocess_env
 
 from stores import Checkpoint, StoreError, StoreLockedError
 from stores.rocksdb import LOCK_FILE, RocksDBStore, store_options, write_sst
-from stores_testutil import PYTHON, subprocess_env
 
 CP = Checkpoint(positions={("in", 0): 42}, layout_epochs={"in": 1}, generation=3)
 
