@@ -1,7 +1,7 @@
 """Linear hashing (KIP-253, Proposed Change 5): key -> partition over a growing or
 shrinking partition count, and the blockers that keep each key's records in order.
 
-Definition (DESIGN.md): with ``n0`` the initial count and ``n`` the current one,
+Definition (docs/design.md): with ``n0`` the initial count and ``n`` the current one,
 ``L`` is the largest level with ``n0 * 2**L <= n``, the base is ``B = n0 * 2**L`` and
 the split pointer ``S = n - B``.  A hash goes to ``b = h mod B``, or to
 ``h mod 2B`` when ``b < S``.  Equivalently (and how it is computed here): with
@@ -199,7 +199,7 @@ def key_sources(p: int, n0: int, n: int, *, high_water: int | None = None) -> se
     """Partitions that may hold records of keys that map to ``p`` at count ``n``.
 
     Over the growth history ``n0 .. n`` these are ``p`` and its ancestors (a key of
-    ``p`` lived in an ancestor before ``p`` was split off).  This is seed 001's S2
+    ``p`` lived in an ancestor before ``p`` was split off).  This is S2 (docs/design.md)
     for one partition.  If the topic was ever larger than ``n`` (shrunk since),
     pass ``high_water`` = the largest count it had: deleted partitions below it whose
     keys now land on ``p`` are added (they may still hold undrained records).

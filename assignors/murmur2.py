@@ -1,7 +1,7 @@
 """Kafka-compatible murmur2: the hash of the Java client's default partitioner.
 
 streamkit places a key exactly where Kafka's default partitioner would as long as a
-topic has never been expanded (DESIGN.md, "key hash"), so topics written by any Kafka
+topic has never been expanded (docs/design.md, "Placement"), so topics written by any Kafka
 client can be adopted.  That requires bit-for-bit equality with
 ``org.apache.kafka.common.utils.Utils.murmur2`` (MurmurHash2, seed ``0x9747b28c``,
 little-endian 4-byte words, Java's signed 32-bit result) and with

@@ -1,25 +1,25 @@
-"""Placement of keys, partitions and processors (seed 001, seed 003, DESIGN.md).
+"""Placement of keys, partitions and processors (docs/design.md).
 
 key -> processor is ``lh_bucket(h, p0, p)``: linear hashing of the key hash over the
 job's processors, ``p0`` being the job's initial processor count and ``p`` the
 current one.  It is defined on the hash, not on the partition index, so:
 
-- adding partitions to an input topic never changes key -> processor (seed 001,
-  goal 1): no state moves when partitions grow, whatever ``n0`` and ``p0`` are;
+- adding partitions to an input topic never changes key -> processor (no state moves
+  between processors): no state moves when partitions grow, whatever ``n0`` and ``p0`` are;
 - adding processor ``p`` moves only the keys of one processor bucket (the split
-  pointer ``p - B``) to the new processor (seed 001, goal 2).
+  pointer ``p - B``) to the new processor (only one bucket splits).
 
 Each partition is one residue class of hashes and each processor bucket is another,
 so a (partition, processor) pair shares either nothing or exactly one residue class
 modulo the lcm of the two moduli.  A partition either belongs wholly to one
-processor (filter None) or is a *shared task* (seed 003): several processors read it,
+processor (filter None) or is a *shared task*: several processors read it,
 each keeping only the hashes its :class:`KeyFilter` accepts.
 
-When is every partition whole?  With ``n >= p`` (seed 001's requirement: partitions
-grow before processors) and ``n0 / p0`` a power of two (``p0 == n0`` as the seed
-requires at the start, or ``n0 = p0 * 2**k``, or ``p0 = n0 * 2**k``): the partition
+When is every partition whole?  With ``n >= p`` (partitions grow before processors, as
+processor expansion requires) and ``n0 / p0`` a power of two (``p0 == n0`` as a job starts by
+default, or ``n0 = p0 * 2**k``, or ``p0 = n0 * 2**k``): the partition
 buckets then refine the processor buckets, and the processor of partition ``part`` is
-``lh_bucket(part, p0, p)``, seed 001's literal "partition -> processor by linear
+``lh_bucket(part, p0, p)``, the literal "partition -> processor by linear
 hashing".  If ``p0`` divides ``n0`` otherwise (e.g. ``n0 = 3 * p0``), partitions are
 whole while ``p == p0`` (at any ``n``), but processor growth can create shared tasks
 (``n0 = 3, p0 = 1``: at ``n = 3, p = 2`` partition 0, ``h % 3 == 0``, spans both
@@ -27,7 +27,7 @@ processors); if ``p0`` does not divide ``n0``, some partitions are shared even a
 ``p == p0``.  Consequence: key ->
 processor is still unchanged by partition expansion (it never looks at partitions),
 but a shared partition is fetched in full by each of its processors, which discard
-the others' keys (read amplification, the cost seed 003 accepts), and seed 001's
+the others' keys (read amplification, the cost key-range sharing accepts), and the
 partition-index formula ``lh_bucket(part, p0, p)`` would then be wrong (it would move
 keys between existing processors on partition expansion), which is why streamkit
 routes by hash.
@@ -149,7 +149,7 @@ def processors_for_partition(partition: int, n0: int, n: int, p0: int, p: int) -
 
 def partitions_for_processor(proc: int, n0: int, n: int, p0: int, p: int) -> list[int]:
     """The partitions (layout ``n0 -> n``) holding keys of processor ``proc`` now:
-    seed 001's S1 for one topic.  Same answer as scanning
+    S1 of a processor bootstrap for one topic.  Same answer as scanning
     :func:`processors_for_partition` over all partitions, at the cost of one
     enumeration of the processor's residue classes."""
     _check_counts(p0, p, "p")
@@ -184,7 +184,7 @@ def processor_key_sources(
     *,
     high_water: Mapping[str, int] | None = None,
 ) -> dict[str, set[int]]:
-    """Seed 001's S2 for processor ``proc``: per topic, the partitions that may hold
+    """S2 for processor ``proc``: per topic, the partitions that may hold
     records of its keys, i.e. the partitions holding its keys now (S1) and all their
     ancestors (where those keys lived before the partitions were split).
 

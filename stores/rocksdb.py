@@ -40,12 +40,8 @@ alone): the child opens its own after the parent lets go.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import shutil
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -53,6 +49,7 @@ from typing import Any, cast
 from rocksdict import IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch, WriteOptions
 
 from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_changes
+from .locking import PidLock
 from .serde import short_repr
 
 __all__ = ["LOCK_FILE", "RocksDBStore", "fsync_dir", "store_options", "write_sst"]
@@ -82,75 +79,6 @@ def store_options(configure: Configure | None = None) -> Options:
 
 
 # --------------------------------------------------------------------------- lock
-
-
-_LIVE_LOCK_FDS: set[int] = set()
-_LIVE_LOCK_FDS_MUTEX = threading.Lock()
-
-
-def _close_lock_fds_in_child() -> None:
-    # Closing (not unlocking) our copy leaves the parent's lock in place.
-    for fd in list(_LIVE_LOCK_FDS):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _LIVE_LOCK_FDS.clear()
-
-
-os.register_at_fork(after_in_child=_close_lock_fds_in_child)
-
-
-class _PidLock:
-    """An exclusive, non-blocking flock on a file that names the holder's pid."""
-
-    def __init__(self, lock_path: str, store_path: str) -> None:
-        self.lock_path = lock_path
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise StoreLockedError(store_path, _read_holder_pid(fd)) from None
-                raise StoreError(f"cannot lock store {store_path}: {exc}") from exc
-            finally:
-                os.close(fd)
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            os.close(fd)
-            raise
-        self.fd: int | None = fd
-        self.owner_pid = os.getpid()
-        with _LIVE_LOCK_FDS_MUTEX:
-            _LIVE_LOCK_FDS.add(fd)
-
-    def release(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is None or os.getpid() != self.owner_pid:
-            return  # in a forked child the descriptor was closed at fork (and its number may be reused)
-        with _LIVE_LOCK_FDS_MUTEX:
-            _LIVE_LOCK_FDS.discard(fd)
-        os.close(fd)  # closing the only descriptor releases the flock
-
-
-def _read_holder_pid(fd: int) -> int | None:
-    """The pid in the lock file; the holder writes it right after locking, so
-    an empty file is retried for a few milliseconds (never more)."""
-    for _ in range(20):
-        try:
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:
-            return None
-        if text:
-            try:
-                return int(text)
-            except ValueError:
-                return None
-        time.sleep(0.001)
-    return None
 
 
 # --------------------------------------------------------------------------- store
@@ -190,7 +118,7 @@ class RocksDBStore(Store):
             if not create:
                 raise StoreError(f"store {path} does not exist (create=False)")
             os.makedirs(path, exist_ok=True)
-        lock = _PidLock(os.path.join(path, LOCK_FILE), path)
+        lock = PidLock(os.path.join(path, LOCK_FILE), path)
         try:
             opts = store_options(configure)
             cf_names = set(Rdict.list_cf(path, opts)) if exists else set()
@@ -216,7 +144,7 @@ class RocksDBStore(Store):
         return self
 
     def _setup(
-        self, db: Rdict, opts: Options, lock: _PidLock, path: str, name: str | None, sync: bool, cf_names: set[str]
+        self, db: Rdict, opts: Options, lock: PidLock, path: str, name: str | None, sync: bool, cf_names: set[str]
     ) -> None:
         self.path = path
         self.name = name or os.path.basename(path) or path

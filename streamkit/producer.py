@@ -35,159 +35,28 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.structs import RecordMetadata, TopicPartition
+from aiokafka.structs import RecordMetadata
 
-from assignors.murmur2 import kafka_partition, key_hash_cached
+from streamkit.delivery import REPLACED, Delivery, OpenBatch, TopicPlacement, encode_key, encode_value
 from streamkit.errors import StreamkitError
-from streamkit.layout.control import (
-    DEFAULT_HEARTBEAT_MS,
-    DEFAULT_LEASE_MS,
-    control_record,
-    ensure_acks_topic,
-    heartbeat_fields,
-)
+from streamkit.fencing import FenceEvent, FenceWatch, ProducerFencedError
+from streamkit.layout.control import DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, control_record, ensure_acks_topic
 from streamkit.layout.model import TopicLayout
-from streamkit.layout.placement import Placer
 from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.lease import Lease
 
-__all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]
+__all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]  # Delivery and the fence types re-exported
 
 log = logging.getLogger("streamkit.producer")
 
 Headers = Sequence[tuple[str, bytes]] | None
-
-
-class ProducerFencedError(StreamkitError):
-    """This producer missed a layout change (it did not acknowledge in time)."""
-
-
-@dataclass(frozen=True)
-class FenceEvent:
-    topic: str
-    epoch: int
-    change_id: str
-    detected_at: float
-    """``time.time()`` when this producer learnt it."""
-
-
-def _default_key(key: Any) -> bytes | None:
-    if key is None or isinstance(key, bytes):
-        return key
-    if isinstance(key, str):
-        return key.encode()
-    if isinstance(key, (bytearray, memoryview)):
-        return bytes(key)
-    return orjson.dumps(key)
-
-
-def _default_value(value: Any) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    return orjson.dumps(value)
-
-
-class _TopicState:
-    __slots__ = ("topic", "layout", "epoch", "place", "headers")
-
-    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, pid: bytes) -> None:
-        self.topic = topic
-        self.layout = layout
-        if layout is not None:
-            self.epoch = layout.epoch
-            self.place: Callable[[bytes | None], int] = Placer(layout)
-        else:
-            self.epoch = 0
-            n = physical or 1
-            rr = itertools.cycle(range(n))
-
-            def place(key: bytes | None, _n: int = n, _rr: Any = rr) -> int:
-                if key is None:
-                    return next(_rr)
-                try:
-                    return key_hash_cached(key) % _n
-                except TypeError:
-                    return kafka_partition(bytes(key), _n)
-
-            self.place = place
-        self.headers = [(EPOCH_HEADER, str(self.epoch).encode()), (PRODUCER_HEADER, pid)]
-
-
-_REPLACED = object()
-
-
-class _Open:
-    """An open (then dispatched) batch of one partition; ``future`` resolves with the
-    batch's RecordMetadata (base offset) or with ``_REPLACED`` if its records were
-    placed again after a layout change before it was dispatched."""
-
-    __slots__ = ("topic", "partition", "builder", "records", "created", "epoch", "future")
-
-    def __init__(self, topic: str, partition: int, builder: Any, epoch: int) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.builder = builder
-        self.records: list[tuple[bytes | None, bytes | None, Headers, int | None, Delivery]] = []
-        self.created = time.monotonic()
-        self.epoch = epoch
-        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-
-class Delivery:
-    """What :meth:`Producer.send` returns: await it for the record's RecordMetadata.
-
-    Lighter than a future per record (the batch has one future); follows the record
-    if it is placed again after a layout change.
-    """
-
-    __slots__ = ("_ob", "_rel", "_ts")
-
-    def __init__(self, ob: _Open, rel: int, ts: int | None) -> None:
-        self._ob = ob
-        self._rel = rel
-        self._ts = ts
-
-    @property
-    def partition(self) -> int:
-        """The partition the record is (currently) placed on."""
-        return self._ob.partition
-
-    def done(self) -> bool:
-        f = self._ob.future
-        return f.done() and (f.cancelled() or f.exception() is not None or f.result() is not _REPLACED)
-
-    def _meta(self, ob: _Open, md: Any) -> RecordMetadata:
-        tp = TopicPartition(ob.topic, ob.partition)
-        ts = self._ts if self._ts is not None else md.timestamp
-        return RecordMetadata(
-            ob.topic, ob.partition, tp, md.offset + self._rel, ts, md.timestamp_type, md.log_start_offset
-        )
-
-    def result(self) -> RecordMetadata:
-        ob = self._ob
-        md = ob.future.result()
-        if md is _REPLACED:  # pragma: no cover - the delivery follows its record
-            raise asyncio.InvalidStateError("record not delivered yet")
-        return self._meta(ob, md)
-
-    def __await__(self) -> Any:
-        while True:
-            ob = self._ob
-            md = yield from ob.future.__await__()
-            if md is not _REPLACED:
-                return self._meta(ob, md)
 
 
 class Producer:
@@ -213,21 +82,14 @@ class Producer:
         acks_topic: str = ACKS_TOPIC,
         follow_layouts: bool = True,
     ) -> None:
-        if heartbeat_ms * 2 > lease_ms:
-            raise ValueError(f"heartbeat_ms ({heartbeat_ms}) must be at most half of lease_ms ({lease_ms})")
         self.bootstrap = bootstrap
         self.client_id = client_id
         self.producer_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
         self._pidb = self.producer_id.encode()
         self.linger = linger_ms / 1000
         self.batch_bytes = batch_bytes
-        self.lease = lease_ms / 1000
-        self.lease_ms = lease_ms
-        self.heartbeat_interval = heartbeat_ms / 1000
-        self.refresh_interval = refresh_ms / 1000
-        self.on_fence = on_fence
-        self._key = key_serializer or _default_key
-        self._value = value_serializer or _default_value
+        self._key = key_serializer or encode_key
+        self._value = value_serializer or encode_value
         self.acks_topic = acks_topic
         self.follow_layouts = follow_layouts
         self._kp = AIOKafkaProducer(
@@ -242,32 +104,41 @@ class Producer:
             enable_idempotence=False,
         )
         self.registry = LayoutRegistry(bootstrap, client_id=self.producer_id, topic=layouts_topic)
-        self._topics: dict[str, _TopicState] = {}
-        self._open: dict[tuple[str, int], _Open] = {}
+        self._lease = Lease(
+            self.producer_id,
+            client_id,
+            self.registry,
+            self._send_control,
+            lease_ms=lease_ms,
+            heartbeat_ms=heartbeat_ms,
+            refresh_ms=refresh_ms,
+        )
+        self._topics: dict[str, TopicPlacement] = {}
+        self._open: dict[tuple[str, int], OpenBatch] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._inflight: dict[str, set[asyncio.Future[None]]] = {}
-        self._lease_until = float("-inf")
-        self._last_hb_start = float("-inf")
-        self._renew_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[Any]] = []
         self._ack_tasks: set[asyncio.Task[Any]] = set()
         self._acked: set[tuple[str, int, str]] = set()
         self._acked_epoch: dict[str, int] = {}  # the newest epoch acked per topic
         self._ends: dict[str, dict[int, int]] = {}  # per topic, partition: end of the last acknowledged batch
-        self._fence_seen: set[tuple[str, int]] = set()
-        self._fenced_error: FenceEvent | None = None
         self._error: BaseException | None = None
         self._started = False
         self._closed = False
-        self.fences: list[FenceEvent] = []
-        self.stats: dict[str, int] = {
+        self._fences = FenceWatch(self.producer_id, on_fence, self._send_control)
+        self._stats: dict[str, int] = {
             "records": 0,
             "batches": 0,
             "switches": 0,
             "replaced": 0,
             "acks": 0,
-            "lease_renewals": 0,
         }
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: records, batches, switches (layout changes followed), replaced
+        (records placed again after one), acks, lease_renewals."""
+        return {**self._stats, "lease_renewals": self._lease.renewals}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -279,8 +150,8 @@ class Producer:
             await self.registry.start()
             await ensure_acks_topic(self.registry.io, self.acks_topic)
             self.registry.add_listener(self._on_layout)
-            await self._renew()
-            self._tasks.append(asyncio.create_task(self._control_loop(), name=f"{self.producer_id}-control"))
+            await self._lease.renew()
+            self._tasks.append(asyncio.create_task(self._lease.keep(), name=f"{self.producer_id}-lease"))
         self._tasks.append(asyncio.create_task(self._linger_loop(), name=f"{self.producer_id}-linger"))
         self._started = True
         return self
@@ -332,7 +203,12 @@ class Producer:
 
     def clear_fence(self) -> None:
         """Let sends proceed again after a fence (``on_fence="raise"``)."""
-        self._fenced_error = None
+        self._fences.pending = None
+
+    @property
+    def fences(self) -> list[FenceEvent]:
+        """Every layout change this producer was fenced by (it did not acknowledge in time)."""
+        return self._fences.events
 
     async def send(
         self,
@@ -348,14 +224,9 @@ class Producer:
             raise StreamkitError("the producer is not running (use `async with Producer(...)` or start())")
         if self._error is not None:
             raise self._error
-        if self._fenced_error is not None:
-            ev = self._fenced_error
-            raise ProducerFencedError(
-                f"producer {self.producer_id} was fenced at epoch {ev.epoch} of {ev.topic}: it missed a layout "
-                "change and records it sent before may be late; call clear_fence() to go on"
-            )
-        if self.follow_layouts and time.monotonic() >= self._lease_until:
-            await self._renew()
+        self._fences.raise_if_fenced()
+        if self.follow_layouts and self._lease.expired:
+            await self._lease.renew()
         st = self._topics.get(topic)
         if st is None:
             st = await self._topic_state(topic)
@@ -395,7 +266,7 @@ class Producer:
 
     # ------------------------------------------------------------------ batching
 
-    async def _topic_state(self, topic: str) -> _TopicState:
+    async def _topic_state(self, topic: str) -> TopicPlacement:
         layout = self.registry.get(topic) if self.follow_layouts else None
         physical = None
         if layout is None:
@@ -403,32 +274,32 @@ class Producer:
             physical = len(parts)
         st = self._topics.get(topic)
         if st is None:  # another task may have made it meanwhile
-            st = _TopicState(topic, layout, physical, self._pidb)
+            st = TopicPlacement(topic, layout, physical, self._pidb)
             self._topics[topic] = st
         return st
 
     def _append(
         self,
-        st: _TopicState,
+        st: TopicPlacement,
         kb: bytes | None,
         vb: bytes | None,
         headers: Headers,
         ts: int | None,
         d: Delivery | None,
-    ) -> tuple[Delivery, _Open | None]:
+    ) -> tuple[Delivery, OpenBatch | None]:
         """Append to the partition's open batch; return the delivery and a batch that
         became full (to dispatch)."""
         p = st.place(kb)
         k = (st.topic, p)
         ob = self._open.get(k)
         if ob is None:
-            ob = self._open[k] = _Open(st.topic, p, self._kp.create_batch(), st.epoch)
+            ob = self._open[k] = OpenBatch(st.topic, p, self._kp.create_batch(), st.epoch)
         hdrs = st.headers if not headers else st.headers + list(headers)
         meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
         full = None
         if meta is None:
             full = ob
-            ob = self._open[k] = _Open(st.topic, p, self._kp.create_batch(), st.epoch)
+            ob = self._open[k] = OpenBatch(st.topic, p, self._kp.create_batch(), st.epoch)
             meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
             if meta is None:
                 del self._open[k]
@@ -440,7 +311,7 @@ class Producer:
         else:
             d._ob, d._rel = ob, meta.offset
         ob.records.append((kb, vb, headers, ts, d))
-        self.stats["records"] += 1
+        self._stats["records"] += 1
         return d, full
 
     def _seal_topic(self, topic: str | None = None) -> None:
@@ -449,7 +320,7 @@ class Producer:
             ob = self._open.pop(k)
             asyncio.ensure_future(self._dispatch(ob))
 
-    async def _dispatch(self, ob: _Open) -> None:
+    async def _dispatch(self, ob: OpenBatch) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
         if ob.epoch < self._acked_epoch.get(ob.topic, -1):  # would land after the seal: late records
@@ -468,13 +339,13 @@ class Producer:
         try:
             async with lock:
                 delivery = await self._kp.send_batch(ob.builder, ob.topic, partition=ob.partition)
-            self.stats["batches"] += 1
+            self._stats["batches"] += 1
         except BaseException as exc:
             self._fail(ob, exc)
             raise
         delivery.add_done_callback(lambda f, ob=ob: self._delivered(ob, f))
 
-    def _delivered(self, ob: _Open, f: asyncio.Future[Any]) -> None:
+    def _delivered(self, ob: OpenBatch, f: asyncio.Future[Any]) -> None:
         if f.cancelled():
             self._fail(ob, asyncio.CancelledError())
         elif (exc := f.exception()) is not None:
@@ -489,7 +360,7 @@ class Producer:
                 ob.future.set_result(md)
             self._inflight.get(ob.topic, set()).discard(ob.future)
 
-    def _fail(self, ob: _Open, exc: BaseException) -> None:
+    def _fail(self, ob: OpenBatch, exc: BaseException) -> None:
         if self._error is None and not isinstance(exc, asyncio.CancelledError):
             self._error = exc
         if not ob.future.done():
@@ -503,9 +374,9 @@ class Producer:
             await asyncio.sleep(tick)
             if not self._open:
                 continue
-            if self.follow_layouts and time.monotonic() >= self._lease_until:
+            if self.follow_layouts and self._lease.expired:
                 try:
-                    await self._renew()  # re-places open batches if the layout moved meanwhile
+                    await self._lease.renew()  # re-places open batches if the layout moved meanwhile
                 except Exception as exc:  # noqa: BLE001
                     log.warning("%s: lease renewal failed: %s", self.producer_id, exc)
                     continue
@@ -516,34 +387,8 @@ class Producer:
 
     # ------------------------------------------------------------------ layouts, lease, acks
 
-    async def _heartbeat(self) -> None:
-        started = time.monotonic()
-        key, value = control_record("hb", self.producer_id, **heartbeat_fields(self.client_id, self.lease_ms))
+    async def _send_control(self, key: bytes, value: bytes) -> None:
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
-        self._last_hb_start = started
-
-    async def _renew(self) -> None:
-        """Heartbeat and re-read the registry; extend the lease from the older start."""
-        async with self._renew_lock:
-            if time.monotonic() < self._lease_until - self.lease / 2:
-                return  # renewed by another task meanwhile
-            await self._heartbeat()
-            await self.registry.refresh()
-            self._lease_until = min(self._last_hb_start, self.registry.last_refresh_start) + self.lease
-            self.stats["lease_renewals"] += 1
-
-    async def _control_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.sleep(self.refresh_interval)
-                if time.monotonic() - self._last_hb_start >= self.heartbeat_interval:
-                    await self._heartbeat()
-                await self.registry.refresh()
-                self._lease_until = min(self._last_hb_start, self.registry.last_refresh_start) + self.lease
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the lease runs out; sends wait for renewal
-                log.warning("%s: layout refresh failed: %s", self.producer_id, exc)
 
     async def _on_layout(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """Registry listener: switch placement, re-place unsent records, acknowledge."""
@@ -551,7 +396,7 @@ class Producer:
         st = self._topics.get(topic)
         if st is not None and (st.layout is None or new.epoch > st.layout.epoch):
             self._switch(new)
-        self._check_fence(new)
+        self._fences.check(new)
         pend = new.pending
         # Acknowledge every announced change (also of topics this producer never used:
         # it may use them next, and the coordinator waits for every live producer).
@@ -566,19 +411,19 @@ class Producer:
     def _switch(self, layout: TopicLayout) -> None:
         topic = layout.topic
         old = self._topics.get(topic)
-        st = _TopicState(topic, layout, None, self._pidb)
+        st = TopicPlacement(topic, layout, None, self._pidb)
         self._topics[topic] = st
-        self.stats["switches"] += 1
+        self._stats["switches"] += 1
         # Records not yet handed to the network are placed again with the new layout.
         stale = [self._open.pop(k) for k in [k for k in self._open if k[0] == topic]]
         for ob in stale:
             for kb, vb, headers, ts, d in ob.records:
                 _d, full = self._append(st, kb, vb, headers, ts, d)
-                self.stats["records"] -= 1
-                self.stats["replaced"] += 1
+                self._stats["records"] -= 1
+                self._stats["replaced"] += 1
                 if full is not None:
                     asyncio.ensure_future(self._dispatch(full))
-            ob.future.set_result(_REPLACED)
+            ob.future.set_result(REPLACED)
         log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
 
     async def _ack(self, topic: str, epoch: int, change_id: str) -> None:
@@ -592,7 +437,7 @@ class Producer:
         ends = {str(p): e for p, e in self._ends.get(topic, {}).items()}
         key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id, ends=ends)
         await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
-        self.stats["acks"] += 1
+        self._stats["acks"] += 1
         log.info(
             "%s: acknowledged epoch %d of %s after %.3f s (%d batches were in flight); ends %s",
             self.producer_id,
@@ -602,33 +447,3 @@ class Producer:
             len(pending),
             ends,
         )
-
-    def _check_fence(self, layout: TopicLayout) -> None:
-        for s in layout.seals:
-            if self.producer_id in s.fenced and (layout.topic, s.epoch) not in self._fence_seen:
-                self._fence_seen.add((layout.topic, s.epoch))
-                ev = FenceEvent(layout.topic, s.epoch, s.change_id, time.time())
-                self.fences.append(ev)
-                log.warning(
-                    "producer %s was fenced by the %s of %s to epoch %d: it did not acknowledge in time "
-                    "(paused or partitioned?); records it had already sent may be late",
-                    self.producer_id,
-                    s.kind.value,
-                    layout.topic,
-                    s.epoch,
-                )
-                key, value = control_record("fenced", self.producer_id, topic=layout.topic, epoch=s.epoch)
-                t = asyncio.ensure_future(self._kp.send(self.acks_topic, value, key=key, partition=0))
-                t.add_done_callback(_ignore)
-                if callable(self.on_fence):
-                    try:
-                        self.on_fence(ev)
-                    except Exception:  # noqa: BLE001
-                        log.exception("on_fence callback failed")
-                elif self.on_fence == "raise":
-                    self._fenced_error = ev
-
-
-def _ignore(f: asyncio.Future[Any]) -> None:
-    if not f.cancelled():
-        f.exception()

@@ -11,7 +11,7 @@ import pytest
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import kafka_partition, key_hash
 from streamkit.kafkaio import KafkaIO
-from streamkit.layout import model
+from streamkit.layout import transitions
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, record_epoch
@@ -121,9 +121,9 @@ def test_fence_raise_mode_and_clear(broker: str) -> None:
             await (await p.send(topic, "a", 1))
             async with LayoutRegistry(broker) as reg:
                 await reg.load(topic)
-                ann = await reg.publish(model.expand(lay, 3))
+                ann = await reg.publish(transitions.expand(lay, 3))
                 # a coordinator sealed without their acks: both are named as fenced
-                await reg.publish(model.seal(ann, {0: 1, 1: 1, 2: 0}, fenced=[p.producer_id, q.producer_id]))
+                await reg.publish(transitions.seal(ann, {0: 1, 1: 1, 2: 0}, fenced=[p.producer_id, q.producer_id]))
             deadline = time.monotonic() + 5
             while not (p.fences and q.fences) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -147,8 +147,8 @@ def test_lease_blocks_sends_until_layout_reread(broker: str) -> None:
             await co.create(topic, 1, capacity=2)
         async with Producer(broker, client_id="lease", lease_ms=600, heartbeat_ms=200) as p:
             await (await p.send(topic, "k", 1))
-            for t in p._tasks:  # simulate a stalled control loop (as if paused)
-                if t.get_name().endswith("-control"):
+            for t in p._tasks:  # simulate a stalled lease keeper (as if paused)
+                if t.get_name().endswith("-lease"):
                     t.cancel()
             await asyncio.sleep(0.7)
             before = p.stats["lease_renewals"]

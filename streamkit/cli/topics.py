@@ -191,7 +191,7 @@ def ordered_delivery(
 @app.command()
 def check(topic: str = typer.Argument(...), broker: str = BrokerOpt) -> None:
     """Scan a topic for late records (producers that missed a change) by their epochs."""
-    from streamkit.layout.protocol import check_topic
+    from streamkit.layout.check import check_topic
 
     rep = _run(lambda: check_topic(broker, topic))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(rep.counts.items())) or "no records"

@@ -1,4 +1,4 @@
-"""Epoch stamps of checkpoints and commits (seed 002): refuse what a zombie writes.
+"""Epoch stamps of checkpoints and commits (KIP-232): refuse what a zombie writes.
 
 Every checkpoint and every progress/commit record streamkit writes carries the
 layout epoch of each topic it covers and the consumer-group generation it was made
@@ -6,15 +6,15 @@ in (``stores.base.Checkpoint.layout_epochs`` / ``.generation``; the test broker 
 commit metadata, so the stamp travels in streamkit's own records, never only in the
 commit's metadata string).
 
-Rule (seed 002 §5, made strict): a stamp is *older* than another when any of its
+Rule (KIP-232's, made strict): a stamp is *older* than another when any of its
 components is smaller: its generation, or the layout epoch of any topic both name.
 A write whose stamp is older than the newest stamp already stored is rejected with
 :class:`ZombieError` -- it comes from a processor that missed a rebalance or a layout
-change (a zombie).  Seed 002 compares lexicographically (topic epoch, then leader
+change (a zombie).  KIP-232 compares lexicographically (topic epoch, then leader
 epoch); streamkit's two counters are independent (a zombie of generation 5 may well
 have read layout epoch 7), so each must be at least the stored one.
 
-On restore (seed 002 §6): a checkpoint naming a layout epoch newer than the cached
+On restore (as in KIP-232): a checkpoint naming a layout epoch newer than the cached
 layout means the cache is stale: re-read the registry until it has caught up
 (``LayoutRegistry.ensure_at_least``) before using the checkpoint.
 """
@@ -31,7 +31,7 @@ __all__ = ["EpochStamp", "ZombieError", "check_stamp", "newer_epochs_needed", "s
 
 
 class ZombieError(LayoutError):
-    """A checkpoint or commit stamped older than one already stored (seed 002)."""
+    """A checkpoint or commit stamped older than one already stored (KIP-232)."""
 
 
 class _Stamped(Protocol):

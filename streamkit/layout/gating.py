@@ -1,6 +1,6 @@
 """Ordered delivery across layout changes: PURE logic the processor loop calls.
 
-Seed 000 (Proposed Changes 6-8) realised with seals instead of leader epochs and with
+KIP-253's ordered delivery realised with seals instead of leader epochs and with
 the group's committed offsets instead of ConsumerGroupPositionRequest.
 
 Constraints
@@ -31,7 +31,7 @@ offset to consume) of ``q`` is ``>= Y``.
   for them.  The constraint itself stays, so chains through the given-up partition
   (keys that moved ``a -> d -> s`` with no record in ``d``) still wait for ``a``.  A
   partition re-created later starts a new incarnation at its announce offset.
-- ``ordered_delivery=False`` on the layout: no constraints (seed 000's per-topic
+- ``ordered_delivery=False`` on the layout: no constraints (KIP-253's per-topic
   switch); None partitions are still skipped and incarnation starts still apply.
 
 Positions are *group* positions: the committed offsets of the consumer group
@@ -39,7 +39,7 @@ Positions are *group* positions: the committed offsets of the consumer group
 consumes waits for that member's commit.  The member owning a blocker must therefore
 commit promptly after passing ``Y``; :class:`GateTracker` says when
 (``fire_revoked``), and says when a gated partition opens (``fire_assigned``), which
-is when seed 000's ``onPartitionKeyMaybeRevoked`` / ``onPartitionKeyAssigned`` run.
+is when KIP-253's ``onPartitionKeyMaybeRevoked`` / ``onPartitionKeyAssigned`` run.
 
 Records are classified by their epoch stamps in ``streamkit.layout.stamps``.
 """

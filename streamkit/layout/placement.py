@@ -1,4 +1,4 @@
-"""Key -> partition under a layout (seed 000, Proposed Change 5).
+"""Key -> partition under a layout (KIP-253).
 
 A keyed record goes to ``lh_bucket(key_hash(key), n0, active)``: linear hashing over
 the initial count and the active count.  Every result is ``< active``, and by the

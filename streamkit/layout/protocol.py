@@ -1,6 +1,6 @@
 """The layout change protocol: announce -> producers switch and acknowledge -> seal.
 
-Seed 000 has the broker reject produce requests carrying a stale partition count.
+KIP-253 has the broker reject produce requests carrying a stale partition count.
 streamkit cannot change the broker, so a change is two-phase, coordinated by whoever
 runs it (``streamkit topics expand|shrink``, :class:`LayoutCoordinator`):
 
@@ -51,7 +51,7 @@ Offsets are immutable, so they cannot be re-routed; consumers recognise them by
 epoch (``streamkit.layout.stamps.classify_record`` -> ``LATE``; ``moved`` tells
 whether their key now lives elsewhere) and report them (a counter and a violation
 record naming producer, key, partition, offset, record epoch, seal epoch) instead of
-silently applying them out of order.  :func:`check_topic` scans a topic for them.
+silently applying them out of order.  ``streamkit.layout.check.check_topic`` scans a topic for them.
 """
 
 from __future__ import annotations
@@ -59,14 +59,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from assignors.murmur2 import key_hash
 from streamkit.kafkaio import CREATE_PARTITIONS_API, KafkaIO
-from streamkit.layout import model
+from streamkit.layout import model, transitions
 from streamkit.layout.control import (
     DEFAULT_LEASE_MS,
     LIVE_HORIZON_MS,
@@ -75,21 +73,18 @@ from streamkit.layout.control import (
     heartbeat_ts,
     live_window_ms,
 )
-from streamkit.layout.model import ChangeKind, LayoutError, PartitionMode, TopicLayout
+from streamkit.layout.model import ChangeKind, LayoutError, TopicLayout
 from streamkit.layout.registry import (
     ACKS_TOPIC,
     LAYOUTS_TOPIC,
     LayoutRegistry,
 )
-from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
     "ChangeResult",
-    "CheckReport",
     "LayoutCoordinator",
     "TopicInfo",
-    "check_topic",
 ]
 
 log = logging.getLogger("streamkit.layout")
@@ -186,7 +181,7 @@ class LayoutCoordinator:
         if (known := self.registry.get(topic)) is not None:
             raise LayoutError(f"{topic} already has a layout: {known.describe()}")
         capacity = partitions if capacity is None else capacity
-        layout = model.create(topic, partitions, capacity=capacity, ordered_delivery=ordered_delivery)
+        layout = transitions.create(topic, partitions, capacity=capacity, ordered_delivery=ordered_delivery)
         existing = await self.io.partition_count(topic)
         if existing is None:
             cfg = {"retention.ms": "604800000", "retention.bytes": "-1", **(configs or {})}
@@ -201,7 +196,7 @@ class LayoutCoordinator:
                     f"adopt it with --partitions {existing}"
                 )
             if existing > capacity:
-                layout = model.create(topic, partitions, capacity=existing, ordered_delivery=ordered_delivery)
+                layout = transitions.create(topic, partitions, capacity=existing, ordered_delivery=ordered_delivery)
         return await self.registry.publish(layout)
 
     async def describe(self, topic: str, groups: Sequence[str] = ()) -> TopicInfo:
@@ -230,7 +225,7 @@ class LayoutCoordinator:
         """Grow the active count to ``partitions`` (see the module docstring)."""
         layout = await self._load_settled(topic)
         if partitions <= layout.active:
-            model.check_expand(layout, partitions)
+            transitions.check_expand(layout, partitions)
         broker_count = await self.io.partition_count(topic)
         if broker_count is None:
             raise LayoutError(f"{topic} has a layout but no topic on the broker (was it deleted?)")
@@ -250,25 +245,25 @@ class LayoutCoordinator:
         finished: tuple[int, ...] = ()
         due = self._due_drains(layout)
         if due:
-            layout = await self.registry.publish(model.finish_drain(layout, due))
+            layout = await self.registry.publish(transitions.finish_drain(layout, due))
             finished = due
             self._progress(f"{topic}: drain deadline passed for partitions {list(due)}: given up")
-        model.check_expand(layout, partitions, physical=max(physical, grow_to or 0))
+        transitions.check_expand(layout, partitions, physical=max(physical, grow_to or 0))
         if grow_to is not None:
             self._progress(f"{topic}: adding physical partitions {physical} -> {grow_to} (CreatePartitions)")
             await self.io.create_partitions(topic, grow_to)
             physical = grow_to
         hws = await self.io.high_watermarks(topic, range(physical))
-        announced = model.expand(layout, partitions, physical=physical, announce_offsets=hws)
+        announced = transitions.expand(layout, partitions, physical=physical, announce_offsets=hws)
         result = await self._run(announced)
         return replace(result, finished_drains=finished)
 
     async def shrink(self, topic: str, partitions: int, *, delay: float = 300.0) -> ChangeResult:
         """Reduce the active count to ``partitions``; the rest drain (ReadOnly)."""
         layout = await self._load_settled(topic)
-        model.check_shrink(layout, partitions, delay)
+        transitions.check_shrink(layout, partitions, delay)
         hws = await self.io.high_watermarks(topic, layout.readable)
-        announced = model.shrink(layout, partitions, delay, announce_offsets=hws)
+        announced = transitions.shrink(layout, partitions, delay, announce_offsets=hws)
         return await self._run(announced)
 
     async def resume(self, topic: str) -> ChangeResult:
@@ -280,7 +275,7 @@ class LayoutCoordinator:
 
     async def set_ordered_delivery(self, topic: str, enabled: bool) -> TopicLayout:
         layout = await self._load_settled(topic)
-        return await self.registry.publish(model.set_ordered_delivery(layout, enabled))
+        return await self.registry.publish(transitions.set_ordered_delivery(layout, enabled))
 
     def _due_drains(self, layout: TopicLayout, now_ms: int | None = None) -> tuple[int, ...]:
         now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -331,7 +326,7 @@ class LayoutCoordinator:
             else:
                 done.add(d)
         if done:
-            layout = await self.registry.publish(model.finish_drain(layout, sorted(done), force=True))
+            layout = await self.registry.publish(transitions.finish_drain(layout, sorted(done), force=True))
         return layout, tuple(sorted(done)), kept
 
     @staticmethod
@@ -401,7 +396,7 @@ class LayoutCoordinator:
                     end,
                 )
                 hws[p] = end
-        sealed = model.seal(announced, hws, fenced=fenced)
+        sealed = transitions.seal(announced, hws, fenced=fenced)
         published = await self.registry.publish(sealed)
         self._progress(f"{announced.topic}: sealed epoch {pend.epoch} ({len(acked)} producer(s) acknowledged)")
         log.info(
@@ -414,53 +409,3 @@ class LayoutCoordinator:
             sorted(fenced),
         )
         return ChangeResult(published, frozenset(acked), fenced, waited, waited_for=frozenset(live))
-
-
-# ---------------------------------------------------------------------- checking
-
-
-@dataclass
-class CheckReport:
-    topic: str
-    epoch: int
-    counts: Counter[str]
-    violations: list[dict[str, Any]]
-    late_harmless: int = 0
-
-
-async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | None = None) -> CheckReport:
-    """Read ``topic`` to its end and classify every record by its epoch header
-    (``stamps.classify_record``); violations are late or misplaced records."""
-    own = registry is None
-    reg = registry or LayoutRegistry(bootstrap, client_id="streamkit-check")
-    if own:
-        await reg.start()
-    try:
-        layout = await reg.load(topic)
-        counts: Counter[str] = Counter()
-        violations: list[dict[str, Any]] = []
-        harmless = 0
-        for p in range(layout.physical):
-            if layout.mode(p) == PartitionMode.NONE and p >= layout.active:
-                pass  # still scanned: late writes may land anywhere
-            recs, _ = await reg.io.read(topic, p, 0)
-            for r in recs:
-                ep = record_epoch(r.headers)
-                if ep is not None and ep > layout.epoch:
-                    layout = await reg.ensure_at_least(topic, ep)
-                kh = key_hash(r.key) if r.key is not None else None
-                v = classify_record(layout, p, r.offset, ep, kh)
-                counts[v.status.value] += 1
-                if v.violation:
-                    prod = dict(r.headers).get(PRODUCER_HEADER)
-                    violations.append(
-                        violation_record(
-                            topic, p, r.offset, r.key, v, prod.decode() if prod else None, layout_epoch=layout.epoch
-                        )
-                    )
-                elif v.status == RecordStatus.LATE:
-                    harmless += 1
-        return CheckReport(topic, layout.epoch, counts, violations, harmless)
-    finally:
-        if own:
-            await reg.stop()

@@ -8,7 +8,7 @@ name (UTF-8), value = JSON ``{"v": 1, "by": <client id>, "ts": <ms>, "layout":
 TopicLayout.to_dict()}``.  Whole layouts, not deltas: the newest record of a topic is
 enough (compaction keeps exactly that).
 
-Reading and acceptance (seed 002)
+Reading and acceptance (as KIP-232 has clients treat metadata)
 ---------------------------------
 A reader reads the partition to the high watermark of a fetch response (never
 ListOffsets) and keeps, per topic, the newest layout by *version* ``(epoch, sealed)``.
@@ -69,7 +69,7 @@ ACKS_TOPIC_CONFIGS = {"retention.ms": str(24 * 3600 * 1000), "retention.bytes": 
 
 
 class StaleLayoutError(LayoutError):
-    """A layout older than one already seen (seed 002: refused, re-read)."""
+    """A layout older than one already seen (KIP-232: refused, re-read)."""
 
 
 class ConcurrentChangeError(LayoutError):
@@ -281,7 +281,7 @@ class LayoutRegistry:
         return layout
 
     async def ensure_at_least(self, topic: str, epoch: int, timeout: float = 10.0) -> TopicLayout:
-        """Re-read until the layout of ``topic`` has at least ``epoch`` (seed 002 §6:
+        """Re-read until the layout of ``topic`` has at least ``epoch`` (KIP-232:
         a checkpoint, commit or record names a newer epoch than the cached layout)."""
         deadline = time.monotonic() + timeout
         delay = 0.01

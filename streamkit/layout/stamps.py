@@ -7,7 +7,7 @@ the consumer what a record is:
 - ``NEWER``: stamped with an epoch newer than the consumer's layout: the layout is
   stale.  Refresh it (``LayoutRegistry.ensure_at_least``) and gate again *before*
   delivering: records of moved keys exist only after their announcement, so a
-  consumer that sees one re-reads and finds the change (this replaces seed 000's
+  consumer that sees one re-reads and finds the change (this replaces KIP-253's
   broker-side fetch check).
 - ``LATE``: stamped ``e_r`` and lying at or beyond the ``seal_offsets`` of a later
   sealed change: its producer missed that change (it was fenced).  Offsets are

@@ -1,7 +1,7 @@
 """The group's progress, fenced by generation: streamkit's own commit log.
 
-Kafka's committed offsets are what other members see of our progress (seed 001's T1)
-and what gates ordered delivery (seed 000's group positions). A zombie (a member that
+Kafka's committed offsets are what other members see of our progress (T1 of a processor bootstrap, docs/design.md)
+and what gates ordered delivery (the group positions of KIP-253). A zombie (a member that
 was paused through a rebalance) must not move them. Kafka brokers refuse a commit from
 an old generation, but the reference broker does not (measured: Tansu 0.6 accepts a
 stale generation, and drops commit metadata), so every commit is also written here,

@@ -30,7 +30,7 @@ n0s = st.integers(min_value=1, max_value=40)
 
 
 def lh_definition(h: int, n0: int, n: int) -> int:
-    """DESIGN.md's wording, literally."""
+    """docs/design.md's wording, literally."""
     level = max(lv for lv in range(40) if n0 * 2**lv <= n)
     split = n - n0 * 2**level
     b = h % (n0 * 2**level)

@@ -83,7 +83,7 @@ def test_whole_partitions_when_n0_over_p0_is_a_power_of_two() -> None:
         for p in range(p0, 2 * p0 + 2):
             for n in range(max(n0, p), 2 * max(n0, p) + 3):
                 for part in range(n):
-                    # seed 001's literal rule: partition -> processor by linear hashing
+                    # the rule of processor expansion: partition -> processor by linear hashing
                     assert processors_for_partition(part, n0, n, p0, p) == {lh_bucket(part, p0, p): None}
 
 
@@ -93,7 +93,7 @@ def test_shared_tasks_when_ratio_is_not_a_power_of_two() -> None:
     assert processors_for_partition(0, 3, 3, 1, 2) == {0: KeyFilter(6, frozenset({0})), 1: KeyFilter(6, frozenset({3}))}
     # ... p0 does not divide n0: shared from the start.
     assert len(processors_for_partition(0, 3, 3, 2, 2)) == 2
-    # more processors than partitions (seed 003's shared tasks)
+    # more processors than partitions (shared tasks)
     assert processors_for_partition(1, 2, 2, 2, 4) == {1: KeyFilter(4, frozenset({1})), 3: KeyFilter(4, frozenset({3}))}
 
 
@@ -179,10 +179,10 @@ def test_validation() -> None:
         assign_processors_to_members({"a": []}, -1)
 
 
-# --- seed 001's worked example ---------------------------------------------------------
+# --- the worked example of docs/design.md, "Keys to processors" ---------------------------------------------
 
 
-def test_seed_001_worked_example() -> None:
+def test_worked_example_of_partition_and_processor_growth() -> None:
     """10 partitions and 10 processors; partitions -> 15; processors -> 15; partitions -> 18."""
     rng = random.Random(1)
     keys = [rng.randbytes(rng.randrange(1, 24)) for _ in range(4000)]
@@ -201,7 +201,7 @@ def test_seed_001_worked_example() -> None:
         for h in hs:
             part = lh_bucket(h, 10, n)
             proc = owner[part]
-            assert proc == route(h, 10, n, 10, p) == lh_bucket(part, 10, p)  # seed's rule
+            assert proc == route(h, 10, n, 10, p) == lh_bucket(part, 10, p)  # the rule
             row.append((part, proc))
         where.append(row)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
-from streamkit.layout import model
+from streamkit.layout import model, transitions
 from streamkit.layout.gating import compute_gate
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.stamps import RecordStatus, classify_record
@@ -37,7 +37,7 @@ class SimProducer:
 class World:
     def __init__(self, rng: random.Random, n0: int = 2, capacity: int = 16, producers: int = 2, keys: int = 24):
         self.rng = rng
-        self.layout = model.create("sim", n0, capacity=capacity, now_ms=0)
+        self.layout = transitions.create("sim", n0, capacity=capacity, now_ms=0)
         self.logs: dict[int, list[Rec]] = {p: [] for p in range(capacity)}
         self.producers = [SimProducer(i, self.layout) for i in range(producers)]
         self.keys = [f"key-{i}".encode() for i in range(keys)]
@@ -81,16 +81,16 @@ class World:
         self.now += 1000
         if what == "expand":
             n2 = self.rng.randint(lay.active + 1, min(lay.physical, lay.active * 2 + 1))
-            self.layout = model.expand(lay, n2, announce_offsets=self.hws(range(lay.physical)), now_ms=self.now)
+            self.layout = transitions.expand(lay, n2, announce_offsets=self.hws(range(lay.physical)), now_ms=self.now)
         elif what == "shrink":
             n2 = self.rng.randint(lay.n0, lay.active - 1)
-            self.layout = model.shrink(lay, n2, 0, announce_offsets=self.hws(lay.readable), now_ms=self.now)
+            self.layout = transitions.shrink(lay, n2, 0, announce_offsets=self.hws(lay.readable), now_ms=self.now)
         else:
             # give up only what the group has drained (so that every record is delivered)
             done = [d for d in lay.draining if self.committed.get(d, 0) >= self._drain_end(d)]
             if not done:
                 return False
-            self.layout = model.finish_drain(lay, done, now_ms=self.now, force=True)
+            self.layout = transitions.finish_drain(lay, done, now_ms=self.now, force=True)
             return True
         self.unacked = {p.pid for p in self.producers if not p.fenced}
         return True
@@ -122,7 +122,7 @@ class World:
         if lay.pending is None or self.unacked:
             return False
         fenced = [str(p.pid) for p in self.producers if p.fenced]
-        self.layout = model.seal(lay, self.hws(lay.readable), fenced=fenced)
+        self.layout = transitions.seal(lay, self.hws(lay.readable), fenced=fenced)
         return True
 
     # ---------------------------------------------------------------- consuming

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from assignors.linear_hashing import deletion_blockers, expansion_blockers, lh_bucket
-from streamkit.layout import model
+from streamkit.layout import model, transitions
 from streamkit.layout.gating import (
     GateTracker,
     compute_gate,
@@ -24,23 +24,23 @@ from .sim import run_random
 
 def sealed_expand(layout, n2, announce=None, seal=None):
     a = announce if announce is not None else {p: 0 for p in range(layout.physical)}
-    lay = model.expand(layout, n2, announce_offsets=a, now_ms=1)
+    lay = transitions.expand(layout, n2, announce_offsets=a, now_ms=1)
     s = seal if seal is not None else {p: a.get(p, 0) for p in lay.readable}
-    return model.seal(lay, s)
+    return transitions.seal(lay, s)
 
 
 def sealed_shrink(layout, n2, announce=None, seal=None, delay=0):
     a = announce if announce is not None else {p: 0 for p in layout.readable}
-    lay = model.shrink(layout, n2, delay, announce_offsets=a, now_ms=1)
+    lay = transitions.shrink(layout, n2, delay, announce_offsets=a, now_ms=1)
     s = seal if seal is not None else {p: a.get(p, 0) for p in lay.readable}
-    return model.seal(lay, s)
+    return transitions.seal(lay, s)
 
 
 # ---------------------------------------------------------------- expansion
 
 
 def test_new_partition_waits_for_parent_seal():
-    lay = model.create("t", 4, capacity=8, now_ms=0)
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
     lay = sealed_expand(
         lay, 6, announce={0: 100, 1: 50, 2: 7, 3: 9, 4: 3, 5: 0}, seal={0: 120, 1: 60, 2: 8, 3: 9, 4: 3, 5: 0}
     )
@@ -58,8 +58,8 @@ def test_new_partition_waits_for_parent_seal():
 
 
 def test_pending_expansion_blocks_new_partitions_entirely():
-    lay = model.create("t", 2, capacity=4, now_ms=0)
-    lay = model.expand(lay, 3, announce_offsets={0: 10, 1: 10, 2: 5, 3: 0}, now_ms=1)
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.expand(lay, 3, announce_offsets={0: 10, 1: 10, 2: 5, 3: 0}, now_ms=1)
     g = compute_gate(lay, [0, 1, 2], {0: 10**9, 1: 10**9})
     assert g.gates[2].limit == 5 and g.gates[2].waiting_on == ((0, None),)
     assert g.gates[0].limit is None and g.gates[1].limit is None
@@ -68,7 +68,7 @@ def test_pending_expansion_blocks_new_partitions_entirely():
 @given(st.integers(1, 6), st.integers(1, 40), st.integers(1, 40))
 def test_expansion_constraints_follow_expansion_blockers(n0, a, b):
     old, new = n0 + min(a, b) - 1, n0 + max(a, b)
-    lay = model.create("t", n0, capacity=new, now_ms=0)
+    lay = transitions.create("t", n0, capacity=new, now_ms=0)
     if old > n0:
         lay = sealed_expand(lay, old)
     lay = sealed_expand(lay, new, seal={p: 1000 + p for p in range(new)})
@@ -82,7 +82,7 @@ def test_expansion_constraints_follow_expansion_blockers(n0, a, b):
 @given(st.integers(1, 5), st.integers(0, 40), st.integers(0, 40))
 def test_shrink_constraints_follow_deletion_blockers(n0, a, b):
     new, old = n0 + min(a, b), n0 + max(a, b) + 1
-    lay = sealed_expand(model.create("t", n0, capacity=old, now_ms=0), old)
+    lay = sealed_expand(transitions.create("t", n0, capacity=old, now_ms=0), old)
     ann = {p: 10 * p + 5 for p in range(old)}
     seal = {p: 10 * p + 7 for p in range(old)}
     lay = sealed_shrink(lay, new, announce=ann, seal=seal)
@@ -96,7 +96,7 @@ def test_shrink_constraints_follow_deletion_blockers(n0, a, b):
 
 
 def test_survivor_delivers_up_to_announce_offset_then_waits_for_drained():
-    lay = sealed_expand(model.create("t", 2, capacity=4, now_ms=0), 4)
+    lay = sealed_expand(transitions.create("t", 2, capacity=4, now_ms=0), 4)
     # shrink 4 -> 2: 2 merges into 0, 3 into 1
     lay = sealed_shrink(lay, 2, announce={0: 10, 1: 20, 2: 30, 3: 40}, seal={0: 15, 1: 22, 2: 33, 3: 41})
     g = compute_gate(lay, [0, 1, 2, 3], {2: 32, 3: 41})
@@ -107,10 +107,10 @@ def test_survivor_delivers_up_to_announce_offset_then_waits_for_drained():
 
 
 def test_finish_drain_retires_and_reexpansion_starts_new_incarnation():
-    lay = sealed_expand(model.create("t", 2, capacity=4, now_ms=0), 4)
+    lay = sealed_expand(transitions.create("t", 2, capacity=4, now_ms=0), 4)
     lay = sealed_shrink(lay, 3, announce={0: 1, 1: 1, 2: 1, 3: 50}, seal={0: 1, 1: 2, 2: 1, 3: 60})
     assert compute_gate(lay, [1], {}).gates[1].limit == 1
-    lay = model.finish_drain(lay, 3, now_ms=10)
+    lay = transitions.finish_drain(lay, 3, now_ms=10)
     assert lay.mode(3) == model.PartitionMode.NONE
     g = compute_gate(lay, [1, 3], {})
     assert g.gates[1].limit is None  # nothing waits for a given-up partition
@@ -124,9 +124,9 @@ def test_finish_drain_retires_and_reexpansion_starts_new_incarnation():
 
 
 def test_ordered_delivery_off_removes_gates_but_not_skips():
-    lay = sealed_expand(model.create("t", 2, capacity=4, now_ms=0), 3, seal={0: 99, 1: 0, 2: 0})
+    lay = sealed_expand(transitions.create("t", 2, capacity=4, now_ms=0), 3, seal={0: 99, 1: 0, 2: 0})
     assert compute_gate(lay, [2], {}).gates[2].limit == 0
-    off = model.set_ordered_delivery(lay, False)
+    off = transitions.set_ordered_delivery(lay, False)
     assert off.epoch == lay.epoch + 1
     g = compute_gate(off, [2, 3], {})
     assert g.gates[2].limit is None and g.gates[3].skip
@@ -187,7 +187,7 @@ def test_fenced_producer_scenario_is_detected():
 
 
 def test_tracker_fires_revoke_then_assign_once():
-    lay = sealed_expand(model.create("t", 1, capacity=2, now_ms=0), 2, seal={0: 10, 1: 0})
+    lay = sealed_expand(transitions.create("t", 1, capacity=2, now_ms=0), 2, seal={0: 10, 1: 0})
     tr = GateTracker()
     # member A owns 0, member B owns 1 (separate trackers)
     b = GateTracker()
@@ -204,7 +204,7 @@ def test_tracker_fires_revoke_then_assign_once():
 
 
 def test_tracker_assign_not_fired_when_already_past():
-    lay = sealed_expand(model.create("t", 1, capacity=2, now_ms=0), 2, seal={0: 10, 1: 0})
+    lay = sealed_expand(transitions.create("t", 1, capacity=2, now_ms=0), 2, seal={0: 10, 1: 0})
     assert GateTracker().update(lay, [1], {0: 10}, {1: 7}).fire_assigned == ()
 
 
@@ -213,7 +213,7 @@ def test_tracker_assign_not_fired_when_already_past():
 
 def test_classify_record_cases():
     lay = sealed_expand(
-        model.create("t", 2, capacity=4, now_ms=0), 3, announce={0: 5, 1: 5, 2: 2, 3: 0}, seal={0: 8, 1: 6, 2: 4}
+        transitions.create("t", 2, capacity=4, now_ms=0), 3, announce={0: 5, 1: 5, 2: 2, 3: 0}, seal={0: 8, 1: 6, 2: 4}
     )
     moved = next(h for h in range(1000) if lh_bucket(h, 2, 2) == 0 and lh_bucket(h, 2, 3) == 2)
     stays = next(h for h in range(1000) if lh_bucket(h, 2, 2) == 0 and lh_bucket(h, 2, 3) == 0)
@@ -233,10 +233,10 @@ def test_classify_record_cases():
 
 
 def test_none_partitions_are_skipped_and_pending_shrink_limits_survivors():
-    lay = sealed_expand(model.create("t", 2, capacity=6, now_ms=0), 4)
-    lay = model.shrink(lay, 2, 60, announce_offsets={0: 3, 1: 4, 2: 5, 3: 6}, now_ms=1)
+    lay = sealed_expand(transitions.create("t", 2, capacity=6, now_ms=0), 4)
+    lay = transitions.shrink(lay, 2, 60, announce_offsets={0: 3, 1: 4, 2: 5, 3: 6}, now_ms=1)
     g = compute_gate(lay, range(6), {2: 10**6, 3: 10**6})
     assert g.gates[0].limit == 3 and g.gates[1].limit == 4  # seal unknown: wait
     assert g.skip == {4, 5}
     with pytest.raises(model.PendingChangeError):
-        model.finish_drain(lay, 2)
+        transitions.finish_drain(lay, 2)

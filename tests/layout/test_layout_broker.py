@@ -23,10 +23,11 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.cli import app as cli_app
 from streamkit.kafkaio import FetchedRecord, KafkaIO
-from streamkit.layout import model
+from streamkit.layout import model, transitions
+from streamkit.layout.check import check_topic
 from streamkit.layout.gating import compute_gate
 from streamkit.layout.model import PartitionMode, TopicLayout
-from streamkit.layout.protocol import LayoutCoordinator, check_topic
+from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import (
     ACKS_TOPIC,
     LAYOUTS_TOPIC,
@@ -264,9 +265,9 @@ def test_stale_layout_is_refused_and_reread(broker: str) -> None:
         async with LayoutRegistry(broker, client_id="a") as a, LayoutRegistry(broker, client_id="b") as b:
             base = await a.load(topic)
             await b.load(topic)
-            await a.publish(model.expand(base, 6))
+            await a.publish(transitions.expand(base, 6))
             with pytest.raises((ConcurrentChangeError, StaleLayoutError)):
-                await b.publish(model.expand(base, 7))
+                await b.publish(transitions.expand(base, 7))
             won = await b.load(topic)
             assert won.active == 6 and won.pending is not None
         async with LayoutCoordinator(broker, ack_timeout=1.0) as co:  # the stopped change is resumed

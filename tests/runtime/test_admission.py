@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from stores.memory import MemoryStore
 from streamkit.app import App
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
-from streamkit.layout import model
+from streamkit.layout import transitions
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
 from streamkit.runtime.admission import Admission
@@ -126,9 +126,9 @@ def test_a_hole_that_fills_when_asked_again_loses_nothing() -> None:
 
 def expanded() -> TopicLayout:
     """orders: 1 -> 2 partitions; partition 1 was split from 0, whose seal is at 10."""
-    lay = model.create("orders", 1, capacity=2, now_ms=0)
-    lay = model.expand(lay, 2, announce_offsets={0: 8, 1: 0}, now_ms=1)
-    return model.seal(lay, {0: 10, 1: 0})
+    lay = transitions.create("orders", 1, capacity=2, now_ms=0)
+    lay = transitions.expand(lay, 2, announce_offsets={0: 8, 1: 0}, now_ms=1)
+    return transitions.seal(lay, {0: 10, 1: 0})
 
 
 def test_a_new_partition_is_held_until_the_group_passed_its_parents_seal() -> None:
@@ -200,8 +200,8 @@ def test_records_stamped_with_the_current_epoch_are_not_inspected() -> None:
 
 @pytest.mark.parametrize("position", [0, 3])
 def test_positions_below_a_new_incarnation_skip_to_its_start(position: int) -> None:
-    lay = model.create("orders", 1, capacity=2, now_ms=0)
-    lay = model.seal(model.expand(lay, 2, announce_offsets={0: 0, 1: 7}, now_ms=1), {0: 0, 1: 7})
+    lay = transitions.create("orders", 1, capacity=2, now_ms=0)
+    lay = transitions.seal(transitions.expand(lay, 2, announce_offsets={0: 0, 1: 7}, now_ms=1), {0: 0, 1: 7})
     admission, consumer, route = make(lay, partition=1, position=position)
     admission.regate(lambda t: lay, lambda t: {0: 0})
     assert route.position == 7 and consumer.seeks[-1] == (TopicPartition("orders", 1), 7)

@@ -1,4 +1,4 @@
-"""Live partition expansion and shrinking under a running stateful job (seeds 000, 001, 004).
+"""Live partition expansion and shrinking under a running stateful job (docs/design.md).
 
 Real processes: three producer processes and three worker processes; the topic goes
 4 -> 6 -> 8, shrinks 8 -> 5, drains, and grows to 7. At the end: no per-key

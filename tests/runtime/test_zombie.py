@@ -1,4 +1,4 @@
-"""A zombie processor (seed 002): paused with SIGSTOP through a rebalance, then resumed.
+"""A zombie processor (KIP-232): paused with SIGSTOP through a rebalance, then resumed.
 
 The group moves on without it; when it wakes up, its checkpoint is rejected (a newer
 generation owns its partitions in the progress log), it drops what it did not commit,

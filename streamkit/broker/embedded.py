@@ -9,8 +9,8 @@ run leaves no broker behind.
 ``resolve_broker(url)`` is the one entry point for "give me a broker": a user-given
 address is used as is (checked to answer ``ApiVersions``), ``None`` starts an embedded one.
 
-Memory storage only: a broker restart loses every topic. See DESIGN.md, "The reference
-broker", for what this build of Tansu does and does not support.
+Memory storage only: a broker restart loses every topic. See docs/architecture.md,
+"Broker behaviours", for what this build of Tansu does and does not support.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
-import socket
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,19 +29,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import IO
 
-__all__ = [
-    "BrokerError",
-    "EmbeddedBroker",
-    "ExternalBroker",
-    "api_versions",
-    "parse_address",
-    "resolve_broker",
-    "tansu_binary",
-    "wait_for_broker",
-]
+from streamkit.broker.probe import STARTUP_TIMEOUT, BrokerError, api_versions, describe_error, parse_address
+from streamkit.broker.process import die_with_parent, free_port, listens_on
 
-API_VERSIONS_KEY = 18
-_STARTUP_TIMEOUT = 10.0
+__all__ = ["EmbeddedBroker", "ExternalBroker", "resolve_broker", "tansu_binary"]
+
 _STOP_TIMEOUT = 5.0
 # Environment variables Tansu reads as defaults for its options; never let the caller's
 # environment change what the embedded broker does.
@@ -55,13 +45,6 @@ _TANSU_ENV = (
     "SCHEMA_REGISTRY",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
-
-
-class BrokerError(RuntimeError):
-    """A broker could not be started or reached. The message is one readable line."""
-
-
-# --------------------------------------------------------------------------- binary
 
 
 def tansu_binary() -> Path:
@@ -81,153 +64,6 @@ def tansu_binary() -> Path:
         except OSError as exc:
             raise BrokerError(f"Tansu broker binary at {path} is not executable: {exc}") from exc
     return path
-
-
-# --------------------------------------------------------------------------- protocol
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (optionally ``tcp://`` or ``kafka://`` prefixed, or a comma list:
-    the first entry is used) -> (host, port)."""
-    first = address.strip().split(",")[0].strip()
-    for prefix in ("tcp://", "kafka://", "plaintext://", "PLAINTEXT://"):
-        if first.startswith(prefix):
-            first = first[len(prefix) :]
-    first = first.rstrip("/")
-    host, sep, port = first.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BrokerError(f"invalid broker address {address!r}: expected host:port")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(n)
-        if not chunk:
-            raise ConnectionError("connection closed by the broker")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def api_versions(address: str, timeout: float = 2.0) -> dict[int, tuple[int, int]]:
-    """Send one ``ApiVersions`` v0 request and return ``{api_key: (min, max)}``.
-
-    Raises ``OSError``/``ConnectionError`` when nothing (or not a Kafka broker) answers.
-    """
-    host, port = parse_address(address)
-    client_id = b"streamkit"
-    correlation_id = 0x5354524B  # "STRK"
-    body = struct.pack(">hhih", API_VERSIONS_KEY, 0, correlation_id, len(client_id)) + client_id
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        sock.sendall(struct.pack(">i", len(body)) + body)
-        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-        if not 10 <= size <= 1 << 20:
-            raise ConnectionError(f"not a Kafka ApiVersions response (size {size})")
-        data = _recv_exact(sock, size)
-    corr, error, count = struct.unpack_from(">ihi", data, 0)
-    if corr != correlation_id:
-        raise ConnectionError("not a Kafka ApiVersions response (correlation id mismatch)")
-    if error != 0:
-        raise ConnectionError(f"ApiVersions answered with error code {error}")
-    if count < 0 or 10 + 6 * count > len(data):
-        raise ConnectionError("malformed ApiVersions response")
-    versions = {}
-    for i in range(count):
-        key, lo, hi = struct.unpack_from(">hhh", data, 10 + 6 * i)
-        versions[key] = (lo, hi)
-    return versions
-
-
-def wait_for_broker(address: str, timeout: float = _STARTUP_TIMEOUT) -> dict[int, tuple[int, int]]:
-    """Poll ``address`` with ApiVersions until it answers or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        try:
-            return api_versions(address, timeout=min(1.0, max(0.05, deadline - time.monotonic())))
-        except (OSError, ConnectionError) as exc:
-            if time.monotonic() + delay >= deadline:
-                raise BrokerError(f"no Kafka broker answers at {address} ({_describe(exc)})") from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, socket.timeout | TimeoutError):
-        return "timed out"
-    if isinstance(exc, socket.gaierror):
-        return f"unknown host: {exc.strerror}"
-    return str(exc) or type(exc).__name__
-
-
-# --------------------------------------------------------------------------- process helpers
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listens_on(pid: int, port: int) -> bool | None:
-    """Whether process ``pid`` holds a socket listening on ``port`` (Linux /proc).
-
-    Guards against a race on the chosen port: another broker (another test run, another
-    engineer's benchmark) may bind it first, and would then answer our readiness probe.
-    Returns None when this cannot be checked (not Linux).
-    """
-    try:
-        inodes = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        listening = set()
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            with contextlib.suppress(OSError), open(table) as fh:
-                next(fh, None)
-                for line in fh:
-                    fields = line.split()
-                    local, state, inode = fields[1], fields[3], fields[9]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        listening.add(inode)
-    except OSError:
-        return None
-    return bool(inodes & listening)
-
-
-def _make_preexec():
-    """On Linux, ask the kernel to SIGKILL the broker when its parent dies (even by SIGKILL).
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it is only used when
-    the broker is started from the main thread.
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = ctypes.c_int(1)
-    sigkill = ctypes.c_ulong(signal.SIGKILL)
-    parent = os.getpid()
-
-    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(pr_set_pdeathsig, sigkill)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 _LIVE: set[EmbeddedBroker] = set()
@@ -262,7 +98,7 @@ class EmbeddedBroker:
         port: int | None = None,
         *,
         host: str = "127.0.0.1",
-        startup_timeout: float = _STARTUP_TIMEOUT,
+        startup_timeout: float = STARTUP_TIMEOUT,
         keep_log: bool | None = None,
         start: bool = True,
     ) -> None:
@@ -315,7 +151,7 @@ class EmbeddedBroker:
             attempts = 1 if fixed_port is not None else 5
             last_error: BrokerError | None = None
             for _ in range(attempts):
-                port = fixed_port if fixed_port is not None else _free_port()
+                port = fixed_port if fixed_port is not None else free_port()
                 try:
                     self._launch(binary, port)
                     self.port = port
@@ -354,7 +190,7 @@ class EmbeddedBroker:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it in order
-            preexec_fn=_make_preexec(),
+            preexec_fn=die_with_parent(),
         )
         self._proc, self._log_file = proc, log
         _register(self)
@@ -373,7 +209,7 @@ class EmbeddedBroker:
             except (OSError, ConnectionError):
                 versions = None
             if versions is not None:
-                owned = _listens_on(proc.pid, port)
+                owned = listens_on(proc.pid, port)
                 if owned is False:
                     # Someone else answers on this port; ours will fail to bind and exit.
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -461,7 +297,6 @@ def _unregister(broker: EmbeddedBroker) -> None:
 
 
 def _strip_ansi(text: str) -> str:
-    import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
@@ -521,6 +356,6 @@ def resolve_broker(url: str | None, *, timeout: float = 5.0) -> EmbeddedBroker |
             return ExternalBroker(url, api_versions(url, timeout=min(2.0, timeout)))
         except (OSError, ConnectionError) as exc:
             if time.monotonic() + delay >= deadline:
-                raise BrokerError(f"cannot reach broker {url}: {_describe(exc)}") from None
+                raise BrokerError(f"cannot reach broker {url}: {describe_error(exc)}") from None
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

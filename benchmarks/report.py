@@ -1,0 +1,84 @@
+"""The harness's report: one table of figures per contender, then the same-run ratios."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt_rate(v: float | None) -> str:
+    return f"{v:,.0f}" if v else "-"
+
+
+def _fmt_ratio(x: float) -> str:
+    if x >= 10:
+        return f"{x:,.0f}x"
+    if x >= 1:
+        return f"{x:.2f}x"
+    return f"{x:.2g}x"
+
+
+def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=header, title_justify="left")
+    for col, justify in [
+        ("contender", "left"),
+        ("records", "right"),
+        ("rec/s steady", "right"),
+        ("rec/s from start", "right"),
+        ("startup s", "right"),
+        ("CPU s", "right"),
+        ("CPU µs/rec", "right"),
+        ("peak RSS MB", "right"),
+        ("broker CPU s", "right"),
+        ("load", "right"),
+        ("check", "left"),
+        ("status", "left"),
+    ]:
+        table.add_column(col, justify=justify)
+    for r in rows:
+        if r["status"] == "skipped" and "cpu_s" not in r:
+            table.add_row(r["contender"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
+            continue
+        result = r.get("result") or {}
+        status = r["status"]
+        table.add_row(
+            r["contender"],
+            f"{result.get('records', 0):,}",
+            _fmt_rate(r.get("steady_rps")),
+            _fmt_rate(r.get("from_start_rps")),
+            f"{r['startup_s']:.2f}" if r.get("startup_s") is not None else "-",
+            f"{r['cpu_s']:.2f}",
+            f"{r['cpu_us_per_record']:.2f}" if r.get("cpu_us_per_record") else "-",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['broker_cpu_s']:.2f}" if r.get("broker_cpu_s") is not None else "-",
+            f"{r['load_avg_1m_before']:.1f}",
+            "ok" if r.get("check") == "ok" else ("mismatch" if str(r.get("check")).startswith("MISMATCH") else "n/a"),
+            status,
+        )
+    console.print(table)
+    for r in rows:
+        if r["status"] != "ok" or str(r.get("check", "")).startswith("MISMATCH"):
+            detail = r.get("reason") or r.get("check")
+            if str(r.get("check", "")).startswith("MISMATCH") and r.get("reason"):
+                detail = f"{r['reason']}; {r['check']}"
+            console.print(f"  {r['contender']}: {r['status']}: {detail}")
+
+    measured = [r for r in rows if r.get("steady_rps") and r["status"] in ("ok", "wrong")]
+    if len(measured) < 2:
+        return
+    for metric, label in [("steady_rps", "steady"), ("from_start_rps", "from process start")]:
+        ratios = Table(
+            title=f"ratios, records/s {label}: row / column (>1: the row is faster)",
+            title_justify="left",
+        )
+        ratios.add_column("")
+        for c in measured:
+            ratios.add_column(f"vs {c['contender']}", justify="right")
+        for r in measured:
+            cells = []
+            for c in measured:
+                a, b = r.get(metric), c.get(metric)
+                cells.append("-" if r is c or not a or not b else _fmt_ratio(a / b))
+            ratios.add_row(r["contender"], *cells)
+        console.print(ratios)

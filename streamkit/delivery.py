@@ -1,0 +1,139 @@
+"""The open batches of the streamkit producer and the deliveries it hands out.
+
+A producer keeps one open batch per partition (`OpenBatch`); `Producer.send` appends a
+record without awaiting anything and returns a `Delivery`, which follows its record if
+a layout change places it again before its batch was handed to the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from assignors.murmur2 import kafka_partition, key_hash_cached
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.placement import Placer
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+
+__all__ = ["REPLACED", "Delivery", "OpenBatch", "TopicPlacement", "encode_key", "encode_value"]
+
+Headers = Sequence[tuple[str, bytes]] | None
+
+
+def encode_key(key: Any) -> bytes | None:
+    """A record key as bytes: str as UTF-8, anything else but bytes as JSON."""
+    if key is None or isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    return orjson.dumps(key)
+
+
+def encode_value(value: Any) -> bytes | None:
+    """A record value as bytes: anything but bytes as JSON."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return orjson.dumps(value)
+
+
+class TopicPlacement:
+    """How the producer places and stamps the records of one topic (at one layout epoch)."""
+
+    __slots__ = ("topic", "layout", "epoch", "place", "headers")
+
+    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, pid: bytes) -> None:
+        self.topic = topic
+        self.layout = layout
+        if layout is not None:
+            self.epoch = layout.epoch
+            self.place: Callable[[bytes | None], int] = Placer(layout)
+        else:
+            self.epoch = 0
+            n = physical or 1
+            rr = itertools.cycle(range(n))
+
+            def place(key: bytes | None, _n: int = n, _rr: Any = rr) -> int:
+                if key is None:
+                    return next(_rr)
+                try:
+                    return key_hash_cached(key) % _n
+                except TypeError:
+                    return kafka_partition(bytes(key), _n)
+
+            self.place = place
+        self.headers = [(EPOCH_HEADER, str(self.epoch).encode()), (PRODUCER_HEADER, pid)]
+
+
+REPLACED = object()
+
+
+class OpenBatch:
+    """An open (then dispatched) batch of one partition; ``future`` resolves with the
+    batch's RecordMetadata (base offset) or with ``REPLACED`` if its records were
+    placed again after a layout change before it was dispatched."""
+
+    __slots__ = ("topic", "partition", "builder", "records", "created", "epoch", "future")
+
+    def __init__(self, topic: str, partition: int, builder: Any, epoch: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.records: list[tuple[bytes | None, bytes | None, Headers, int | None, Delivery]] = []
+        self.created = time.monotonic()
+        self.epoch = epoch
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+
+class Delivery:
+    """What :meth:`Producer.send` returns: await it for the record's RecordMetadata.
+
+    Lighter than a future per record (the batch has one future); follows the record
+    if it is placed again after a layout change.
+    """
+
+    __slots__ = ("_ob", "_rel", "_ts")
+
+    def __init__(self, ob: OpenBatch, rel: int, ts: int | None) -> None:
+        self._ob = ob
+        self._rel = rel
+        self._ts = ts
+
+    @property
+    def partition(self) -> int:
+        """The partition the record is (currently) placed on."""
+        return self._ob.partition
+
+    def done(self) -> bool:
+        f = self._ob.future
+        return f.done() and (f.cancelled() or f.exception() is not None or f.result() is not REPLACED)
+
+    def _meta(self, ob: OpenBatch, md: Any) -> RecordMetadata:
+        tp = TopicPartition(ob.topic, ob.partition)
+        ts = self._ts if self._ts is not None else md.timestamp
+        return RecordMetadata(
+            ob.topic, ob.partition, tp, md.offset + self._rel, ts, md.timestamp_type, md.log_start_offset
+        )
+
+    def result(self) -> RecordMetadata:
+        ob = self._ob
+        md = ob.future.result()
+        if md is REPLACED:  # pragma: no cover - the delivery follows its record
+            raise asyncio.InvalidStateError("record not delivered yet")
+        return self._meta(ob, md)
+
+    def __await__(self) -> Any:
+        while True:
+            ob = self._ob
+            md = yield from ob.future.__await__()
+            if md is not REPLACED:
+                return self._meta(ob, md)
