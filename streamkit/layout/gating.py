@@ -130,15 +130,18 @@ def satisfied(layout: TopicLayout, constraint: Constraint, group_positions: Mapp
 
 
 @functools.lru_cache(maxsize=512)
-def constraints(layout: TopicLayout) -> tuple[Constraint, ...]:
-    """The live constraints of ``layout`` (see the module docstring)."""
+def constraints(layout: TopicLayout, history: bool = False) -> tuple[Constraint, ...]:
+    """The live constraints of ``layout`` (see the module docstring).
+
+    ``history``: for a reader of the whole history (a processor rebuilding its state),
+    a partition given up after a drain still blocks until it is read to its seal."""
     if not layout.ordered_delivery:
         return ()
     n0 = layout.n0
     finishes = [(s.epoch, set(s.partitions)) for s in layout.seals if s.kind == ChangeKind.FINISH]
 
     def given_up(epoch: int, p: int) -> bool:
-        return any(fe > epoch and p in fp for fe, fp in finishes)
+        return not history and any(fe > epoch and p in fp for fe, fp in finishes)
 
     out: list[Constraint] = []
     for s in layout.seals:
@@ -208,9 +211,16 @@ class GateState:
         return frozenset(p for p, g in self.gates.items() if g.limit is not None and not g.skip)
 
 
-def compute_gate(layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int]) -> GateState:
-    """Gate every partition in ``assigned`` given the group's committed positions."""
-    cons = constraints(layout)
+def compute_gate(
+    layout: TopicLayout, assigned: Iterable[int], group_positions: Mapping[int, int], *, history: bool = False
+) -> GateState:
+    """Gate every partition in ``assigned`` given the group's committed positions.
+
+    ``history``: gates for a reader of the whole history (a processor rebuilding its
+    state from every partition that ever held its keys): every partition is read from
+    offset 0, earlier incarnations and given-up partitions included, and given-up
+    partitions still block until read to their seals."""
+    cons = constraints(layout, history)
     ev = _Eval(cons, group_positions)
     assigned = sorted(set(assigned))
     mine = set(assigned)
@@ -220,8 +230,8 @@ def compute_gate(layout: TopicLayout, assigned: Iterable[int], group_positions: 
         if c.blocker in mine and c.need is not None and not c.blocker_passed(group_positions):
             revoke.setdefault(c.blocker, set()).add(c.need)
     for p in assigned:
-        start = layout.base_offset(p)
-        if layout.mode(p) == PartitionMode.NONE:
+        start = 0 if history else layout.base_offset(p)
+        if layout.mode(p) == PartitionMode.NONE and not history:
             gates[p] = PartitionGate(p, start, start, skip=True)
             continue
         open_ = [c for c in ev.by_part.get(p, ()) if not ev.ok(c)]
@@ -281,15 +291,17 @@ class GateTracker:
         assigned: Iterable[int],
         group_positions: Mapping[int, int],
         local_positions: Mapping[int, int] | None = None,
+        *,
+        history: bool = False,
     ) -> GateUpdate:
         assigned = set(assigned)
         local = local_positions or {}
-        state = compute_gate(layout, assigned, group_positions)
+        state = compute_gate(layout, assigned, group_positions, history=history)
         revoked: set[int] = set()
         opened: set[int] = set()
         t = layout.topic
-        ev = _Eval(constraints(layout), group_positions)
-        for c in constraints(layout):
+        ev = _Eval(constraints(layout, history), group_positions)
+        for c in constraints(layout, history):
             if ev.ok(c):
                 if c.partition in assigned:
                     key = (t, "a", c.id)

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
-from assignors.murmur2 import key_hash
+from assignors.murmur2 import key_hash, key_hash_cached
+from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker
 from streamkit.layout.model import TopicLayout
@@ -125,6 +126,10 @@ class Admission:
                 return None
         checked = records
         records, stop_at, late = self._gate_and_check(tp, route, records)
+        if route.key_filter is not None and records:
+            records = _keys_of(route.key_filter, route.null_keys, records)
+        if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
+            late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
             rebuild = [r for r in records if r.offset < route.rebuild_until]
@@ -222,8 +227,15 @@ class Admission:
         self,
         layout_of: Callable[[str], TopicLayout | None],
         group_positions: Callable[[str], dict[int, int]],
+        *,
+        history: bool = False,
     ) -> GateEvents:
-        """Recompute every gate from the layouts and the group's (fenced) positions."""
+        """Recompute every gate from the layouts and the group's (fenced) positions.
+
+        ``history``: the routes read the whole history of their partitions for a
+        rebuild (``streamkit.runtime.rebuild``): their own positions, not the group's,
+        say how far each partition was read, and gates follow the history
+        (``gating.compute_gate``)."""
         events = GateEvents()
         gated = False
         for topic in sorted({tp.topic for tp in self.routes}):
@@ -234,9 +246,9 @@ class Admission:
             local = {p: r.position for p, r in mine.items()}
             group = dict(group_positions(topic))
             for p, pos in local.items():
-                group[p] = max(group.get(p, 0), pos)
+                group[p] = pos if history else max(group.get(p, 0), pos)
             tracker = self.trackers.setdefault(topic, GateTracker())
-            update = tracker.update(layout, mine, group, local)
+            update = tracker.update(layout, mine, group, local, history=history)
             for p, gate in update.state.gates.items():
                 tp, route = TopicPartition(topic, p), mine[p]
                 if route.layout is not layout:
@@ -287,3 +299,9 @@ class Admission:
         elif new is None and tp in self.gate_closed_at:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
+
+
+def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any]) -> list[Any]:
+    """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``)."""
+    accepts = key_filter.accepts
+    return [r for r in records if (null_keys if r.key is None else accepts(key_hash_cached(r.key)))]

@@ -20,6 +20,7 @@ from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.rebuild import plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
 from streamkit.runtime.services import Services
 
@@ -85,6 +86,12 @@ class GroupMember:
     @property
     def routes(self) -> dict[TopicPartition, Route]:
         return self.admission.routes
+
+    def serving(self) -> list[ProcessorState]:
+        """The hosted processors that have caught up with the group on every partition
+        (a processor still rebuilding its state runs no timer: its state is incomplete)."""
+        behind = {id(r.proc) for _, r in self.admission if r.position < r.rebuild_until}
+        return [proc for proc in self.processors.values() if id(proc) not in behind]
 
     def hosted(self) -> dict[int, list[tuple[str, int]]]:
         """The (topic, partition)s each hosted processor consumes."""
@@ -173,6 +180,9 @@ class GroupMember:
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
+                behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
+                if behind or rebuild_unfinished(proc.loaded):
+                    await self._rebuild(proc, generation)
                 for topic, part, key_filter in slots:
                     if key_filter is not None:
                         raise NotImplementedError(
@@ -220,6 +230,38 @@ class GroupMember:
                     )
                     self.consumer._coordinator.request_rejoin()
                     break
+
+    async def _rebuild(self, proc: ProcessorState, generation: int) -> None:
+        """Bring a processor whose store is behind the group (new on this machine, or an
+        old copy) up to where the group is: from the whole history of its keys, without
+        output (``rebuild``)."""
+        started = time.monotonic()
+        io, registry = self.services.io, self.services.registry
+        topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+        p0 = self.services.p0
+        plan = await plan_rebuild(io, proc.id, p0, p0, topics, self.services.progress.position)
+        log.info(
+            "%s: processor %d is behind the group here: rebuilding it from %d partitions (up to %d records) "
+            "without output",
+            self.name,
+            proc.id,
+            len(plan.targets),
+            plan.records,
+        )
+        read = await rebuild(
+            io=io,
+            registry=registry,
+            proc=proc,
+            handlers=self.app.handlers,
+            plan=plan,
+            dispatcher=self.dispatcher,
+            stamp=lambda: (self.layout_epochs, generation),
+            group=self.app.group_id,
+            checkpoint_every=self.app.settings.commit_every,
+        )
+        log.info(
+            "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
+        )
 
     async def _regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from assignors.placement import KeyFilter
 from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
@@ -44,6 +45,10 @@ class Route:
     limit: int | None = None  # gate: deliver offsets below it only
     stale_epoch: int | None = None  # a record named a newer layout epoch than ours
     hole: tuple[int, int, float] | None = None  # (start, next offset, first seen): see Admission.cut_at_hole
+    key_filter: KeyFilter | None = None
+    """Only records whose key hash it accepts are applied (None: every record)."""
+    null_keys: bool = True
+    """With a key filter: whether records without a key are applied (the partition's owner)."""
 
     @property
     def position(self) -> int:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.output import Output
 from streamkit.runtime.progress import ProgressLog
@@ -19,6 +20,7 @@ class Services:
     client_id: str
     p0: int
     """The job's initial processor count."""
+    io: KafkaIO
     registry: LayoutRegistry
     progress: ProgressLog
     output: Output

@@ -99,6 +99,7 @@ class Worker:
             bootstrap=bootstrap,
             client_id=self.client_id,
             p0=p0,
+            io=io,
             registry=registry,
             progress=progress,
             output=output,
@@ -115,8 +116,8 @@ class Worker:
         for member in self.members:
             member.on_layout_change(new, old)
 
-    def _hosted_processors(self) -> list[ProcessorState]:
-        return [proc for m in self.members for proc in m.processors.values()]
+    def _serving_processors(self) -> list[ProcessorState]:
+        return [proc for m in self.members for proc in m.serving()]
 
     async def run(self) -> None:
         services = await self.prepare()
@@ -128,7 +129,7 @@ class Worker:
             asyncio.create_task(
                 run_timer(
                     t,
-                    processors=self._hosted_processors,
+                    processors=self._serving_processors,
                     tables=self.app.tables,
                     output=services.output,
                     lock=services.lock,

@@ -1,0 +1,203 @@
+"""Rebuild a processor's state from the input history, without output.
+
+A processor's keys may have records in every partition that ever held them: the
+partitions that hold them now (S1), the partitions those were split from, partitions a
+shrink drained into them (given up since or not), and earlier incarnations of
+partitions created again by a later expansion (together: S2). A rebuild reads all of
+S2 from the store's positions (T2: 0 for a new store) up to a target per partition
+(T1: the group's position for the partitions the processor consumes; the end, read
+when the rebuild starts, for the others), and applies only the processor's keys:
+
+- in each key's order across partitions: the gates of the whole history
+  (``gating.compute_gate(history=True)``) hold a partition until the partitions its
+  keys came from are read to their seals, with this reader's own positions;
+- with no output, no dead letters (sent when the records were first handled) and no
+  timers (the processor is not hosted yet);
+- checkpointing the store as it goes, marked as a rebuild in progress, so that a
+  rebuild killed midway resumes from where it got (T2), and the processor does not
+  take its partitions over with half its state.
+
+The fetching goes through ``KafkaIO`` (holes asked for again); admission and dispatch
+are the member's own parts, so a rebuilt record is admitted and applied exactly as a
+live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+
+from assignors.linear_hashing import bucket_modulus
+from assignors.placement import KeyFilter, partitions_for_processor, processor_key_sources
+from stores.base import Checkpoint
+from streamkit.app import HandlerSpec
+from streamkit.kafkaio import KafkaIO
+from streamkit.layout.model import TopicLayout
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.runtime.admission import Admission
+from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.routes import Route
+
+log = logging.getLogger(__name__)
+
+REBUILD_MARK = "rebuild"
+"""``Checkpoint.extra`` key of a store whose rebuild has not finished."""
+STALL_SECONDS = 60.0
+
+
+@dataclass
+class RebuildPlan:
+    """What a rebuild of processor ``processor`` reads, and up to where."""
+
+    processor: int
+    key_filter: KeyFilter
+    targets: dict[TopicPartition, int] = field(default_factory=dict)
+    """Per partition of S2: read offsets below this."""
+    owned: set[TopicPartition] = field(default_factory=set)
+    """S1: the partitions the processor consumes (their keyless records are its own)."""
+
+    @property
+    def records(self) -> int:
+        return sum(self.targets.values())
+
+
+def rebuild_unfinished(loaded: Checkpoint) -> bool:
+    """The store's last checkpoint was written by a rebuild that did not finish."""
+    return bool(loaded.extra.get(REBUILD_MARK))
+
+
+def high_water(layout: TopicLayout) -> int:
+    """The largest active partition count in the topic's history."""
+    return max([layout.active, *(max(s.old_active, s.new_active) for s in layout.seals)])
+
+
+async def plan_rebuild(
+    io: KafkaIO,
+    processor: int,
+    p0: int,
+    p: int,
+    topics: Mapping[str, tuple[TopicLayout | None, int]],
+    group_position: Callable[[str, int], int],
+) -> RebuildPlan:
+    """The plan of a rebuild of ``processor`` (job ``p0 -> p``).
+
+    ``topics``: per input topic, its layout (None: a plain topic) and physical count.
+    ``group_position(topic, partition)``: where the group is (T1).
+    """
+    plan = RebuildPlan(processor, KeyFilter(bucket_modulus(processor, p0, p), frozenset({processor})))
+    for topic, (layout, physical) in sorted(topics.items()):
+        n0, n = (layout.n0, layout.active) if layout is not None else (physical, physical)
+        high = {topic: high_water(layout)} if layout is not None else None
+        owned = set(partitions_for_processor(processor, n0, n, p0, p))
+        sources = processor_key_sources(processor, {topic: (n0, n)}, p0, p, high_water=high)[topic]
+        ends = await io.high_watermarks(topic, sorted(sources))
+        for part in sorted(sources):
+            tp = TopicPartition(topic, part)
+            if part in owned:
+                plan.owned.add(tp)
+                plan.targets[tp] = min(group_position(topic, part), ends[part])
+            else:
+                plan.targets[tp] = ends[part]
+    return plan
+
+
+class _Reader:
+    """What admission drives, for a reader that fetches by itself: pause and resume flags
+    (a seek goes where the route's position already is: the next fetch starts there)."""
+
+    def __init__(self) -> None:
+        self.paused: set[TopicPartition] = set()
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.paused.difference_update(partitions)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        pass
+
+
+async def rebuild(
+    *,
+    io: KafkaIO,
+    registry: LayoutRegistry,
+    proc: ProcessorState,
+    handlers: Mapping[str, list[HandlerSpec]],
+    plan: RebuildPlan,
+    dispatcher: Dispatcher,
+    stamp: Callable[[], tuple[Mapping[str, int], int]],
+    group: str,
+    checkpoint_every: int,
+) -> int:
+    """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
+
+    ``stamp()``: the layout epochs and generation its checkpoints are stamped with.
+    """
+    reader = _Reader()
+    admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}")
+    for tp, target in plan.targets.items():
+        route = Route.build(proc, handlers[tp.topic], (tp.topic, tp.partition), target, registry.get(tp.topic))
+        route.key_filter = plan.key_filter
+        route.null_keys = tp in plan.owned
+        admission.add(tp, route)
+    read = since_checkpoint = 0
+    last_progress = time.monotonic()
+    while True:
+        admission.regate(registry.get, lambda _topic: {}, history=True)
+        todo = [(tp, r) for tp, r in admission if r.position < plan.targets[tp]]
+        if not todo:
+            break
+        if all(tp in reader.paused for tp, _ in todo):
+            # Held by gates whose blockers are read to their targets: the group itself
+            # is short of a seal there; the member goes on from these positions.
+            held = {f"{tp.topic}[{tp.partition}]": (r.position, r.limit) for tp, r in todo}
+            log.warning("rebuild of processor %d stops short of its targets, held by gates: %s", proc.id, held)
+            break
+        moved = False
+        for tp, route in todo:
+            if tp in reader.paused:
+                continue
+            target = plan.targets[tp]
+            records, _ = await io.fetch(tp.topic, tp.partition, route.position, max_wait_ms=1)
+            records = [r for r in records if r.offset < target]
+            admitted = admission.admit(tp, records)
+            if admitted is None:
+                continue
+            route, batch = admitted
+            await dispatcher.apply(route, batch)
+            route.position = batch.next_position
+            read += batch.consumed
+            since_checkpoint += batch.consumed
+            moved = moved or batch.consumed > 0
+        for topic, epoch in admission.take_stale_epochs().items():
+            await registry.ensure_at_least(topic, epoch)
+        if since_checkpoint >= checkpoint_every:
+            _checkpoint(proc, stamp, done=False)
+            since_checkpoint = 0
+        if moved:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > STALL_SECONDS:
+            waiting = {f"{tp.topic}[{tp.partition}]": (r.position, r.limit) for tp, r in todo}
+            raise RuntimeError(
+                f"rebuild of processor {proc.id} made no progress for {STALL_SECONDS:.0f} s "
+                f"(partition: (position, gate)): {waiting}"
+            )
+        else:
+            await asyncio.sleep(0.01)
+    _checkpoint(proc, stamp, done=True)
+    return read
+
+
+def _checkpoint(proc: ProcessorState, stamp: Callable[[], tuple[Mapping[str, int], int]], *, done: bool) -> None:
+    epochs, generation = stamp()
+    extra = {} if done else {REBUILD_MARK: True}
+    proc.commit(
+        Checkpoint(positions=dict(proc.positions), layout_epochs=dict(epochs), generation=generation, extra=extra)
+    )
