@@ -58,12 +58,16 @@ class MemberInfo:
     hosted: list[int] = field(default_factory=list)
     # per topic: the layout this member follows; absent: the physical partition count
     layouts: dict[str, TopicShape] = field(default_factory=dict)
+    hosting: int = 0
+    """Processors to host: the ``p`` active ones, plus one joining the job (it bootstraps
+    its keys' state before it gets partitions)."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
             {
                 "p0": self.p0,
                 "p": self.p,
+                "hosting": max(self.hosting, self.p),
                 "hosted": self.hosted,
                 "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
             }
@@ -75,7 +79,7 @@ class MemberInfo:
             return None
         d = orjson.loads(data)
         layouts = {t: TopicShape(v[0], v[1], tuple(v[2]), v[3]) for t, v in d.get("layouts", {}).items()}
-        return cls(d["p0"], d["p"], list(d["hosted"]), layouts)
+        return cls(d["p0"], d["p"], list(d["hosted"]), layouts, int(d.get("hosting", d["p"])))
 
 
 @dataclass
@@ -158,7 +162,8 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
-        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p)
+        hosted = max(p, *(i.hosting for i in infos.values()))
+        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, hosted)
         slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
         for topic, shape in shapes.items():
             for part in shape.draining:  # a draining partition's keys keep their processor

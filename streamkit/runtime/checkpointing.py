@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 import orjson
 from aiokafka import TopicPartition
@@ -53,12 +54,14 @@ async def checkpoint(
     progress: ProgressLog,
     flush_output: Callable[[], Awaitable[None]],
     commit_offsets: CommitOffsets,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[TopicPartition, int]:
     """Steps 0-3 above for one member; returns the positions committed (beyond the last
     known commit of each partition).
 
     ``positions``: per assigned partition, its processor and the group's committed
     offset as last known (only partitions whose processor moved past it are committed).
+    ``extra`` goes into every store checkpoint (the job's processor count).
     """
     processors = list(processors)
     if not processors:
@@ -77,8 +80,10 @@ async def checkpoint(
     t2 = time.monotonic()
     epochs = dict(layout_epochs)
     for proc in processors:
-        if proc.uncommitted or proc.positions != proc.loaded.positions:
-            new = Checkpoint(positions=dict(proc.positions), layout_epochs=epochs, generation=generation)
+        if proc.uncommitted or proc.positions != proc.loaded.positions or dict(extra or {}) != proc.loaded.extra:
+            new = Checkpoint(
+                positions=dict(proc.positions), layout_epochs=epochs, generation=generation, extra=dict(extra or {})
+            )
             check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
             proc.commit(new)
     committed: dict[TopicPartition, int] = {}

@@ -1,59 +1,170 @@
-"""The job's record in the cluster: its initial processor count (p0), fixed at first start.
+"""The job's record in the cluster: its processor counts, with an epoch.
 
-Kept in the internal topic `__streamkit_jobs` (one partition, so one total order). The
-first record for an app wins: concurrent first starts each append their claim and then
-read back, so they all agree on the earliest one. A worker whose configuration disagrees
-with the recorded count is refused, because key -> processor placement (linear hashing
-over p0) and every local store depend on it.
+Kept in the internal topic `__streamkit_jobs` (one partition, so one total order), key =
+the app's name. Each record is a whole `JobLayout`: the initial processor count `p0`
+(fixed at first start: key -> processor placement and every local store depend on it),
+the active count `p`, the count a scale change aims at (`target`), and an epoch that
+grows by one at every change. Readers keep, per app, the first record of the highest
+epoch: of two writers of the same epoch the first in the log wins and the other learns
+it on reading back (`ConcurrentJobChangeError`).
+
+While `target > p`, processor `p` (the next one) is *joining*: hosted, rebuilding the
+state of the keys it will take over, without partitions. Its host publishes epoch + 1
+with `p + 1` once it has caught up; the rebalance that follows moves the keys.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from streamkit.errors import JobMismatchError, TopicNotFoundError
+from streamkit.errors import JobMismatchError, StreamkitError, TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
 
 JOBS_TOPIC = "__streamkit_jobs"
 
+log = logging.getLogger(__name__)
 
-async def recorded_processor_count(io: KafkaIO, app_name: str) -> int | None:
-    """The job's recorded p0 (None: the job never started, or no job ever did)."""
+
+class ConcurrentJobChangeError(StreamkitError):
+    """Another writer published the same epoch of the job first."""
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    app: str
+    p0: int
+    p: int
+    epoch: int = 1
+    target: int | None = None
+    """The processor count a scale change aims at (None: none under way)."""
+    by: str = ""
+
+    @property
+    def joining(self) -> int | None:
+        """The processor being bootstrapped to join (None: none)."""
+        return self.p if self.target is not None and self.target > self.p else None
+
+    @property
+    def hosted(self) -> int:
+        """Processors hosted by workers: the active ones and the joining one."""
+        return self.p + (1 if self.joining is not None else 0)
+
+    def to_json(self) -> bytes:
+        body: dict[str, Any] = {
+            "processors": self.p0, "p": self.p, "epoch": self.epoch, "target": self.target,
+            "by": self.by, "ts": time.time(),
+        }  # fmt: skip
+        return orjson.dumps(body)
+
+    @classmethod
+    def from_json(cls, app: str, data: bytes) -> JobLayout:
+        d = orjson.loads(data)
+        p0 = int(d["processors"])
+        return cls(app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")))
+
+    def grown(self, by: str) -> JobLayout:
+        """The next epoch: the joining processor is active."""
+        p = self.p + 1
+        return replace(self, p=p, epoch=self.epoch + 1, target=None if self.target == p else self.target, by=by)
+
+
+async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
+    """The job's newest record (None: the job never started)."""
     try:
         records = await io.read_topic(JOBS_TOPIC)
     except TopicNotFoundError:
         return None
+    key = app_name.encode()
+    newest: JobLayout | None = None
     for rec in records:
-        if rec.key == app_name.encode() and rec.value:
-            return int(orjson.loads(rec.value)["processors"])
-    return None
+        if rec.key == key and rec.value:
+            job = JobLayout.from_json(app_name, rec.value)
+            if newest is None or job.epoch > newest.epoch:
+                newest = job
+    return newest
+
+
+async def publish_job(io: KafkaIO, job: JobLayout) -> JobLayout:
+    """Append ``job`` (whose epoch must be one more than the newest) and read it back."""
+    await io.create_topic(JOBS_TOPIC, 1)
+    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(JOBS_TOPIC, key=job.app.encode(), value=job.to_json(), partition=0)
+    finally:
+        await producer.stop()
+    newest = await read_job(io, job.app)
+    if newest is None or newest.epoch != job.epoch or newest.by != job.by or newest.p != job.p:
+        raise ConcurrentJobChangeError(
+            f"job {job.app!r}: epoch {job.epoch} was published by someone else first ({newest})"
+        )
+    return newest
+
+
+async def recorded_processor_count(io: KafkaIO, app_name: str) -> int | None:
+    """The job's recorded p0 (None: the job never started, or no job ever did)."""
+    job = await read_job(io, app_name)
+    return None if job is None else job.p0
+
+
+async def resolve_job(io: KafkaIO, app_name: str, configured: int | None, default: int) -> JobLayout:
+    """Return the job's record, writing the first one on first start; refuse a worker
+    configured with another initial processor count."""
+    job = await read_job(io, app_name)
+    if job is None:
+        claim = configured if configured is not None else default
+        await io.create_topic(JOBS_TOPIC, 1)
+        try:
+            job = await publish_job(io, JobLayout(app_name, claim, claim, 1, None, by="first start"))
+        except ConcurrentJobChangeError:  # another worker's first start won
+            job = await read_job(io, app_name)
+            assert job is not None
+    if configured is not None and configured != job.p0:
+        raise JobMismatchError(
+            f"job {app_name!r} was created with {job.p0} processors; this worker is configured "
+            f"with processors={configured}. The initial processor count cannot change (placement "
+            f"depends on it): use processors={job.p0}, and change the running job's count with "
+            f"streamkit scale"
+        )
+    return job
 
 
 async def resolve_processor_count(io: KafkaIO, app_name: str, configured: int | None, default: int) -> int:
-    """Return the job's p0, recording it on first start; refuse a disagreeing configuration."""
-    await io.create_topic(JOBS_TOPIC, 1)
-    recorded = await recorded_processor_count(io, app_name)
-    if recorded is None:
-        claim = configured if configured is not None else default
-        producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                JOBS_TOPIC,
-                key=app_name.encode(),
-                value=orjson.dumps({"processors": claim, "created": time.time()}),
-            )
-        finally:
-            await producer.stop()
-        recorded = await recorded_processor_count(io, app_name)
-        assert recorded is not None
-    if configured is not None and configured != recorded:
-        raise JobMismatchError(
-            f"job {app_name!r} was created with {recorded} processors; this worker is configured "
-            f"with processors={configured}. The initial processor count cannot change (placement "
-            f"depends on it): use processors={recorded}"
-        )
-    return recorded
+    """The job's p0, recording the job on first start (see :func:`resolve_job`)."""
+    return (await resolve_job(io, app_name, configured, default)).p0
+
+
+class JobWatcher:
+    """Polls the job's record and calls ``on_change(new)`` when its epoch grows."""
+
+    def __init__(self, io: KafkaIO, job: JobLayout, on_change: Callable[[JobLayout], None]) -> None:
+        self.io = io
+        self.job = job
+        self._on_change = on_change
+
+    async def run(self, interval: float = 0.5) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                newest = await read_job(self.io, self.job.app)
+            except Exception as exc:  # noqa: BLE001 - keep watching; the next poll retries
+                log.warning("reading the job record of %s failed: %s", self.job.app, exc)
+                continue
+            if newest is not None and newest.epoch > self.job.epoch:
+                log.info(
+                    "job %s is now epoch %d: %d processors (target %s)",
+                    newest.app,
+                    newest.epoch,
+                    newest.p,
+                    newest.target,
+                )
+                self.job = newest
+                self._on_change(newest)

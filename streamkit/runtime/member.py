@@ -7,6 +7,7 @@ answer is admission's (`admission.Admission`), applying it is dispatch's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -19,9 +20,11 @@ from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
+from streamkit.runtime.jobmeta import JobLayout
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
+from streamkit.runtime.scaling import bootstrap_joining, purge_moved_keys
 from streamkit.runtime.services import Services
 
 log = logging.getLogger(__name__)
@@ -65,7 +68,13 @@ class GroupMember:
         self._regate_needed = False
         self._stopping = False
         s = app.settings
-        self.assignor = StreamkitAssignor(MemberInfo(p0=services.p0, p=services.p0, layouts=self._shapes()))
+        job = services.jobs.job
+        self.assignor = StreamkitAssignor(MemberInfo(p0=job.p0, p=job.p, layouts=self._shapes(), hosting=job.hosted))
+        self.job_p = job.p
+        """The job's active processor count in the assignment this member processes."""
+        self._joining: dict[int, asyncio.Task[None]] = {}
+        self.joining: dict[int, dict[str, int]] = {}
+        """Bootstrap progress of the joining processors hosted here (status)."""
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=services.bootstrap,
             group_id=app.group_id,
@@ -91,7 +100,7 @@ class GroupMember:
         """The hosted processors that have caught up with the group on every partition
         (a processor still rebuilding its state runs no timer: its state is incomplete)."""
         behind = {id(r.proc) for _, r in self.admission if r.position < r.rebuild_until}
-        return [proc for proc in self.processors.values() if id(proc) not in behind]
+        return [p for pid, p in self.processors.items() if id(p) not in behind and pid not in self._joining]
 
     def hosted(self) -> dict[int, list[tuple[str, int]]]:
         """The (topic, partition)s each hosted processor consumes."""
@@ -112,6 +121,13 @@ class GroupMember:
     async def start(self) -> None:
         await self.consumer.start()
         self.consumer.subscribe(self.app.input_topics, listener=_Listener(self))
+
+    def on_job_change(self, job: JobLayout) -> None:
+        """The job's processor counts changed: join again with them."""
+        info = self.assignor.info
+        info.p, info.hosting = job.p, job.hosted
+        log.info("%s: job epoch %d: %d processors, %d hosted: rebalancing", self.name, job.epoch, job.p, job.hosted)
+        self.consumer._coordinator.request_rejoin()
 
     def on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """A layout of an input topic changed: re-gate; rejoin if placement changed."""
@@ -143,6 +159,10 @@ class GroupMember:
             self._close_all()
 
     def _close_all(self, discard: bool = False) -> None:
+        for task in self._joining.values():  # waiting for the lock we hold, or fetching
+            task.cancel()
+        self._joining.clear()
+        self.joining.clear()
         for proc in self.processors.values():
             if discard:
                 proc.discard()
@@ -171,6 +191,7 @@ class GroupMember:
                 await registry.ensure_at_least(topic, epoch)
             self.layout_epochs = {t: lay.epoch for t in self.app.input_topics if (lay := registry.get(t))}
             settings = self.app.settings
+            self.job_p = assignment.p
             starts: dict[tuple[str, int], int | None] = {}
             for pid, slots in sorted(assignment.processors.items()):
                 proc = await ProcessorState.open(
@@ -180,6 +201,13 @@ class GroupMember:
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
+                stored_p = proc.loaded.extra.get("p", None if proc.loaded.is_empty() else assignment.p0)
+                if stored_p is not None and stored_p < assignment.p:
+                    gone = purge_moved_keys(proc, self.app.tables, assignment.p0, assignment.p)
+                    if gone:
+                        log.info("%s: processor %d: %d keys moved to new processors, deleted", self.name, pid, gone)
+                if not slots and pid >= assignment.p:  # joining: rebuilds its keys before it gets them
+                    continue
                 behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
                 if behind or rebuild_unfinished(proc.loaded):
                     await self._rebuild(proc, generation)
@@ -208,6 +236,9 @@ class GroupMember:
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
+            for pid in assignment.processors:
+                if pid >= assignment.p and not assignment.processors[pid]:
+                    self._joining[pid] = asyncio.create_task(self._bootstrap(self.processors[pid], generation))
             self.services.beat()
             log.info(
                 "%s: hosts processors %s (generation %d): %s",
@@ -239,7 +270,7 @@ class GroupMember:
         io, registry = self.services.io, self.services.registry
         topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
         p0 = self.services.p0
-        plan = await plan_rebuild(io, proc.id, p0, p0, topics, self.services.progress.position)
+        plan = await plan_rebuild(io, proc.id, p0, self.job_p, topics, self.services.progress.position)
         log.info(
             "%s: processor %d is behind the group here: rebuilding it from %d partitions (up to %d records) "
             "without output",
@@ -258,10 +289,33 @@ class GroupMember:
             stamp=lambda: (self.layout_epochs, generation),
             group=self.app.group_id,
             checkpoint_every=self.app.settings.commit_every,
+            extra={"p": self.job_p},
         )
         log.info(
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
         )
+
+    async def _bootstrap(self, proc: ProcessorState, generation: int) -> None:
+        """Bootstrap the joining processor ``proc`` beside the member's loop (``scaling``)."""
+        io, registry = self.services.io, self.services.registry
+        topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+        log.info("%s: processor %d joins the job: rebuilding its keys' state without output", self.name, proc.id)
+
+        def report(progress: dict[str, int]) -> None:
+            self.joining[proc.id] = progress
+
+        try:
+            await bootstrap_joining(
+                proc, job=self.services.jobs.job, io=io, registry=registry, progress=self.services.progress,
+                handlers=self.app.handlers, topics=topics, dispatcher=self.dispatcher, lock=self.services.lock,
+                stamp=lambda: (self.layout_epochs, generation), group=self.app.group_id,
+                checkpoint_every=self.app.settings.commit_every, report=report, by=self.name,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: the bootstrap of processor %d failed; it is retried at the next rebalance",
+                          self.name, proc.id)  # fmt: skip
 
     async def _regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""
@@ -329,6 +383,7 @@ class GroupMember:
                 progress=self.services.progress,
                 flush_output=self.services.output.flush,
                 commit_offsets=self.consumer.commit,
+                extra={"p": self.job_p},
             )
         except checkpointing.ZombieCheckpointError as exc:
             self.zombie_rejections += 1

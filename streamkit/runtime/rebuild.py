@@ -25,10 +25,12 @@ live one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import TopicPartition
 
@@ -135,11 +137,16 @@ async def rebuild(
     stamp: Callable[[], tuple[Mapping[str, int], int]],
     group: str,
     checkpoint_every: int,
+    extra: Mapping[str, Any] | None = None,
+    lock: asyncio.Lock | None = None,
 ) -> int:
     """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
 
-    ``stamp()``: the layout epochs and generation its checkpoints are stamped with.
+    ``stamp()``: the layout epochs and generation its checkpoints are stamped with, and
+    ``extra`` goes into them. ``lock``: taken around each batch applied and each
+    checkpoint (a rebuild running beside the member's own loop: a bootstrap).
     """
+    guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
     admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}")
     for tp, target in plan.targets.items():
@@ -149,6 +156,7 @@ async def rebuild(
         admission.add(tp, route)
     read = since_checkpoint = 0
     last_progress = time.monotonic()
+    misses: dict[TopicPartition, int] = {}
     while True:
         admission.regate(registry.get, lambda _topic: {}, history=True)
         todo = [(tp, r) for tp, r in admission if r.position < plan.targets[tp]]
@@ -165,21 +173,27 @@ async def rebuild(
             if tp in reader.paused:
                 continue
             target = plan.targets[tp]
-            records, _ = await io.fetch(tp.topic, tp.partition, route.position, max_wait_ms=1)
+            # The test broker answers with what it gathered within max_wait_ms, down to
+            # nothing on a busy machine: wait longer after an empty answer.
+            wait_ms = min(200, 1 + 20 * misses.get(tp, 0))
+            records, _ = await io.fetch(tp.topic, tp.partition, route.position, max_wait_ms=wait_ms)
+            misses[tp] = 0 if records else misses.get(tp, 0) + 1
             records = [r for r in records if r.offset < target]
             admitted = admission.admit(tp, records)
             if admitted is None:
                 continue
             route, batch = admitted
-            await dispatcher.apply(route, batch)
-            route.position = batch.next_position
+            async with guard:
+                await dispatcher.apply(route, batch)
+                route.position = batch.next_position
             read += batch.consumed
             since_checkpoint += batch.consumed
             moved = moved or batch.consumed > 0
         for topic, epoch in admission.take_stale_epochs().items():
             await registry.ensure_at_least(topic, epoch)
         if since_checkpoint >= checkpoint_every:
-            _checkpoint(proc, stamp, done=False)
+            async with guard:
+                _checkpoint(proc, stamp, extra, done=False)
             since_checkpoint = 0
         if moved:
             last_progress = time.monotonic()
@@ -191,13 +205,20 @@ async def rebuild(
             )
         else:
             await asyncio.sleep(0.01)
-    _checkpoint(proc, stamp, done=True)
+    async with guard:
+        _checkpoint(proc, stamp, extra, done=True)
     return read
 
 
-def _checkpoint(proc: ProcessorState, stamp: Callable[[], tuple[Mapping[str, int], int]], *, done: bool) -> None:
+def _checkpoint(
+    proc: ProcessorState,
+    stamp: Callable[[], tuple[Mapping[str, int], int]],
+    extra: Mapping[str, Any] | None,
+    *,
+    done: bool,
+) -> None:
     epochs, generation = stamp()
-    extra = {} if done else {REBUILD_MARK: True}
+    marks = dict(extra or {}) | ({} if done else {REBUILD_MARK: True})
     proc.commit(
-        Checkpoint(positions=dict(proc.positions), layout_epochs=dict(epochs), generation=generation, extra=extra)
+        Checkpoint(positions=dict(proc.positions), layout_epochs=dict(epochs), generation=generation, extra=marks)
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.output import Output
 from streamkit.runtime.progress import ProgressLog
 
@@ -18,8 +19,8 @@ class Services:
 
     bootstrap: str
     client_id: str
-    p0: int
-    """The job's initial processor count."""
+    jobs: JobWatcher
+    """The job's record (processor counts, epoch) as last read: ``jobs.job``."""
     io: KafkaIO
     registry: LayoutRegistry
     progress: ProgressLog
@@ -28,3 +29,8 @@ class Services:
     """One batch, rebalance step or timer at a time, across the worker's members."""
     beat: Callable[[], None]
     """Publish a heartbeat now (after a rebalance or checkpoint), not at the next tick."""
+
+    @property
+    def p0(self) -> int:
+        """The job's initial processor count."""
+        return self.jobs.job.p0

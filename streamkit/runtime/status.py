@@ -37,6 +37,9 @@ class WorkerStatus:
     dead_letters: dict[str, int] = field(default_factory=dict)
     consecutive_failures: int = 0
     last_error: str | None = None
+    joining: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Processors bootstrapping to join the job: {id: {"t2", "t1", "lag", "replayed"}}."""
+    job_epoch: int = 0
 
     @property
     def stale(self) -> bool:
@@ -54,6 +57,8 @@ def snapshot(
     handled: int,
     consecutive_failures: int,
     output: Output,
+    joining: Mapping[int, Mapping[str, int]] | None = None,
+    job_epoch: int = 0,
     alive: bool = True,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
@@ -70,6 +75,8 @@ def snapshot(
         dead_letters=dict(output.dead_letter_counts),
         consecutive_failures=consecutive_failures,
         last_error=output.last_error,
+        joining={pid: dict(v) for pid, v in (joining or {}).items()},
+        job_epoch=job_epoch,
     )
 
 
@@ -83,5 +90,6 @@ async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:
         if d.get("app") != app_name:
             continue
         d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
+        d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
         latest[d["worker"]] = WorkerStatus(**d)
     return sorted(latest.values(), key=lambda s: s.worker)

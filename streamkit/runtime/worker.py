@@ -18,7 +18,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.producer import Producer
-from streamkit.runtime.jobmeta import resolve_processor_count
+from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
@@ -82,11 +82,11 @@ class Worker:
         for topic in counts:
             if (layout := registry.get(topic)) is not None:
                 initial[topic], active[topic] = layout.n0, layout.active
-        p0 = await resolve_processor_count(io, app.name, app.settings.processors, initial[app.input_topics[0]])
-        too_few = {t: n for t, n in active.items() if n < p0}
+        job = await resolve_job(io, app.name, app.settings.processors, initial[app.input_topics[0]])
+        too_few = {t: n for t, n in active.items() if n < job.p}
         if too_few:
             raise ConfigError(
-                f"job {app.name!r} has {p0} processors but topics {too_few} have fewer "
+                f"job {app.name!r} has {job.p} processors but topics {too_few} have fewer "
                 "partitions; key-range shared tasks are not available yet: add partitions first"
             )
         registry.add_listener(self._on_layout_change)
@@ -98,7 +98,7 @@ class Worker:
         self.services = Services(
             bootstrap=bootstrap,
             client_id=self.client_id,
-            p0=p0,
+            jobs=JobWatcher(io, job, self._on_job_change),
             io=io,
             registry=registry,
             progress=progress,
@@ -111,6 +111,10 @@ class Worker:
     @property
     def p0(self) -> int:
         return self.services.p0 if self.services is not None else 0
+
+    def _on_job_change(self, job: JobLayout) -> None:
+        for member in self.members:
+            member.on_job_change(job)
 
     def _on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         for member in self.members:
@@ -138,6 +142,7 @@ class Worker:
             for t in self.app.timers
         ]
         aux.append(asyncio.create_task(self._heartbeat()))
+        aux.append(asyncio.create_task(services.jobs.run()))
         stop = asyncio.create_task(self._stop.wait())
         failed: BaseException | None = None
         try:
@@ -199,6 +204,8 @@ class Worker:
             handled=sum(m.dispatcher.handled for m in self.members),
             consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
             output=self.services.output,
+            joining={pid: lag for m in self.members for pid, lag in m.joining.items()},
+            job_epoch=self.services.jobs.job.epoch,
             alive=alive,
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())

@@ -1,0 +1,155 @@
+"""`streamkit scale MODULE:APP --processors N`: change a running job's processor count."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from streamkit.cli import CliError
+from streamkit.loader import load_app
+
+if TYPE_CHECKING:
+    from streamkit.app import App
+    from streamkit.kafkaio import KafkaIO
+
+
+@dataclass(frozen=True)
+class Move:
+    """One step p -> p + 1: the processor that splits, and what goes to the new one."""
+
+    new: int
+    splits: int
+    partitions: dict[str, list[int]]
+    share: float
+    """The share of all keys that moves."""
+
+
+def plan_moves(p0: int, p: int, n: int, topics: dict[str, tuple[int, int]]) -> list[Move]:
+    """The steps from ``p`` to ``n`` processors (``topics``: {name: (n0, active)})."""
+    from assignors.linear_hashing import bucket_modulus, lh_params
+    from assignors.placement import partitions_for_processor
+
+    moves = []
+    for q in range(p, n):
+        _, split = lh_params(p0, q)
+        parts = {t: partitions_for_processor(q, n0, active, p0, q + 1) for t, (n0, active) in sorted(topics.items())}
+        moves.append(Move(q, split, parts, 1 / bucket_modulus(q, p0, q + 1)))
+    return moves
+
+
+def scale(
+    app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
+    processors: int = typer.Option(..., "--processors", "-p", min=1, help="the job's new processor count"),
+    broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="return when every handover is done"),
+    timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for the handovers"),
+) -> None:
+    """Change a running job's processor count: new processors rebuild their keys' state
+    from the input while the running ones go on, then take the keys over."""
+    app = load_app(app_spec)
+    bootstrap = broker or app.settings.broker
+    if bootstrap is None:
+        raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
+    asyncio.run(_scale(app_spec, app, bootstrap, processors, wait, timeout))
+
+
+async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeout: float) -> None:
+    from streamkit.kafkaio import KafkaIO
+    from streamkit.layout.registry import LayoutRegistry
+    from streamkit.runtime.jobmeta import JobLayout, publish_job, read_job
+
+    console = Console()
+    async with KafkaIO(bootstrap) as io:
+        job = await read_job(io, app.name)
+        if job is None:
+            raise CliError(f"job {app.name!r} has never run: start its workers first (streamkit worker {spec})")
+        if job.target is not None and job.target != job.p:
+            raise CliError(f"job {app.name!r} is already scaling from {job.p} to {job.target} processors; wait for it")
+        if n < job.p0:
+            raise CliError(
+                f"cannot scale {app.name} to {n} processors: below its initial count {job.p0} "
+                "(keys are placed by linear hashing over it)"
+            )
+        if n < job.p:
+            raise CliError(
+                f"cannot scale {app.name} from {job.p} down to {n} processors: shrinking a job's processors "
+                "is not available yet"
+            )
+        if n == job.p:
+            console.print(f"job {app.name} has {n} processors already")
+            return
+        registry = LayoutRegistry(bootstrap, client_id="streamkit-scale", io=io)
+        await registry.start()
+        try:
+            await registry.refresh()
+            topics: dict[str, tuple[int, int]] = {}
+            for topic, physical in (await io.partition_counts(app.input_topics)).items():
+                layout = registry.get(topic)
+                topics[topic] = (layout.n0, layout.active) if layout is not None else (physical, physical)
+        finally:
+            await registry.stop()
+        short = {t: active for t, (_, active) in topics.items() if active < n}
+        if short:
+            topic, active = sorted(short.items())[0]
+            raise CliError(
+                f"cannot scale {app.name} to {n} processors: topic {topic} has {active} active partitions; "
+                f"expand it first (streamkit topics expand {topic} --partitions {n})"
+            )
+        for move in plan_moves(job.p0, job.p, n, topics):
+            parts = "; ".join(f"{t} {ps}" for t, ps in move.partitions.items())
+            console.print(
+                f"processor {move.new}: takes over the keys of processor {move.splits} in partitions {parts} "
+                f"(about {move.share:.1%} of all keys)"
+            )
+        started = await publish_job(io, JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, by=f"scale-{time.time()}"))
+        console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
+        if wait:
+            await _follow(io, app.name, n, timeout, console)
+
+
+async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:
+    """Show each joining processor's bootstrap until the job has ``n`` processors."""
+    from streamkit.errors import TopicNotFoundError
+    from streamkit.runtime.jobmeta import read_job
+    from streamkit.runtime.status import read_statuses
+
+    deadline = time.monotonic() + timeout
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        tasks: dict[int, TaskID] = {}
+        while True:
+            job = await read_job(io, app_name)
+            assert job is not None
+            try:
+                statuses = await read_statuses(io, app_name)
+            except TopicNotFoundError:
+                statuses = []
+            for s in statuses:
+                if not s.alive or s.stale:
+                    continue
+                for pid, lag in s.joining.items():
+                    task = tasks.get(pid)
+                    if task is None:
+                        task = tasks[pid] = progress.add_task(f"processor {pid}", total=None, detail="")
+                    done, total = lag.get("t2", 0), lag.get("t1", 0)
+                    detail = f"replayed {lag.get('replayed', 0):,}, {lag.get('lag', 0):,} behind the owner"
+                    progress.update(task, completed=done, total=max(total, 1), detail=detail)
+            for pid, task in tasks.items():
+                if pid < job.p:
+                    progress.update(task, completed=1, total=1, detail="handed over")
+            if job.p >= n:
+                break
+            if time.monotonic() > deadline:
+                raise CliError(f"job {app_name} has {job.p} of {n} processors after {timeout:.0f} s; still scaling")
+            await asyncio.sleep(0.5)
+    console.print(f"job {app_name}: {n} processors (epoch {job.epoch})")
+
+
+def register(cli: typer.Typer) -> None:
+    cli.command("scale")(scale)
