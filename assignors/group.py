@@ -91,6 +91,8 @@ class ProcessorAssignment:
     p: int
     processors: dict[int, list[PartitionSlot]]
     epochs: dict[str, int] = field(default_factory=dict)
+    hosting: int = 0
+    """Processors hosted by the whole group: ``p`` plus one joining, if any."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -99,6 +101,7 @@ class ProcessorAssignment:
                 "p": self.p,
                 "g": self.generation_hint,
                 "epochs": self.epochs,
+                "hosting": self.hosting,
                 "processors": {
                     str(pid): [
                         [t, part, None if f is None else [f.modulus, sorted(f.residues)]] for t, part, f in slots
@@ -116,7 +119,7 @@ class ProcessorAssignment:
             procs[int(pid)] = [
                 (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1]))) for t, part, f in slots
             ]
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})))
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), int(d.get("hosting", d["p"])))
 
 
 class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
@@ -176,7 +179,7 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             for pid_slots in procs.values():
                 for t, part, _ in pid_slots:
                     by_topic.setdefault(t, set()).add(part)
-            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs)
+            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, hosted)
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

@@ -28,3 +28,6 @@ class Settings(BaseSettings):
         100, ge=1, description="consecutive handler failures after which the worker logs loudly"
     )
     store_open_timeout: float = Field(30.0, gt=0, description="seconds to wait for a store lock")
+    bootstrap_rate: float | None = Field(
+        None, gt=0, description="records/s at most that a joining processor replays (None: as fast as it can)"
+    )

@@ -247,8 +247,14 @@ class GroupMember:
                 generation,
                 sorted(self.routes),
             )
-            # A layout change seen during the rebalance may be newer than the one the
-            # leader placed by (aiokafka drops a rejoin request made while joining).
+            # A layout or job change seen during the rebalance may be newer than the one
+            # the leader placed by (aiokafka drops a rejoin request made while joining).
+            job = self.services.jobs.job
+            if (job.p, job.hosted) > (assignment.p, assignment.hosting):
+                log.info("%s: assignment placed %d of %d processors, the job has %d of %d: rebalancing again",
+                         self.name, assignment.p, assignment.hosting, job.p, job.hosted)  # fmt: skip
+                self.consumer._coordinator.request_rejoin()
+                return
             used = assignment.epochs
             for topic, shape in self._shapes().items():
                 if shape.epoch > used.get(topic, -1):
@@ -299,17 +305,20 @@ class GroupMember:
         """Bootstrap the joining processor ``proc`` beside the member's loop (``scaling``)."""
         io, registry = self.services.io, self.services.registry
         topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
-        log.info("%s: processor %d joins the job: rebuilding its keys' state without output", self.name, proc.id)
+        log.info("%s: processor %d joins the job: rebuilding its keys' state without output, from T2 = %d",
+                 self.name, proc.id, sum(proc.positions.values()))  # fmt: skip
 
         def report(progress: dict[str, int]) -> None:
             self.joining[proc.id] = progress
+            self.services.beat()  # status shows it now, not at the next heartbeat
 
         try:
             await bootstrap_joining(
                 proc, job=self.services.jobs.job, io=io, registry=registry, progress=self.services.progress,
                 handlers=self.app.handlers, topics=topics, dispatcher=self.dispatcher, lock=self.services.lock,
                 stamp=lambda: (self.layout_epochs, generation), group=self.app.group_id,
-                checkpoint_every=self.app.settings.commit_every, report=report, by=self.name,
+                checkpoint_every=self.app.settings.commit_every, checkpoint_interval=self.app.settings.commit_interval,
+                max_rate=self.app.settings.bootstrap_rate, report=report, by=self.name,
             )  # fmt: skip
         except asyncio.CancelledError:
             raise

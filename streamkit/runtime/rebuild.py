@@ -139,12 +139,17 @@ async def rebuild(
     checkpoint_every: int,
     extra: Mapping[str, Any] | None = None,
     lock: asyncio.Lock | None = None,
+    checkpoint_interval: float | None = None,
+    max_rate: float | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
 ) -> int:
     """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
 
     ``stamp()``: the layout epochs and generation its checkpoints are stamped with, and
-    ``extra`` goes into them. ``lock``: taken around each batch applied and each
-    checkpoint (a rebuild running beside the member's own loop: a bootstrap).
+    ``extra`` goes into them, every ``checkpoint_every`` records or ``checkpoint_interval``
+    seconds. ``lock``: taken around each batch applied and each checkpoint (a rebuild
+    running beside the member's own loop: a bootstrap). ``max_rate``: records/s at most.
+    ``on_checkpoint(read)`` is called after each checkpoint before the last.
     """
     guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
@@ -155,7 +160,7 @@ async def rebuild(
         route.null_keys = tp in plan.owned
         admission.add(tp, route)
     read = since_checkpoint = 0
-    last_progress = time.monotonic()
+    started = last_checkpoint = last_progress = time.monotonic()
     misses: dict[TopicPartition, int] = {}
     while True:
         admission.regate(registry.get, lambda _topic: {}, history=True)
@@ -189,12 +194,17 @@ async def rebuild(
             read += batch.consumed
             since_checkpoint += batch.consumed
             moved = moved or batch.consumed > 0
+            if max_rate is not None and (ahead := read / max_rate - (time.monotonic() - started)) > 0:
+                await asyncio.sleep(ahead)
         for topic, epoch in admission.take_stale_epochs().items():
             await registry.ensure_at_least(topic, epoch)
-        if since_checkpoint >= checkpoint_every:
+        due = checkpoint_interval is not None and time.monotonic() - last_checkpoint >= checkpoint_interval
+        if since_checkpoint >= checkpoint_every or (due and since_checkpoint):
             async with guard:
                 _checkpoint(proc, stamp, extra, done=False)
-            since_checkpoint = 0
+            since_checkpoint, last_checkpoint = 0, time.monotonic()
+            if on_checkpoint is not None:
+                on_checkpoint(read)
         if moved:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > STALL_SECONDS:

@@ -80,6 +80,8 @@ async def bootstrap_joining(
     stamp: Callable[[], tuple[Mapping[str, int], int]],
     group: str,
     checkpoint_every: int,
+    checkpoint_interval: float,
+    max_rate: float | None,
     report: Callable[[dict[str, int]], None],
     by: str,
 ) -> JobLayout | None:
@@ -88,13 +90,22 @@ async def bootstrap_joining(
     (returned; None if another writer changed the job first)."""
     p_new = proc.id + 1
     replayed = 0
+    owned_t1 = 0
+
+    def checkpointed(read: int) -> None:
+        t2 = sum(proc.positions.values())
+        report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read})
+
+    checkpointed(0)
     while True:
         async with lock:
             await progress.refresh()
         plan = await plan_rebuild(io, proc.id, job.p0, p_new, topics, progress.position)
+        owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
         replayed += await rebuild(
             io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,
             group=group, checkpoint_every=checkpoint_every, extra={"p": p_new}, lock=lock,
+            checkpoint_interval=checkpoint_interval, max_rate=max_rate, on_checkpoint=checkpointed,
         )  # fmt: skip
         async with lock:
             await progress.refresh()

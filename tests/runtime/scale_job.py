@@ -1,0 +1,184 @@
+"""Driving a scaling job in real processes: worker processes of tests/runtime/scale_app.py,
+producer processes with per-key sequence numbers, `streamkit scale`; and checking the end
+state and the output."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from stores.rocksdb import RocksDBStore
+from streamkit.kafkaio import KafkaIO
+from streamkit.runtime.jobmeta import JobLayout, read_job
+from streamkit.runtime.status import WorkerStatus, read_statuses
+from tests.runtime.jobs import ROOT
+
+KEYS = 200
+
+
+class ScaleJob:
+    def __init__(self, broker: str, tmp_path: Path, p0: int = 2) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.broker = broker
+        self.tmp = tmp_path
+        self.topic = self.app = f"scale-{tag}"
+        self.out = f"{self.topic}-out"
+        self.group = f"streamkit-{self.app}"
+        self.p0 = p0
+        self.stop_file = tmp_path / "stop"
+        self.env = dict(
+            os.environ,
+            SK_TEST_APP=self.app,
+            SK_TEST_TOPIC=self.topic,
+            SK_TEST_OUT=self.out,
+            STREAMKIT_BROKER=broker,
+            STREAMKIT_STATE_DIR=str(tmp_path / "state"),
+            STREAMKIT_PROCESSORS=str(p0),
+            STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
+            PYTHONPATH=str(ROOT),
+        )
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.producers: list[subprocess.Popen[bytes]] = []
+
+    # -- processes ----------------------------------------------------------------------
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"w{len(self.workers)}.log", "wb")
+        cmd = [sys.executable, "-m", "streamkit.cli", "worker", "tests.runtime.scale_app:app", "--log-level", "INFO"]
+        worker = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stderr=log)
+        self.workers.append(worker)
+        return worker
+
+    def start_producer(self, rate: int = 300) -> None:
+        i = len(self.producers)
+        cmd = [sys.executable, "-m", "tests.runtime.soak_producer", self.broker, self.topic, f"p{i}",
+               str(self.tmp / f"p{i}.json"), "--keys", str(KEYS), "--rate", str(rate),
+               "--stop-file", str(self.stop_file)]  # fmt: skip
+        p = subprocess.Popen(
+            cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(self.tmp / f"p{i}.log", "wb")
+        )
+        assert p.stdout is not None and p.stdout.readline().decode().startswith("ready")
+        self.producers.append(p)
+
+    @property
+    def live_workers(self) -> list[subprocess.Popen[bytes]]:
+        return [w for w in self.workers if w.poll() is None]
+
+    def scale(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "scale", "tests.runtime.scale_app:app", *args],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    def kill9(self, pid: int) -> None:
+        worker = next(w for w in self.workers if w.pid == pid)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+
+    def stop_producers(self) -> list[dict[str, Any]]:
+        """Stop the producers; their reports: records sent."""
+        self.stop_file.write_bytes(b"")
+        for p in self.producers:
+            assert p.wait(30) == 0
+        return [orjson.loads((self.tmp / f"p{i}.json").read_bytes()) for i in range(len(self.producers))]
+
+    def stop_workers(self) -> None:
+        """SIGTERM: they checkpoint and leave."""
+        for w in self.live_workers:
+            w.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                raise
+
+    def cleanup(self) -> None:
+        self.stop_file.write_bytes(b"")
+        for proc in [*self.workers, *self.producers]:
+            if proc.poll() is None:
+                proc.kill()
+
+    def logs(self) -> str:
+        return "".join((self.tmp / f"w{i}.log").read_text() for i in range(len(self.workers)))
+
+    # -- the cluster ----------------------------------------------------------------------
+    async def job(self, io: KafkaIO) -> JobLayout:
+        job = await read_job(io, self.app)
+        assert job is not None
+        return job
+
+    async def statuses(self, io: KafkaIO) -> list[WorkerStatus]:
+        return [s for s in await read_statuses(io, self.app) if s.alive and not s.stale]
+
+    async def wait_for(self, io: KafkaIO, what: str, check: Any, timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = await check()
+            if found:
+                return found
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def wait_growth(self, io: KafkaIO, more: int, partitions: int = 4) -> None:
+        start = sum((await io.committed(self.group, self.topic, list(range(partitions)))).values())
+        deadline = time.monotonic() + 60
+        while sum((await io.committed(self.group, self.topic, list(range(partitions)))).values()) < start + more:
+            assert self.live_workers, "no worker is running"
+            assert time.monotonic() < deadline, "the job made no progress"
+            await asyncio.sleep(0.1)
+
+    async def wait_consumed(self, io: KafkaIO, partitions: int = 4) -> None:
+        parts = list(range(partitions))
+        deadline = time.monotonic() + 90
+        while True:
+            committed = await io.committed(self.group, self.topic, parts)
+            hws = await io.high_watermarks(self.topic, parts)
+            if all(committed.get(p, 0) >= hws[p] for p in parts):
+                return
+            assert time.monotonic() < deadline, f"not consumed: committed {committed}, high watermarks {hws}"
+            await asyncio.sleep(0.2)
+
+    # -- the checks -----------------------------------------------------------------------
+    def verify(self, reports: list[dict[str, Any]], processors: int) -> None:
+        """State: the whole stream applied once, each key on its processor only.
+        Output: every input record's output exists, each key's in the producers' order."""
+        expected: dict[str, dict[str, list[int]]] = {}
+        for i, report in enumerate(reports):
+            for k in range(min(KEYS, report["sent"])):
+                seqs = range(k, report["sent"], KEYS)
+                expected.setdefault(f"k{k}", {})[f"p{i}"] = [len(seqs), seqs[-1], 0]
+        state: dict[str, Any] = {}
+        for pid in range(processors):
+            with RocksDBStore.open(str(self.tmp / "state" / self.app / f"processor-{pid}"), ["seen"]) as store:
+                for k, v in store.items("seen"):
+                    key = k.decode()
+                    assert key not in state, f"{key} is in two processors' stores"
+                    assert lh_bucket(key_hash(k), self.p0, processors) == pid, f"{key} left in processor {pid}"
+                    state[key] = orjson.loads(v)
+        assert state == expected
+
+        async def read_out() -> list[Any]:
+            async with KafkaIO(self.broker) as io:
+                return await io.read_topic(self.out)
+
+        outputs: dict[tuple[str, str], list[int]] = {}
+        for rec in asyncio.run(read_out()):
+            v = orjson.loads(rec.value)
+            outputs.setdefault((rec.key.decode(), v["p"]), []).append(v["seq"])
+        for key, per in expected.items():
+            for producer, (count, last, _) in per.items():
+                firsts = list(dict.fromkeys(outputs.get((key, producer), [])))
+                assert len(firsts) == count and firsts[-1] == last, (key, producer, len(firsts), count)
+                assert firsts == sorted(firsts), f"{key}/{producer}: outputs out of order"
