@@ -15,15 +15,17 @@ from streamkit.cli import CliError
 from streamkit.errors import TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
 from streamkit.loader import load_app
+from streamkit.runtime.jobmeta import JobLayout, read_job
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
 
 async def _gather(
     app: App, bootstrap: str
-) -> tuple[list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str]]:
+) -> tuple[list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str], JobLayout | None]:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
     async with KafkaIO(bootstrap) as io:
+        job = await read_job(io, app.name)
         counts = await io.partition_counts(app.input_topics)
         for topic, n in sorted(counts.items()):
             committed = await io.committed(app.group_id, topic, range(n))
@@ -39,7 +41,31 @@ async def _gather(
                 reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
         except TopicNotFoundError:  # no dead letter yet
             pass
-    return statuses, offsets, reasons
+    return statuses, offsets, reasons, job
+
+
+def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
+    """Every processor of the job and its state: active (and where), joining (T2, T1,
+    lag), or not hosted by a live worker."""
+    table = Table(title="processors" + (f" (job epoch {job.epoch}, p0 {job.p0})" if job else ""))
+    for col in ("processor", "state", "worker", "detail"):
+        table.add_column(col)
+    if job is None:
+        return table
+    live = [s for s in statuses if s.alive and not s.stale]
+    for pid in range(job.hosted):
+        host = next((s for s in live if pid in s.processors or pid in s.joining), None)
+        if pid == job.joining:
+            lag = host.joining.get(pid, {}) if host is not None else {}
+            state = "bootstrapping"
+            detail = f"T2 {lag.get('t2', 0):,}, T1 {lag.get('t1', 0):,}, lag {lag.get('lag', 0):,}" if lag else ""
+        else:
+            state, detail = "active", ""
+        table.add_row(str(pid), state if host is not None else f"{state} (no live worker)",
+                      host.worker if host is not None else "-", detail)  # fmt: skip
+    if job.target is not None and job.target != job.p:
+        table.caption = f"scaling {job.p} -> {job.target} processors"
+    return table
 
 
 def status(
@@ -52,7 +78,7 @@ def status(
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    statuses, offsets, reasons = asyncio.run(_gather(app, bootstrap))
+    statuses, offsets, reasons, job = asyncio.run(_gather(app, bootstrap))
 
     owner = {
         (t, p): pid
@@ -92,6 +118,7 @@ def status(
             str(lag),
         )
     console.print(workers)
+    console.print(processors_table(job, statuses))
     console.print(parts)
     dl = Table(title="dead letters")
     dl.add_column("reason")

@@ -81,6 +81,16 @@ class ScaleJob:
             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
 
+    def status(self) -> str:
+        """What `streamkit status` prints (wide, so that rows are not cut)."""
+        env = dict(self.env, COLUMNS="200")
+        result = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "status", "tests.runtime.scale_app:app"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
     def kill9(self, pid: int) -> None:
         worker = next(w for w in self.workers if w.pid == pid)
         worker.send_signal(signal.SIGKILL)

@@ -5,9 +5,13 @@ pause; workers killed with SIGKILL at the handover's critical points."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 
 from streamkit.kafkaio import KafkaIO
@@ -66,6 +70,9 @@ def test_processors_grow_live_with_exact_state_and_ordered_output(broker: str, t
                 await job.wait_growth(io, 600)
             reports.extend(await asyncio.to_thread(job.stop_producers))
             await job.wait_consumed(io)
+            shown = await asyncio.to_thread(job.status)
+            rows = [line.split() for line in shown.splitlines() if "active" in line]
+            assert sorted(r[1] for r in rows if r[1].isdigit()) == ["0", "1", "2", "3"], shown
         job.stop_workers()
 
     reports: list = []
@@ -112,7 +119,11 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
                     return _hosting(statuses, 0)
                 return _hosting(statuses, 2)
 
-            job.kill9(await job.wait_for(io, f"the {victim}", target))
+            victim_pid = await job.wait_for(io, f"the {victim}", target)
+            if victim == "bootstrapping":
+                shown = await asyncio.to_thread(job.status)
+                assert "bootstrapping" in shown and "scaling 2 -> 3 processors" in shown, shown
+            job.kill9(victim_pid)
             job.start_worker()
             grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, before.epoch), timeout=90)
             assert grown.p == 3 and grown.target is None
@@ -135,3 +146,61 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
 async def _grown(job: ScaleJob, io: KafkaIO, epoch: int):  # noqa: ANN202 - JobLayout | None
     current = await job.job(io)
     return current if current.p == 3 and current.epoch > epoch else None
+
+
+@pytest.mark.soak
+def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broker: str, tmp_path: Path) -> None:
+    """SIGSTOP the processor that splits while the new one bootstraps, until the group has
+    given its partitions to a newer generation; woken up (SIGCONT), its checkpoint is
+    refused and its state dropped, and the handover completes without it."""
+    job = ScaleJob(broker, tmp_path)
+    reports: list = []
+    paused: list[int] = []
+
+    async def scenario() -> None:
+        async with KafkaIO(broker) as io:
+            await start(job, io)
+            result = await asyncio.to_thread(job.scale, "--processors", "3", "--no-wait")
+            assert result.returncode == 0, result.stderr
+
+            async def owner_while_joining() -> int | None:
+                statuses = await job.statuses(io)
+                joining = any(2 in s.joining for s in statuses)
+                return _hosting(statuses, 0) if joining and (await job.job(io)).p == 2 else None
+
+            victim = await job.wait_for(io, "the old owner while processor 2 bootstraps", owner_while_joining)
+            os.kill(victim, signal.SIGSTOP)
+            paused.append(victim)
+            try:  # until the group gave its partitions to a newer generation (its store stays locked)
+                await job.wait_for(io, "a newer generation to own partition 0", lambda: fenced(io, job, victim), 90)
+            finally:
+                os.kill(victim, signal.SIGCONT)  # it wakes up believing it still owns processor 0
+            grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, 1), timeout=90)
+            assert grown.p == 3
+            await job.wait_growth(io, 600)
+            reports.extend(await asyncio.to_thread(job.stop_producers))
+            await job.wait_consumed(io)
+        job.stop_workers()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        job.cleanup()
+    assert [w.returncode for w in job.workers] == [0, 0]
+    job.verify(reports, 3)
+    victim_log = (tmp_path / f"w{[w.pid for w in job.workers].index(paused[0])}.log").read_text()
+    assert "dropping uncommitted state and rejoining" in victim_log
+
+
+async def fenced(io: KafkaIO, job: ScaleJob, pid: int) -> bool:
+    """A generation newer than worker ``pid``'s last one owns partition 0 (progress log)."""
+    records = [
+        orjson.loads(r.value) for r in await io.read_topic("__streamkit_progress") if r.key == job.group.encode()
+    ]
+    mine = [r["gen"] for r in records if f"-{pid}-" in r["member"]]
+    return bool(mine) and any(
+        r["gen"] > max(mine) and any(t == job.topic and p == 0 for t, p, _ in r["parts"]) for r in records
+    )
