@@ -58,16 +58,12 @@ class MemberInfo:
     hosted: list[int] = field(default_factory=list)
     # per topic: the layout this member follows; absent: the physical partition count
     layouts: dict[str, TopicShape] = field(default_factory=dict)
-    hosting: int = 0
-    """Processors to host: the ``p`` active ones, plus one joining the job (it bootstraps
-    its keys' state before it gets partitions)."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
             {
                 "p0": self.p0,
                 "p": self.p,
-                "hosting": max(self.hosting, self.p),
                 "hosted": self.hosted,
                 "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
             }
@@ -79,7 +75,7 @@ class MemberInfo:
             return None
         d = orjson.loads(data)
         layouts = {t: TopicShape(v[0], v[1], tuple(v[2]), v[3]) for t, v in d.get("layouts", {}).items()}
-        return cls(d["p0"], d["p"], list(d["hosted"]), layouts, int(d.get("hosting", d["p"])))
+        return cls(d["p0"], d["p"], list(d["hosted"]), layouts)
 
 
 @dataclass
@@ -91,8 +87,6 @@ class ProcessorAssignment:
     p: int
     processors: dict[int, list[PartitionSlot]]
     epochs: dict[str, int] = field(default_factory=dict)
-    hosting: int = 0
-    """Processors hosted by the whole group: ``p`` plus one joining, if any."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -101,7 +95,6 @@ class ProcessorAssignment:
                 "p": self.p,
                 "g": self.generation_hint,
                 "epochs": self.epochs,
-                "hosting": self.hosting,
                 "processors": {
                     str(pid): [
                         [t, part, None if f is None else [f.modulus, sorted(f.residues)]] for t, part, f in slots
@@ -119,7 +112,7 @@ class ProcessorAssignment:
             procs[int(pid)] = [
                 (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1]))) for t, part, f in slots
             ]
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), int(d.get("hosting", d["p"])))
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})))
 
 
 class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
@@ -165,8 +158,7 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
-        hosted = max(p, *(i.hosting for i in infos.values()))
-        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, hosted)
+        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p)
         slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
         for topic, shape in shapes.items():
             for part in shape.draining:  # a draining partition's keys keep their processor
@@ -179,7 +171,7 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             for pid_slots in procs.values():
                 for t, part, _ in pid_slots:
                     by_topic.setdefault(t, set()).add(part)
-            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, hosted)
+            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs)
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

@@ -8,9 +8,10 @@ grows by one at every change. Readers keep, per app, the first record of the hig
 epoch: of two writers of the same epoch the first in the log wins and the other learns
 it on reading back (`ConcurrentJobChangeError`).
 
-While `target > p`, processor `p` (the next one) is *joining*: hosted, rebuilding the
-state of the keys it will take over, without partitions. Its host publishes epoch + 1
-with `p + 1` once it has caught up; the rebalance that follows moves the keys.
+While `target > p`, processor `p` (the next one) is *joining*: hosted beside the
+processor that splits (on the same member, with no rebalance), rebuilding the state of
+the keys it will take over, without partitions. Its host publishes epoch + 1 with `p + 1`
+once it has caught up; the rebalance that follows moves the keys.
 """
 
 from __future__ import annotations

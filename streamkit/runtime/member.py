@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape
+from assignors.linear_hashing import lh_params
 from streamkit.app import App
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
@@ -67,12 +68,14 @@ class GroupMember:
         self._next_gate_poll = 0.0
         self._regate_needed = False
         self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
         s = app.settings
         job = services.jobs.job
-        self.assignor = StreamkitAssignor(MemberInfo(p0=job.p0, p=job.p, layouts=self._shapes(), hosting=job.hosted))
+        self.assignor = StreamkitAssignor(MemberInfo(p0=job.p0, p=job.p, layouts=self._shapes()))
         self.job_p = job.p
         """The job's active processor count in the assignment this member processes."""
-        self._joining: dict[int, asyncio.Task[None]] = {}
+        self._joining: dict[int, tuple[ProcessorState, asyncio.Task[None]]] = {}
+        """A processor joining the job, hosted beside the one that splits (no rebalance)."""
         self.joining: dict[int, dict[str, int]] = {}
         """Bootstrap progress of the joining processors hosted here (status)."""
         self.consumer = AIOKafkaConsumer(
@@ -100,7 +103,7 @@ class GroupMember:
         """The hosted processors that have caught up with the group on every partition
         (a processor still rebuilding its state runs no timer: its state is incomplete)."""
         behind = {id(r.proc) for _, r in self.admission if r.position < r.rebuild_until}
-        return [p for pid, p in self.processors.items() if id(p) not in behind and pid not in self._joining]
+        return [proc for proc in self.processors.values() if id(proc) not in behind]
 
     def hosted(self) -> dict[int, list[tuple[str, int]]]:
         """The (topic, partition)s each hosted processor consumes."""
@@ -123,11 +126,35 @@ class GroupMember:
         self.consumer.subscribe(self.app.input_topics, listener=_Listener(self))
 
     def on_job_change(self, job: JobLayout) -> None:
-        """The job's processor counts changed: join again with them."""
+        """The job changed: a new active count moves partitions (a rebalance); a processor
+        joining starts its bootstrap beside the processor that splits, with no rebalance."""
         info = self.assignor.info
-        info.p, info.hosting = job.p, job.hosted
-        log.info("%s: job epoch %d: %d processors, %d hosted: rebalancing", self.name, job.epoch, job.p, job.hosted)
-        self.consumer._coordinator.request_rejoin()
+        if job.p != info.p:
+            info.p = job.p
+            log.info("%s: job epoch %d has %d processors: rebalancing", self.name, job.epoch, job.p)
+            self.consumer._coordinator.request_rejoin()
+        elif job.joining is not None and self.assigned_generation >= 0:
+            task = asyncio.create_task(self._host_joining_locked(job, self.assigned_generation))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _host_joining_locked(self, job: JobLayout, generation: int) -> None:
+        async with self.services.lock:
+            if generation == self.assigned_generation:  # no rebalance meanwhile
+                await self._host_joining(job, generation)
+
+    async def _host_joining(self, job: JobLayout, generation: int) -> None:
+        """If this member hosts the processor that splits, open the joining one's store here
+        and start its bootstrap (``scaling``). Call with the lock held."""
+        pid = job.joining
+        if pid is None or pid in self._joining or lh_params(job.p0, job.p)[1] not in self.processors:
+            return
+        settings = self.app.settings
+        proc = await ProcessorState.open(
+            pid, self.app.store_path(pid, settings.state_dir), self.app.tables, settings.store_open_timeout
+        )
+        self.assignor.info.hosted = sorted({*self.assignor.info.hosted, pid})  # keep it here at the handover
+        self._joining[pid] = (proc, asyncio.create_task(self._bootstrap(proc, generation)))
 
     def on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """A layout of an input topic changed: re-gate; rejoin if placement changed."""
@@ -159,8 +186,9 @@ class GroupMember:
             self._close_all()
 
     def _close_all(self, discard: bool = False) -> None:
-        for task in self._joining.values():  # waiting for the lock we hold, or fetching
+        for joining, task in self._joining.values():  # the task waits for the lock we hold, or fetches
             task.cancel()
+            joining.close()
         self._joining.clear()
         self.joining.clear()
         for proc in self.processors.values():
@@ -206,8 +234,6 @@ class GroupMember:
                     gone = purge_moved_keys(proc, self.app.tables, assignment.p0, assignment.p)
                     if gone:
                         log.info("%s: processor %d: %d keys moved to new processors, deleted", self.name, pid, gone)
-                if not slots and pid >= assignment.p:  # joining: rebuilds its keys before it gets them
-                    continue
                 behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
                 if behind or rebuild_unfinished(proc.loaded):
                     await self._rebuild(proc, generation)
@@ -236,9 +262,7 @@ class GroupMember:
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
-            for pid in assignment.processors:
-                if pid >= assignment.p and not assignment.processors[pid]:
-                    self._joining[pid] = asyncio.create_task(self._bootstrap(self.processors[pid], generation))
+            await self._host_joining(self.services.jobs.job, generation)
             self.services.beat()
             log.info(
                 "%s: hosts processors %s (generation %d): %s",
@@ -250,9 +274,9 @@ class GroupMember:
             # A layout or job change seen during the rebalance may be newer than the one
             # the leader placed by (aiokafka drops a rejoin request made while joining).
             job = self.services.jobs.job
-            if (job.p, job.hosted) > (assignment.p, assignment.hosting):
-                log.info("%s: assignment placed %d of %d processors, the job has %d of %d: rebalancing again",
-                         self.name, assignment.p, assignment.hosting, job.p, job.hosted)  # fmt: skip
+            if job.p > assignment.p:
+                log.info("%s: assignment placed %d processors, the job has %d: rebalancing again",
+                         self.name, assignment.p, job.p)  # fmt: skip
                 self.consumer._coordinator.request_rejoin()
                 return
             used = assignment.epochs

@@ -3,7 +3,8 @@ purge of keys that moved away.
 
 Growing a job from ``p`` to ``p + 1`` processors moves the keys of one processor (the
 split pointer's) to the new one, processor ``p``. While the job record says processor
-``p`` is joining (``JobLayout.joining``), the member hosting it rebuilds the state of
+``p`` is joining (``JobLayout.joining``), the member hosting the processor that splits
+hosts it too, with no rebalance, and rebuilds the state of
 those keys from the history (S2, ``rebuild``) up to where the running owner is (T1,
 read from the progress log), again and again as the owner moves on, while the owner
 keeps consuming and emitting output for every key. Once the gap is small it publishes
@@ -30,7 +31,7 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.jobmeta import ConcurrentJobChangeError, JobLayout, publish_job
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
-from streamkit.runtime.rebuild import plan_rebuild, rebuild
+from streamkit.runtime.rebuild import RebuildPlan, plan_rebuild, rebuild
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,15 @@ async def bootstrap_joining(
         report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read})
 
     checkpointed(0)
+    first: RebuildPlan | None = None
     while True:
         async with lock:
             await progress.refresh()
         plan = await plan_rebuild(io, proc.id, job.p0, p_new, topics, progress.position)
+        if first is None:
+            first = plan
+        else:  # the partitions it will not own held its keys only before the seals already read
+            plan.targets.update({tp: end for tp, end in first.targets.items() if tp not in plan.owned})
         owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
         replayed += await rebuild(
             io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,

@@ -98,7 +98,7 @@ def _hosting(statuses: list, pid: int) -> int | None:
 def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Path, victim: str) -> None:
     job = ScaleJob(broker, tmp_path)
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
-        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "800"
+        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"
     reports: list = []
 
     async def scenario() -> None:
@@ -154,6 +154,7 @@ def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broke
     given its partitions to a newer generation; woken up (SIGCONT), its checkpoint is
     refused and its state dropped, and the handover completes without it."""
     job = ScaleJob(broker, tmp_path)
+    job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"  # a bootstrap long enough to be paused in
     reports: list = []
     paused: list[int] = []
 
