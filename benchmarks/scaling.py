@@ -78,7 +78,8 @@ async def main(a: argparse.Namespace) -> None:
         app, topic, out = f"scaling-{tag}", f"scaling-in-{tag}", f"scaling-out-{tag}"
         env = dict(os.environ, SK_BENCH_APP=app, SK_BENCH_TOPIC=topic, SK_BENCH_OUT=out, STREAMKIT_BROKER=bootstrap,
                    STREAMKIT_STATE_DIR=str(Path(work) / "state"), STREAMKIT_PROCESSORS="2",
-                   STREAMKIT_SESSION_TIMEOUT_MS="6000", PYTHONPATH=str(ROOT))  # fmt: skip
+                   STREAMKIT_SESSION_TIMEOUT_MS=str(a.session_timeout_ms),
+                   STREAMKIT_HEARTBEAT_INTERVAL_MS=str(a.session_timeout_ms // 10), PYTHONPATH=str(ROOT))  # fmt: skip
         async with KafkaIO(bootstrap) as io:
             await io.create_topic(topic, 4)
             await io.create_topic(out, 4)
@@ -143,7 +144,10 @@ def report(
     if joined is not None and caught is not None:
         replay_rate = int(caught.group(2)) / max(_parse(caught.group(1)) - joined, 1e-9)
     worst, key = stalls(outputs, (t_scale, t_done + 5))
-    table = Table(title=f"live scale-out 2 -> 3 processors at {a.rate:,.0f} records/s, {a.keys:,} keys")
+    table = Table(
+        title=f"live scale-out 2 -> 3 processors at {a.rate:,.0f} records/s, {a.keys:,} keys, "
+        f"session timeout {a.session_timeout_ms} ms"
+    )
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("output records/s before", f"{rate(first + 2, t_scale):,.0f}")
@@ -175,4 +179,8 @@ if __name__ == "__main__":
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--before", type=float, default=20.0, help="seconds of steady load before the scale-out")
     ap.add_argument("--after", type=float, default=20.0, help="seconds of load after the handover")
+    ap.add_argument(
+        "--session-timeout-ms", type=int, default=6000,
+        help="the workers' session timeout (the test broker holds a join for half of it: the handover's pause)",
+    )  # fmt: skip
     asyncio.run(main(ap.parse_args()))
