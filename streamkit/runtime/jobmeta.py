@@ -150,12 +150,24 @@ class JobWatcher:
         self.io = io
         self.job = job
         self._on_change = on_change
+        self._offset = 0  # the jobs log is read on from here: each poll reads only new records
+
+    async def _newest(self) -> JobLayout | None:
+        records, end = await self.io.read(JOBS_TOPIC, 0, self._offset)
+        self._offset = max(self._offset, end)
+        key, newest = self.job.app.encode(), None
+        for rec in records:
+            if rec.key == key and rec.value:
+                job = JobLayout.from_json(self.job.app, rec.value)
+                if job.epoch > (newest or self.job).epoch:
+                    newest = job
+        return newest
 
     async def run(self, interval: float = 0.5) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                newest = await read_job(self.io, self.job.app)
+                newest = await self._newest()
             except Exception as exc:  # noqa: BLE001 - keep watching; the next poll retries
                 log.warning("reading the job record of %s failed: %s", self.job.app, exc)
                 continue

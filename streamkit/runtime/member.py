@@ -292,13 +292,18 @@ class GroupMember:
                     self.consumer._coordinator.request_rejoin()
                     break
 
+    async def _input_topics(self) -> dict[str, tuple[TopicLayout | None, int]]:
+        """Per input topic: its layout (None: a plain topic) and physical partition count."""
+        io, registry = self.services.io, self.services.registry
+        return {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+
     async def _rebuild(self, proc: ProcessorState, generation: int) -> None:
         """Bring a processor whose store is behind the group (new on this machine, or an
         old copy) up to where the group is: from the whole history of its keys, without
         output (``rebuild``)."""
         started = time.monotonic()
         io, registry = self.services.io, self.services.registry
-        topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+        topics = await self._input_topics()
         p0 = self.services.p0
         plan = await plan_rebuild(io, proc.id, p0, self.job_p, topics, self.services.progress.position)
         log.info(
@@ -328,7 +333,7 @@ class GroupMember:
     async def _bootstrap(self, proc: ProcessorState, generation: int) -> None:
         """Bootstrap the joining processor ``proc`` beside the member's loop (``scaling``)."""
         io, registry = self.services.io, self.services.registry
-        topics = {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+        topics = await self._input_topics()
         log.info("%s: processor %d joins the job: rebuilding its keys' state without output, from T2 = %d",
                  self.name, proc.id, sum(proc.positions.values()))  # fmt: skip
 

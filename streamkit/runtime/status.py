@@ -39,7 +39,6 @@ class WorkerStatus:
     last_error: str | None = None
     joining: dict[int, dict[str, int]] = field(default_factory=dict)
     """Processors bootstrapping to join the job: {id: {"t2", "t1", "lag", "replayed"}}."""
-    job_epoch: int = 0
 
     @property
     def stale(self) -> bool:
@@ -58,7 +57,6 @@ def snapshot(
     consecutive_failures: int,
     output: Output,
     joining: Mapping[int, Mapping[str, int]] | None = None,
-    job_epoch: int = 0,
     alive: bool = True,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
@@ -76,7 +74,6 @@ def snapshot(
         consecutive_failures=consecutive_failures,
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
-        job_epoch=job_epoch,
     )
 
 

@@ -108,10 +108,6 @@ class Worker:
         )
         return self.services
 
-    @property
-    def p0(self) -> int:
-        return self.services.p0 if self.services is not None else 0
-
     def _on_job_change(self, job: JobLayout) -> None:
         for member in self.members:
             member.on_job_change(job)
@@ -205,7 +201,6 @@ class Worker:
             consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
             output=self.services.output,
             joining={pid: lag for m in self.members for pid, lag in m.joining.items()},
-            job_epoch=self.services.jobs.job.epoch,
             alive=alive,
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())

@@ -160,6 +160,14 @@ class ScaleJob:
             assert time.monotonic() < deadline, f"not consumed: committed {committed}, high watermarks {hws}"
             await asyncio.sleep(0.2)
 
+    async def finish(self, io: KafkaIO) -> list[dict[str, Any]]:
+        """Let the job grow by 600 more records, stop the producers (their reports), wait until
+        the group consumed everything, stop the workers."""
+        await self.wait_growth(io, 600)
+        reports = await asyncio.to_thread(self.stop_producers)
+        await self.wait_consumed(io)
+        return reports
+
     # -- the checks -----------------------------------------------------------------------
     def verify(self, reports: list[dict[str, Any]], processors: int) -> None:
         """State: the whole stream applied once, each key on its processor only.

@@ -10,7 +10,6 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.producer import Producer
 from streamkit.runtime.worker import Worker
 from streamkit.testing import create_topic, produce_json, read_topic
+from tests.runtime.test_app_api import run_until
 
 
 def make_app(broker: str, name: str, topic: str, state_dir: Path, out: str, ticks: str) -> tuple[Any, dict[str, Any]]:
@@ -52,20 +52,6 @@ def make_app(broker: str, name: str, topic: str, state_dir: Path, out: str, tick
     return app, seen
 
 
-async def run_until(worker: Worker, done: Callable[[], bool], timeout: float = 90.0) -> None:
-    task = asyncio.create_task(worker.run())
-    try:
-        async with asyncio.timeout(timeout):
-            while not done():
-                if task.done():
-                    task.result()
-                    raise AssertionError("worker stopped early")
-                await asyncio.sleep(0.05)
-    finally:
-        worker.stop()
-        await task
-
-
 def stored_counts(state_dir: Path, app: str, processors: int = 2) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
     for pid in range(processors):
@@ -83,7 +69,7 @@ def test_a_worker_on_another_machine_rebuilds_without_output_or_timers(broker: s
     produce_json(broker, topic, first)
     app, seen = make_app(broker, name, topic, tmp_path / "machine-a", out, ticks)
     seen["phase"] = "a"
-    asyncio.run(run_until(Worker(app, 1), lambda: len(seen["handled"]) == len(first)))
+    asyncio.run(run_until(Worker(app, 1), lambda: len(seen["handled"]) == len(first), timeout=90))
     totals_a = stored_counts(tmp_path / "machine-a", name)
 
     later = [(f"k{i % 50}", {"i": i}) for i in range(4000, 4500)]
@@ -91,7 +77,7 @@ def test_a_worker_on_another_machine_rebuilds_without_output_or_timers(broker: s
     app_b, seen_b = make_app(broker, name, topic, tmp_path / "machine-b", out, ticks)
     seen_b["phase"] = "b"
     # every record once through the rebuild, then the 500 new ones with output
-    asyncio.run(run_until(Worker(app_b, 1), lambda: len(seen_b["handled"]) == len(first) + len(later)))
+    asyncio.run(run_until(Worker(app_b, 1), lambda: len(seen_b["handled"]) == len(first) + len(later), timeout=90))
 
     expected = Counter(k for k, _ in first + later)
     rebuilt = stored_counts(tmp_path / "machine-b", name)
@@ -159,7 +145,9 @@ def test_a_rebuild_after_a_shrink_reads_the_drained_partitions(broker: str, tmp_
 
     app_b, _ = make_app(broker, name, topic, tmp_path / "machine-b", out, ticks)
     worker_b = Worker(app_b, 1)
-    asyncio.run(run_until(worker_b, lambda: bool(worker_b.members) and len(worker_b.members[0].serving()) == 2))
+    asyncio.run(
+        run_until(worker_b, lambda: bool(worker_b.members) and len(worker_b.members[0].serving()) == 2, timeout=90)
+    )
     rebuilt = stored_counts(tmp_path / "machine-b", name)
     assert {k: v for pid in rebuilt for k, v in rebuilt[pid].items()} == dict(expected)
     assert rebuilt == original

@@ -68,8 +68,7 @@ def test_processors_grow_live_with_exact_state_and_ordered_output(broker: str, t
                 scales.append(result)
                 assert result.returncode == 0, result.stdout + result.stderr
                 await job.wait_growth(io, 600)
-            reports.extend(await asyncio.to_thread(job.stop_producers))
-            await job.wait_consumed(io)
+            reports.extend(await job.finish(io))
             shown = await asyncio.to_thread(job.status)
             rows = [line.split() for line in shown.splitlines() if "active" in line]
             assert sorted(r[1] for r in rows if r[1].isdigit()) == ["0", "1", "2", "3"], shown
@@ -127,9 +126,7 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
             job.start_worker()
             grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, before.epoch), timeout=90)
             assert grown.p == 3 and grown.target is None
-            await job.wait_growth(io, 600)
-            reports.extend(await asyncio.to_thread(job.stop_producers))
-            await job.wait_consumed(io)
+            reports.extend(await job.finish(io))
         job.stop_workers()
 
     try:
@@ -178,9 +175,7 @@ def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broke
                 os.kill(victim, signal.SIGCONT)  # it wakes up believing it still owns processor 0
             grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, 1), timeout=90)
             assert grown.p == 3
-            await job.wait_growth(io, 600)
-            reports.extend(await asyncio.to_thread(job.stop_producers))
-            await job.wait_consumed(io)
+            reports.extend(await job.finish(io))
         job.stop_workers()
 
     try:
