@@ -21,13 +21,24 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Move:
-    """One step p -> p + 1: the processor that splits, and what goes to the new one."""
+    """One step: p -> p + 1 (processor ``moved`` joins and takes over keys of ``other``, the
+    one that splits) or p -> p - 1 (``moved`` retires, its keys go back to ``other``)."""
 
-    new: int
-    splits: int
+    moved: int
+    other: int
     partitions: dict[str, list[int]]
+    """The partitions whose keys move (the moved processor's)."""
     share: float
     """The share of all keys that moves."""
+    grow: bool
+
+    def describe(self) -> str:
+        parts = "; ".join(f"{t} {ps}" for t, ps in self.partitions.items())
+        if self.grow:
+            what = f"processor {self.moved}: takes over the keys of processor {self.other}"
+        else:
+            what = f"processor {self.moved}: retires, its keys go back to processor {self.other}"
+        return f"{what} in partitions {parts} (about {self.share:.1%} of all keys)"
 
 
 def plan_moves(p0: int, p: int, n: int, topics: dict[str, tuple[int, int]]) -> list[Move]:
@@ -35,12 +46,13 @@ def plan_moves(p0: int, p: int, n: int, topics: dict[str, tuple[int, int]]) -> l
     from assignors.linear_hashing import bucket_modulus, lh_params
     from assignors.placement import partitions_for_processor
 
-    moves = []
-    for q in range(p, n):
-        _, split = lh_params(p0, q)
+    def step(q: int, grow: bool) -> Move:  # processor q joins at count q + 1, or retires from it
         parts = {t: partitions_for_processor(q, n0, active, p0, q + 1) for t, (n0, active) in sorted(topics.items())}
-        moves.append(Move(q, split, parts, 1 / bucket_modulus(q, p0, q + 1)))
-    return moves
+        return Move(q, lh_params(p0, q)[1], parts, 1 / bucket_modulus(q, p0, q + 1), grow)
+
+    if n >= p:
+        return [step(q, True) for q in range(p, n)]
+    return [step(q, False) for q in range(p - 1, n - 1, -1)]
 
 
 def scale(
@@ -76,11 +88,6 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
                 f"cannot scale {app.name} to {n} processors: below its initial count {job.p0} "
                 "(keys are placed by linear hashing over it)"
             )
-        if n < job.p:
-            raise CliError(
-                f"cannot scale {app.name} from {job.p} down to {n} processors: shrinking a job's processors "
-                "is not available yet"
-            )
         if n == job.p:
             console.print(f"job {app.name} has {n} processors already")
             return
@@ -102,11 +109,7 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
                 f"expand it first (streamkit topics expand {topic} --partitions {n})"
             )
         for move in plan_moves(job.p0, job.p, n, topics):
-            parts = "; ".join(f"{t} {ps}" for t, ps in move.partitions.items())
-            console.print(
-                f"processor {move.new}: takes over the keys of processor {move.splits} in partitions {parts} "
-                f"(about {move.share:.1%} of all keys)"
-            )
+            console.print(move.describe())
         started = await publish_job(io, JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, by=f"scale-{time.time()}"))
         console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
         if wait:
@@ -114,7 +117,8 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
 
 
 async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:
-    """Show each joining processor's bootstrap until the job has ``n`` processors."""
+    """Show each bootstrap (a joining processor's, or a shrink's receiving one's) until
+    the job has ``n`` processors."""
     from streamkit.errors import TopicNotFoundError
     from streamkit.runtime.jobmeta import read_job
     from streamkit.runtime.status import read_statuses
@@ -122,10 +126,11 @@ async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: C
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
-        tasks: dict[int, TaskID] = {}
+        tasks: dict[int, TaskID] = {}  # per job epoch of a step: the step's bootstrap
         while True:
             job = await read_job(io, app_name)
             assert job is not None
+            step = job.bootstrap
             try:
                 statuses = await read_statuses(io, app_name)
             except TopicNotFoundError:
@@ -133,17 +138,20 @@ async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: C
             for s in statuses:
                 if not s.alive or s.stale:
                     continue
-                for pid, lag in s.joining.items():
-                    task = tasks.get(pid)
-                    if task is None:
-                        task = tasks[pid] = progress.add_task(f"processor {pid}", total=None, detail="")
-                    done, total = lag.get("t2", 0), lag.get("t1", 0)
-                    detail = f"replayed {lag.get('replayed', 0):,}, {lag.get('lag', 0):,} behind the owner"
-                    progress.update(task, completed=done, total=max(total, 1), detail=detail)
-            for pid, task in tasks.items():
-                if pid < job.p:
+                lag = s.joining.get(step.pid) if step is not None else None
+                if step is None or lag is None:
+                    continue
+                task = tasks.get(job.epoch)
+                if task is None:
+                    what = "joins" if not step.staging else f"receives processor {job.p - 1}'s keys"
+                    task = tasks[job.epoch] = progress.add_task(f"processor {step.pid} {what}", total=None, detail="")
+                done, total = lag.get("t2", 0), lag.get("t1", 0)
+                detail = f"replayed {lag.get('replayed', 0):,}, {lag.get('lag', 0):,} behind the owner"
+                progress.update(task, completed=done, total=max(total, 1), detail=detail)
+            for epoch, task in tasks.items():
+                if epoch < job.epoch:
                     progress.update(task, completed=1, total=1, detail="handed over")
-            if job.p >= n:
+            if job.p == n:
                 break
             if time.monotonic() > deadline:
                 raise CliError(f"job {app_name} has {job.p} of {n} processors after {timeout:.0f} s; still scaling")

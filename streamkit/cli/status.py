@@ -45,22 +45,25 @@ async def _gather(
 
 
 def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
-    """Every processor of the job and its state: active (and where), joining (T2, T1,
-    lag), or not hosted by a live worker."""
+    """Every processor of the job and its state: active (and where), bootstrapping to join
+    or receiving a retiring processor's keys (T2, T1, lag), retiring, or not hosted by a
+    live worker."""
     table = Table(title="processors" + (f" (job epoch {job.epoch}, p0 {job.p0})" if job else ""))
     for col in ("processor", "state", "worker", "detail"):
         table.add_column(col)
     if job is None:
         return table
     live = [s for s in statuses if s.alive and not s.stale]
+    step = job.bootstrap
     for pid in range(job.hosted):
         host = next((s for s in live if pid in s.processors or pid in s.joining), None)
-        if pid == job.joining:
+        state, detail = "active", ""
+        if step is not None and pid == step.pid:
             lag = host.joining.get(pid, {}) if host is not None else {}
-            state = "bootstrapping"
+            state = "receiving" if step.staging else "bootstrapping"
             detail = f"T2 {lag.get('t2', 0):,}, T1 {lag.get('t1', 0):,}, lag {lag.get('lag', 0):,}" if lag else ""
-        else:
-            state, detail = "active", ""
+        elif pid == job.retiring:
+            state, detail = "retiring", f"its keys go back to processor {step.pid if step else '?'}"
         table.add_row(str(pid), state if host is not None else f"{state} (no live worker)",
                       host.worker if host is not None else "-", detail)  # fmt: skip
     if job.target is not None and job.target != job.p:

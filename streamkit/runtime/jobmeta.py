@@ -12,6 +12,12 @@ While `target > p`, processor `p` (the next one) is *joining*: hosted beside the
 processor that splits (on the same member, with no rebalance), rebuilding the state of
 the keys it will take over, without partitions. Its host publishes epoch + 1 with `p + 1`
 once it has caught up; the rebalance that follows moves the keys.
+
+While `target < p`, processor `p - 1` (the last one) is *retiring*: the processor its keys
+came from (the *receiving* one) is rebuilt, beside itself, into a staging store for the
+count `p - 1` (its own keys and the retiring ones); its host publishes epoch + 1 with
+`p - 1` once that has caught up, and the staging store replaces the receiving
+processor's store at the rebalance that follows (`scaling.adopt_store`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from assignors.linear_hashing import lh_params
 from streamkit.errors import JobMismatchError, StreamkitError, TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
 
@@ -54,6 +61,21 @@ class JobLayout:
         return self.p if self.target is not None and self.target > self.p else None
 
     @property
+    def retiring(self) -> int | None:
+        """The processor whose keys go back to the one they came from (None: none)."""
+        return self.p - 1 if self.target is not None and self.target < self.p else None
+
+    @property
+    def bootstrap(self) -> Bootstrap | None:
+        """The processor being rebuilt for the next step of a scale change (None: none)."""
+        if self.joining is not None:
+            return Bootstrap(self.joining, self.p + 1, lh_params(self.p0, self.p)[1], staging=False)
+        if self.retiring is not None:
+            receiving = lh_params(self.p0, self.p - 1)[1]
+            return Bootstrap(receiving, self.p - 1, receiving, staging=True)
+        return None
+
+    @property
     def hosted(self) -> int:
         """Processors hosted by workers: the active ones and the joining one."""
         return self.p + (1 if self.joining is not None else 0)
@@ -71,10 +93,25 @@ class JobLayout:
         p0 = int(d["processors"])
         return cls(app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")))
 
-    def grown(self, by: str) -> JobLayout:
-        """The next epoch: the joining processor is active."""
-        p = self.p + 1
+    def stepped(self, by: str) -> JobLayout:
+        """The next epoch: one step towards the target (a joining processor is active, or a
+        retiring one gone)."""
+        assert self.target is not None and self.target != self.p
+        p = self.p + (1 if self.target > self.p else -1)
         return replace(self, p=p, epoch=self.epoch + 1, target=None if self.target == p else self.target, by=by)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """What a step of a scale change rebuilds: processor ``pid``'s state for ``count``
+    active processors, hosted beside processor ``beside``; into its own store (a joining
+    processor) or a staging store (``staging``: the receiving processor of a shrink, whose
+    own store is live until the handover)."""
+
+    pid: int
+    count: int
+    beside: int
+    staging: bool
 
 
 async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:

@@ -9,23 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape
-from assignors.linear_hashing import lh_params
 from streamkit.app import App
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
-from streamkit.runtime.jobmeta import JobLayout
+from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
-from streamkit.runtime.scaling import bootstrap_joining, purge_moved_keys
+from streamkit.runtime.scaling import (
+    adopt_store,
+    bootstrap_step,
+    delete_retired_stores,
+    key_set_change,
+    purge_moved_keys,
+    staging_path,
+    stored_count,
+)
 from streamkit.runtime.services import Services
 
 log = logging.getLogger(__name__)
@@ -126,14 +135,15 @@ class GroupMember:
         self.consumer.subscribe(self.app.input_topics, listener=_Listener(self))
 
     def on_job_change(self, job: JobLayout) -> None:
-        """The job changed: a new active count moves partitions (a rebalance); a processor
-        joining starts its bootstrap beside the processor that splits, with no rebalance."""
+        """The job changed: a new active count moves partitions (a rebalance); the next step
+        of a scale change starts its bootstrap beside the processor it comes from, with no
+        rebalance."""
         info = self.assignor.info
         if job.p != info.p:
             info.p = job.p
             log.info("%s: job epoch %d has %d processors: rebalancing", self.name, job.epoch, job.p)
             self.consumer._coordinator.request_rejoin()
-        elif job.joining is not None and self.assigned_generation >= 0:
+        elif job.bootstrap is not None and self.assigned_generation >= 0:
             task = asyncio.create_task(self._host_joining_locked(job, self.assigned_generation))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -144,17 +154,40 @@ class GroupMember:
                 await self._host_joining(job, generation)
 
     async def _host_joining(self, job: JobLayout, generation: int) -> None:
-        """If this member hosts the processor that splits, open the joining one's store here
-        and start its bootstrap (``scaling``). Call with the lock held."""
-        pid = job.joining
-        if pid is None or pid in self._joining or lh_params(job.p0, job.p)[1] not in self.processors:
+        """If this member hosts the processor that the scale change's next step comes from,
+        open the store to bootstrap here and start the bootstrap (``scaling``): a joining
+        processor's own store, or the receiving processor's staging store. Call with the
+        lock held."""
+        step = job.bootstrap
+        if step is None or step.pid in self._joining or step.beside not in self.processors:
             return
+        path = self.app.store_path(step.pid, self.app.settings.state_dir)
+        proc = await self._open_store(step.pid, staging_path(path) if step.staging else path, job.p0, step.count)
+        self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
+        self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
+
+    async def _open_store(self, pid: int, path: Path, p0: int, count: int, *, adopt: bool = False) -> ProcessorState:
+        """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
+        processors: a store written for fewer loses the keys that moved away; one written for
+        more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
         settings = self.app.settings
-        proc = await ProcessorState.open(
-            pid, self.app.store_path(pid, settings.state_dir), self.app.tables, settings.store_open_timeout
-        )
-        self.assignor.info.hosted = sorted({*self.assignor.info.hosted, pid})  # keep it here at the handover
-        self._joining[pid] = (proc, asyncio.create_task(self._bootstrap(proc, generation)))
+        proc = await ProcessorState.open(pid, path, self.app.tables, settings.store_open_timeout)
+        stored = stored_count(proc, p0)
+        change = key_set_change(pid, p0, stored, count)
+        if change == "grew":
+            proc.close()
+            if adopt:
+                done = adopt_store(path, count)
+            else:
+                shutil.rmtree(path)
+                done = "emptied, to be rebuilt"
+            log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
+                     self.name, pid, stored, count, done)  # fmt: skip
+            proc = await ProcessorState.open(pid, path, self.app.tables, settings.store_open_timeout)
+        elif change == "shrank":
+            gone = purge_moved_keys(proc, self.app.tables, p0, count)
+            log.info("%s: processor %d: %d keys moved to new processors, deleted", self.name, pid, gone)
+        return proc
 
     def on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """A layout of an input topic changed: re-gate; rejoin if placement changed."""
@@ -222,18 +255,12 @@ class GroupMember:
             self.job_p = assignment.p
             starts: dict[tuple[str, int], int | None] = {}
             for pid, slots in sorted(assignment.processors.items()):
-                proc = await ProcessorState.open(
-                    pid, self.app.store_path(pid, settings.state_dir), self.app.tables, settings.store_open_timeout
-                )
+                path = self.app.store_path(pid, settings.state_dir)
+                proc = await self._open_store(pid, path, assignment.p0, assignment.p, adopt=True)
                 self.processors[pid] = proc
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
-                stored_p = proc.loaded.extra.get("p", None if proc.loaded.is_empty() else assignment.p0)
-                if stored_p is not None and stored_p < assignment.p:
-                    gone = purge_moved_keys(proc, self.app.tables, assignment.p0, assignment.p)
-                    if gone:
-                        log.info("%s: processor %d: %d keys moved to new processors, deleted", self.name, pid, gone)
                 behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
                 if behind or rebuild_unfinished(proc.loaded):
                     await self._rebuild(proc, generation)
@@ -262,7 +289,11 @@ class GroupMember:
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
-            await self._host_joining(self.services.jobs.job, generation)
+            job = self.services.jobs.job
+            await self._host_joining(job, generation)
+            retired = delete_retired_stores(self.app.store_path(0, settings.state_dir).parent, job.hosted)
+            if retired:
+                log.info("%s: deleted the stores of retired processors %s", self.name, retired)
             self.services.beat()
             log.info(
                 "%s: hosts processors %s (generation %d): %s",
@@ -274,7 +305,7 @@ class GroupMember:
             # A layout or job change seen during the rebalance may be newer than the one
             # the leader placed by (aiokafka drops a rejoin request made while joining).
             job = self.services.jobs.job
-            if job.p > assignment.p:
+            if job.p != assignment.p:
                 log.info("%s: assignment placed %d processors, the job has %d: rebalancing again",
                          self.name, assignment.p, job.p)  # fmt: skip
                 self.consumer._coordinator.request_rejoin()
@@ -330,20 +361,22 @@ class GroupMember:
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
         )
 
-    async def _bootstrap(self, proc: ProcessorState, generation: int) -> None:
-        """Bootstrap the joining processor ``proc`` beside the member's loop (``scaling``)."""
+    async def _bootstrap(self, proc: ProcessorState, step: Bootstrap, generation: int) -> None:
+        """Bootstrap ``proc`` for the scale change's next step beside the member's loop
+        (``scaling``)."""
         io, registry = self.services.io, self.services.registry
         topics = await self._input_topics()
-        log.info("%s: processor %d joins the job: rebuilding its keys' state without output, from T2 = %d",
-                 self.name, proc.id, sum(proc.positions.values()))  # fmt: skip
+        what = "receives the retiring processor's keys" if step.staging else "joins the job"
+        log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d",
+                 self.name, proc.id, what, step.count, sum(proc.positions.values()))  # fmt: skip
 
         def report(progress: dict[str, int]) -> None:
             self.joining[proc.id] = progress
             self.services.beat()  # status shows it now, not at the next heartbeat
 
         try:
-            await bootstrap_joining(
-                proc, job=self.services.jobs.job, io=io, registry=registry, progress=self.services.progress,
+            await bootstrap_step(
+                proc, job=self.services.jobs.job, step=step, io=io, registry=registry, progress=self.services.progress,
                 handlers=self.app.handlers, topics=topics, dispatcher=self.dispatcher, lock=self.services.lock,
                 stamp=lambda: (self.layout_epochs, generation), group=self.app.group_id,
                 checkpoint_every=self.app.settings.commit_every, checkpoint_interval=self.app.settings.commit_interval,

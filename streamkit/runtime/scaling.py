@@ -13,22 +13,36 @@ partitions: the old owner checkpoints and lets go at its position, the new owner
 replays the last records up to it without output and goes on from there with output.
 The old owner then deletes the state of the keys that moved (`purge_moved_keys`), so a
 later shrink cannot revive stale values.
+
+Shrinking from ``p`` to ``p - 1`` retires processor ``p - 1``; its keys go back to the
+processor they came from (the *receiving* one, the split pointer of ``p - 1``). The
+receiving processor's store is live, so the bootstrap builds a staging store beside it:
+the receiving processor's whole state for ``p - 1`` processors (its own keys and the
+retiring ones, from S2, positions and all), up to where the two owners are. At the
+handover the staging store replaces the live one (`adopt_store`); the retiring
+processor's store is deleted (`delete_retired_stores`). Rebuilding the receiving
+processor's own keys too costs a second read of its history, and buys one code path: a
+store whose positions say exactly what it has applied, for one key set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import shutil
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
-from assignors.linear_hashing import lh_bucket
+from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash
+from stores.rocksdb import RocksDBStore
 from streamkit.app import HandlerSpec
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.dispatch import Dispatcher
-from streamkit.runtime.jobmeta import ConcurrentJobChangeError, JobLayout, publish_job
+from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLayout, publish_job
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.rebuild import RebuildPlan, plan_rebuild, rebuild
@@ -67,10 +81,77 @@ def purge_moved_keys(proc: ProcessorState, tables: Mapping[str, Table], p0: int,
     return sum(len(d) for d in deletes.values())
 
 
-async def bootstrap_joining(
+STAGING_SUFFIX = ".receiving"
+"""The staging store of a shrink's receiving processor sits beside its store, so named."""
+
+
+def staging_path(store: Path) -> Path:
+    return store.with_name(store.name + STAGING_SUFFIX)
+
+
+def stored_count(proc: ProcessorState, p0: int) -> int | None:
+    """The processor count the store's key set is for (None: an empty store)."""
+    extra = proc.loaded.extra
+    if "p" in extra:
+        return int(extra["p"])
+    if "backfill" in extra:  # a store that a backfill built, not opened since
+        return int(extra["backfill"]["processors"])
+    return None if proc.loaded.is_empty() else p0
+
+
+def key_set_change(pid: int, p0: int, stored: int | None, count: int) -> str | None:
+    """How processor ``pid``'s keys for ``count`` processors differ from those of a store
+    written for ``stored``: "shrank" (some moved away: purge them), "grew" (some came back
+    from a retired processor: the store lacks them), or None (the same keys)."""
+    if stored is None or stored == count:
+        return None
+    had, has = bucket_modulus(pid, p0, stored), bucket_modulus(pid, p0, count)
+    return None if had == has else ("shrank" if has > had else "grew")
+
+
+def adopt_store(path: Path, count: int) -> str:
+    """Make the store at ``path`` hold its processor's keys for ``count`` processors, when it
+    was written for more (the processor receives a retiring one's keys): replace it by its
+    staging store if that was built for ``count``, or else empty it (the member rebuilds it
+    from the whole history). Call with the store closed; returns what was done."""
+    staging = staging_path(path)
+    try:
+        with RocksDBStore.open(str(staging), create=False) as store:
+            ready = store.checkpoint().extra.get("p") == count
+    except Exception:  # noqa: BLE001 - none, held (a bootstrap still running) or broken: rebuild
+        ready = False
+    old = path.with_name(path.name + ".replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)  # a crash from here on leaves no store: rebuilt from the history
+    if ready:
+        staging.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+    return "replaced by its staging store" if ready else "emptied, to be rebuilt"
+
+
+def delete_retired_stores(app_dir: Path, hosted: int) -> list[int]:
+    """Delete the stores of processors ``>= hosted`` (retired by a shrink) that nobody holds;
+    returns their ids."""
+    gone = []
+    for path in sorted(app_dir.glob("processor-*")):
+        m = re.fullmatch(r"processor-(\d+)", path.name)
+        if m is None or int(m.group(1)) < hosted:
+            continue
+        try:
+            RocksDBStore.open(str(path), create=False).close()
+        except Exception:  # noqa: BLE001 - held by a worker, or not a store: leave it
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(int(m.group(1)))
+    return gone
+
+
+async def bootstrap_step(
     proc: ProcessorState,
     *,
     job: JobLayout,
+    step: Bootstrap,
     io: KafkaIO,
     registry: LayoutRegistry,
     progress: ProgressLog,
@@ -86,10 +167,10 @@ async def bootstrap_joining(
     report: Callable[[dict[str, int]], None],
     by: str,
 ) -> JobLayout | None:
-    """Rebuild the joining processor ``proc`` (``job.joining``) until it is within
-    ``HANDOVER_LAG`` records of its keys' owner, then publish the next epoch of the job
+    """Rebuild ``proc`` for ``step.count`` processors (``job.bootstrap``) until it is within
+    ``HANDOVER_LAG`` records of its keys' owners, then publish the next epoch of the job
     (returned; None if another writer changed the job first)."""
-    p_new = proc.id + 1
+    p_new = step.count
     replayed = 0
     owned_t1 = 0
 
@@ -121,10 +202,10 @@ async def bootstrap_joining(
         if t1 - t2 <= HANDOVER_LAG:
             break
     try:
-        grown = await publish_job(io, job.grown(by=by))
+        stepped = await publish_job(io, job.stepped(by=by))
     except ConcurrentJobChangeError as exc:
         log.warning("processor %d caught up but the job changed meanwhile: %s", proc.id, exc)
         return None
     log.info("processor %d caught up (%d records replayed, %d behind): job epoch %d has %d processors",
-             proc.id, replayed, max(0, t1 - t2), grown.epoch, grown.p)  # fmt: skip
-    return grown
+             proc.id, replayed, max(0, t1 - t2), stepped.epoch, stepped.p)  # fmt: skip
+    return stepped

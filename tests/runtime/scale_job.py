@@ -28,7 +28,7 @@ KEYS = 200
 
 
 class ScaleJob:
-    def __init__(self, broker: str, tmp_path: Path, p0: int = 2) -> None:
+    def __init__(self, broker: str, tmp_path: Path, p0: int = 2, partitions: int = 4) -> None:
         tag = uuid.uuid4().hex[:8]
         self.broker = broker
         self.tmp = tmp_path
@@ -36,6 +36,8 @@ class ScaleJob:
         self.out = f"{self.topic}-out"
         self.group = f"streamkit-{self.app}"
         self.p0 = p0
+        self.partitions = partitions
+        """The input topic's physical partitions (its capacity)."""
         self.stop_file = tmp_path / "stop"
         self.env = dict(
             os.environ,
@@ -141,16 +143,17 @@ class ScaleJob:
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.05)
 
-    async def wait_growth(self, io: KafkaIO, more: int, partitions: int = 4) -> None:
-        start = sum((await io.committed(self.group, self.topic, list(range(partitions)))).values())
+    async def wait_growth(self, io: KafkaIO, more: int) -> None:
+        parts = list(range(self.partitions))
+        start = sum((await io.committed(self.group, self.topic, parts)).values())
         deadline = time.monotonic() + 60
-        while sum((await io.committed(self.group, self.topic, list(range(partitions)))).values()) < start + more:
+        while sum((await io.committed(self.group, self.topic, parts)).values()) < start + more:
             assert self.live_workers, "no worker is running"
             assert time.monotonic() < deadline, "the job made no progress"
             await asyncio.sleep(0.1)
 
-    async def wait_consumed(self, io: KafkaIO, partitions: int = 4) -> None:
-        parts = list(range(partitions))
+    async def wait_consumed(self, io: KafkaIO) -> None:
+        parts = list(range(self.partitions))
         deadline = time.monotonic() + 90
         while True:
             committed = await io.committed(self.group, self.topic, parts)
@@ -169,9 +172,11 @@ class ScaleJob:
         return reports
 
     # -- the checks -----------------------------------------------------------------------
-    def verify(self, reports: list[dict[str, Any]], processors: int) -> None:
+    def verify(self, reports: list[dict[str, Any]], processors: int, counts: tuple[int, ...] = ()) -> None:
         """State: the whole stream applied once, each key on its processor only.
-        Output: every input record's output exists, each key's in the producers' order."""
+        Output: every input record's output exists, each key's in the producers' order,
+        and was emitted by a processor that owned the key at one of the job's processor
+        ``counts`` (no other processor ever handled it)."""
         expected: dict[str, dict[str, list[int]]] = {}
         for i, report in enumerate(reports):
             for k in range(min(KEYS, report["sent"])):
@@ -192,9 +197,13 @@ class ScaleJob:
                 return await io.read_topic(self.out)
 
         outputs: dict[tuple[str, str], list[int]] = {}
+        owners = {c: {k: lh_bucket(key_hash(f"k{k}".encode()), self.p0, c) for k in range(KEYS)} for c in counts}
         for rec in asyncio.run(read_out()):
             v = orjson.loads(rec.value)
             outputs.setdefault((rec.key.decode(), v["p"]), []).append(v["seq"])
+            if counts:
+                k = int(rec.key.decode()[1:])
+                assert v["processor"] in {owners[c][k] for c in counts}, f"k{k} handled by processor {v['processor']}"
         for key, per in expected.items():
             for producer, (count, last, _) in per.items():
                 firsts = list(dict.fromkeys(outputs.get((key, producer), [])))

@@ -43,35 +43,46 @@ def test_scale_refusals(broker: str, tmp_path: Path) -> None:
 
 
 async def start(job: ScaleJob, io: KafkaIO, workers: int = 2, producers: int = 2) -> None:
+    """The job on 2 partitions and 2 processors under load, then its topic expanded to 4."""
     async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
-        await co.create(job.topic, 2, capacity=4)
+        await co.create(job.topic, 2, capacity=job.partitions)
         await io.create_topic(job.out, 2)
         for _ in range(workers):
             job.start_worker()
         for _ in range(producers):
             job.start_producer()
-        await job.wait_growth(io, 600, partitions=2)
+        await job.wait_growth(io, 600)
         await co.expand(job.topic, 4)
     await job.wait_growth(io, 600)
 
 
 @pytest.mark.soak
-def test_processors_grow_live_with_exact_state_and_ordered_output(broker: str, tmp_path: Path) -> None:
-    job = ScaleJob(broker, tmp_path)
+def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(broker: str, tmp_path: Path) -> None:
+    """2 -> 3 -> 4 processors, 4 -> 3, the topic expanded from 4 to 6 partitions, 3 -> 4,
+    producers writing all along."""
+    job = ScaleJob(broker, tmp_path, partitions=6)
     scales = []
 
     async def scenario() -> None:
         async with KafkaIO(broker) as io:
             await start(job, io)
-            for n in (3, 4):
+            for n in (3, 4, 3):
                 result = await asyncio.to_thread(job.scale, "--processors", str(n))
                 scales.append(result)
                 assert result.returncode == 0, result.stdout + result.stderr
                 await job.wait_growth(io, 600)
-            reports.extend(await job.finish(io))
+            retired = job.tmp / "state" / job.app / "processor-3"
+            await job.wait_for(io, "the retired processor's store deleted", lambda: _absent(retired))
             shown = await asyncio.to_thread(job.status)
             rows = [line.split() for line in shown.splitlines() if "active" in line]
-            assert sorted(r[1] for r in rows if r[1].isdigit()) == ["0", "1", "2", "3"], shown
+            assert sorted(r[1] for r in rows if r[1].isdigit()) == ["0", "1", "2"], shown
+            async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
+                await co.expand(job.topic, 6)
+            await job.wait_growth(io, 600)
+            result = await asyncio.to_thread(job.scale, "--processors", "4")
+            scales.append(result)
+            assert result.returncode == 0, result.stdout + result.stderr
+            reports.extend(await job.finish(io))
         job.stop_workers()
 
     reports: list = []
@@ -82,9 +93,16 @@ def test_processors_grow_live_with_exact_state_and_ordered_output(broker: str, t
     assert [w.returncode for w in job.workers] == [0, 0]
     assert "processor 2: takes over the keys of processor 0" in scales[0].stdout, scales[0].stdout
     assert "processor 3: takes over the keys of processor 1" in scales[1].stdout, scales[1].stdout
-    job.verify(reports, 4)
+    assert "processor 3: retires, its keys go back to processor 1" in scales[2].stdout, scales[2].stdout
+    assert "3 processors" in scales[2].stdout.splitlines()[-1], scales[2].stdout
+    job.verify(reports, 4, counts=(2, 3, 4))
     logs = job.logs()
-    assert logs.count("caught up") == 2 and "keys moved to new processors, deleted" in logs
+    assert logs.count("caught up") == 4 and "keys moved to new processors, deleted" in logs
+    assert "processor 1's store was for 4 processors, the job has 3: replaced by its staging store" in logs
+
+
+async def _absent(path: Path) -> bool:
+    return not path.exists()
 
 
 def _hosting(statuses: list, pid: int) -> int | None:
