@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -26,15 +24,7 @@ from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
-from streamkit.runtime.scaling import (
-    adopt_store,
-    bootstrap_step,
-    delete_retired_stores,
-    key_set_change,
-    purge_moved_keys,
-    staging_path,
-    stored_count,
-)
+from streamkit.runtime.scaling import bootstrap_step, delete_retired_stores, open_for_count, staging_path
 from streamkit.runtime.services import Services
 
 log = logging.getLogger(__name__)
@@ -162,32 +152,12 @@ class GroupMember:
         if step is None or step.pid in self._joining or step.beside not in self.processors:
             return
         path = self.app.store_path(step.pid, self.app.settings.state_dir)
-        proc = await self._open_store(step.pid, staging_path(path) if step.staging else path, job.p0, step.count)
+        proc = await open_for_count(
+            step.pid, staging_path(path) if step.staging else path, self.app.tables, job.p0, step.count,
+            timeout=self.app.settings.store_open_timeout, log_as=self.name,
+        )  # fmt: skip
         self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
         self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
-
-    async def _open_store(self, pid: int, path: Path, p0: int, count: int, *, adopt: bool = False) -> ProcessorState:
-        """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
-        processors: a store written for fewer loses the keys that moved away; one written for
-        more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
-        settings = self.app.settings
-        proc = await ProcessorState.open(pid, path, self.app.tables, settings.store_open_timeout)
-        stored = stored_count(proc, p0)
-        change = key_set_change(pid, p0, stored, count)
-        if change == "grew":
-            proc.close()
-            if adopt:
-                done = adopt_store(path, count)
-            else:
-                shutil.rmtree(path)
-                done = "emptied, to be rebuilt"
-            log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
-                     self.name, pid, stored, count, done)  # fmt: skip
-            proc = await ProcessorState.open(pid, path, self.app.tables, settings.store_open_timeout)
-        elif change == "shrank":
-            gone = purge_moved_keys(proc, self.app.tables, p0, count)
-            log.info("%s: processor %d: %d keys moved to new processors, deleted", self.name, pid, gone)
-        return proc
 
     def on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """A layout of an input topic changed: re-gate; rejoin if placement changed."""
@@ -256,7 +226,10 @@ class GroupMember:
             starts: dict[tuple[str, int], int | None] = {}
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
-                proc = await self._open_store(pid, path, assignment.p0, assignment.p, adopt=True)
+                proc = await open_for_count(
+                    pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
+                    timeout=settings.store_open_timeout, log_as=self.name,
+                )  # fmt: skip
                 self.processors[pid] = proc
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know

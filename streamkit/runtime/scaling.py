@@ -130,6 +130,39 @@ def adopt_store(path: Path, count: int) -> str:
     return "replaced by its staging store" if ready else "emptied, to be rebuilt"
 
 
+async def open_for_count(
+    pid: int,
+    path: Path,
+    tables: Mapping[str, Table],
+    p0: int,
+    count: int,
+    *,
+    timeout: float,
+    log_as: str,
+    adopt: bool = False,
+) -> ProcessorState:
+    """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
+    processors: a store written for fewer loses the keys that moved away; one written for
+    more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
+    proc = await ProcessorState.open(pid, path, tables, timeout)
+    stored = stored_count(proc, p0)
+    change = key_set_change(pid, p0, stored, count)
+    if change == "grew":
+        proc.close()
+        if adopt:
+            done = adopt_store(path, count)
+        else:
+            shutil.rmtree(path)
+            done = "emptied, to be rebuilt"
+        log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
+                 log_as, pid, stored, count, done)  # fmt: skip
+        proc = await ProcessorState.open(pid, path, tables, timeout)
+    elif change == "shrank":
+        gone = purge_moved_keys(proc, tables, p0, count)
+        log.info("%s: processor %d: %d keys moved to new processors, deleted", log_as, pid, gone)
+    return proc
+
+
 def delete_retired_stores(app_dir: Path, hosted: int) -> list[int]:
     """Delete the stores of processors ``>= hosted`` (retired by a shrink) that nobody holds;
     returns their ids."""

@@ -111,39 +111,52 @@ def _hosting(statuses: list, pid: int) -> int | None:
 
 
 @pytest.mark.soak
+@pytest.mark.parametrize("direction", ["grow", "shrink"])
 @pytest.mark.parametrize("victim", ["bootstrapping", "old owner at the handover", "new owner after the handover"])
-def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Path, victim: str) -> None:
+def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Path, victim: str, direction: str) -> None:
+    """2 -> 3 processors (grow), or 3 -> 2 (shrink), with the worker SIGKILLed while the
+    bootstrap runs, as the handover starts, or right after it."""
     job = ScaleJob(broker, tmp_path)
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
-        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"
+        # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
+        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500" if direction == "grow" else "1500"
+    # grow: processor 2 joins, taking keys of 0; shrink: 2 retires, its keys go back to 0
+    bootstrapped, old_owner, new_owner = (2, 0, 2) if direction == "grow" else (0, 2, 0)
+    counts = (2, 3) if direction == "grow" else (3, 2)
     reports: list = []
 
     async def scenario() -> None:
         async with KafkaIO(broker) as io:
             await start(job, io)
+            if direction == "shrink":
+                assert (await asyncio.to_thread(job.scale, "--processors", "3")).returncode == 0
+                await job.wait_growth(io, 300)
             before = await job.job(io)
-            result = await asyncio.to_thread(job.scale, "--processors", "3", "--no-wait")
+            retiring_host = _hosting(await job.statuses(io), old_owner)
+            result = await asyncio.to_thread(job.scale, "--processors", str(counts[1]), "--no-wait")
             assert result.returncode == 0, result.stderr
 
             async def target() -> int | None:
                 statuses = await job.statuses(io)
+                current = await job.job(io)
                 if victim == "bootstrapping":  # once it has checkpointed some progress (T2 > 0)
-                    host = [s.pid for s in statuses if s.joining.get(2, {}).get("t2", 0) > 0]
-                    return host[0] if host and (await job.job(io)).p == 2 else None
-                if (await job.job(io)).p < 3:
+                    host = [s.pid for s in statuses if s.joining.get(bootstrapped, {}).get("t2", 0) > 0]
+                    return host[0] if host and current.epoch == before.epoch + 1 else None
+                if current.p != counts[1]:
                     return None
-                if victim == "old owner at the handover":
-                    return _hosting(statuses, 0)
-                return _hosting(statuses, 2)
+                if victim == "old owner at the handover":  # a retired processor has no host any more
+                    return _hosting(statuses, old_owner) if direction == "grow" else retiring_host
+                return _hosting(statuses, new_owner)
 
             victim_pid = await job.wait_for(io, f"the {victim}", target)
             if victim == "bootstrapping":
                 shown = await asyncio.to_thread(job.status)
-                assert "bootstrapping" in shown and "scaling 2 -> 3 processors" in shown, shown
+                state = "bootstrapping" if direction == "grow" else "receiving"
+                assert state in shown and f"scaling {counts[0]} -> {counts[1]} processors" in shown, shown
             job.kill9(victim_pid)
             job.start_worker()
-            grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, before.epoch), timeout=90)
-            assert grown.p == 3 and grown.target is None
+            done = await job.wait_for(io, f"{counts[1]} processors", lambda: _scaled(job, io, before.epoch), 90)
+            assert done.p == counts[1] and done.target is None
             reports.extend(await job.finish(io))
         job.stop_workers()
 
@@ -152,15 +165,18 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     finally:
         job.cleanup()
     assert [w.returncode for w in job.workers].count(-9) == 1
-    job.verify(reports, 3)
+    job.verify(reports, counts[1], counts=(2, 3))
     if victim == "bootstrapping":  # the next host went on from the killed one's checkpoint
-        starts = [int(line.rsplit("T2 = ", 1)[1]) for line in job.logs().splitlines() if "joins the job" in line]
+        starts = [
+            int(line.rsplit("T2 = ", 1)[1]) for line in job.logs().splitlines() if "rebuilding its state for" in line
+        ]
         assert len(starts) >= 2 and starts[-1] > 0, starts
 
 
-async def _grown(job: ScaleJob, io: KafkaIO, epoch: int):  # noqa: ANN202 - JobLayout | None
+async def _scaled(job: ScaleJob, io: KafkaIO, epoch: int):  # noqa: ANN202 - JobLayout | None
+    """The job once a scale change started after ``epoch`` is done."""
     current = await job.job(io)
-    return current if current.p == 3 and current.epoch > epoch else None
+    return current if current.target is None and current.epoch > epoch else None
 
 
 @pytest.mark.soak
@@ -191,7 +207,7 @@ def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broke
                 await job.wait_for(io, "a newer generation to own partition 0", lambda: fenced(io, job, victim), 90)
             finally:
                 os.kill(victim, signal.SIGCONT)  # it wakes up believing it still owns processor 0
-            grown = await job.wait_for(io, "3 processors", lambda: _grown(job, io, 1), timeout=90)
+            grown = await job.wait_for(io, "3 processors", lambda: _scaled(job, io, 1), timeout=90)
             assert grown.p == 3
             reports.extend(await job.finish(io))
         job.stop_workers()
