@@ -56,7 +56,7 @@ def _run(
     with Staging(app_dir, fail_at=plan.fail_at, keep_backup=plan.keep_backup) as staging:
         if staging.recovered:
             warnings.append("rolled back a publish that an earlier backfill left unfinished")
-        staging.check_live_unlocked(range(plan.p))
+        staging.check_live_unlocked(range(plan.first, plan.p), below=plan.first)
         staging.prepare_sst_dirs(range(plan.p), plan.tables)
         sc = spark.sparkContext
         acc = sc.accumulator(0.0)
@@ -144,17 +144,17 @@ def _run(
         # -- stores --------------------------------------------------------------------------
         extra = {"backfill": {"mode": plan.mode, "tables": sorted(plan.tables), "p0": plan.p0, "processors": plan.p}}
         all_tables = sorted(app.tables)
-        with reporter.phase("build", f"ingest SST files into {plan.p} fresh store(s)"):
-            for proc in range(plan.p):
+        with reporter.phase("build", f"ingest SST files into {plan.p - plan.first} fresh store(s)"):
+            for proc in range(plan.first, plan.p):
                 files = {t: sorted(fs) for t, fs in ssts[proc].items()}
                 checkpoint = Checkpoint(positions=per_proc[proc], layout_epochs=dict(plan.layout_epochs), extra=extra)
                 path = staging.build_store(proc, all_tables, files, checkpoint)
                 if plan.verify_unique:
                     _verify_unique(path, files, ssts_keys[proc])
-                if proc == 0:
+                if proc == plan.first:
                     check_fail("build", plan.fail_at)
         with reporter.phase("publish", "swap the new stores in atomically"):
-            published = staging.publish(plan.p)
+            published = staging.publish(plan.p, first=plan.first)
     seconds = time.perf_counter() - t_start
     timings = dict(reporter.timings)
     timings["tasks_stage_a_cpu"] = float(acc.value) + fused_a

@@ -41,6 +41,8 @@ class _Plan:
     topic_partitions: dict[str, tuple[int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verify_unique: bool = False  # fused mode 1: check that no key was written twice
+    first: int = 0
+    """The first processor whose store is built (those below belong to a running job)."""
 
 
 def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
@@ -77,11 +79,15 @@ def _resolve_app(app: App | str) -> tuple[App, str | None]:
     return app, _find_ref(app)
 
 
-def _counts(app: App, p0: int | None, processors: int | None, broker: str | None) -> tuple[int, int, list[str]]:
-    """The job's initial processor count p0 and the current count p, checked against (and
-    recorded in) the cluster when a broker is known: placement of every key depends on
-    p0, so a backfill made for one p0 must never be opened by a job running another."""
+def _counts(app: App, p0: int | None, processors: int | None, broker: str | None) -> tuple[int, int, int, list[str]]:
+    """The job's initial processor count p0, the count p the stores are built for, and the
+    first processor to build, checked against (and recorded in) the cluster when a broker
+    is known: placement of every key depends on p0, so a backfill made for one p0 must
+    never be opened by a job running another. A job recorded with fewer processors than
+    p keeps its processors' stores: only those of the processors that do not exist yet
+    are built (``streamkit scale`` bootstraps them from there)."""
     notes: list[str] = []
+    running: int | None = None
     bootstrap = broker or app.settings.broker
     configured = p0 if p0 is not None else app.processor_count
     if bootstrap is None:
@@ -100,27 +106,28 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
 
         from streamkit.errors import JobMismatchError
         from streamkit.kafkaio import KafkaIO
-        from streamkit.runtime.jobmeta import recorded_processor_count, resolve_processor_count
+        from streamkit.runtime.jobmeta import JobLayout, read_job, resolve_job
 
-        async def recorded() -> int | None:
+        async def recorded() -> JobLayout | None:
             async with KafkaIO(bootstrap) as io:
-                return await recorded_processor_count(io, app.name)
+                return await read_job(io, app.name)
 
-        async def resolve(configured: int) -> int:
+        async def resolve(configured: int) -> JobLayout:
             async with KafkaIO(bootstrap) as io:
-                return await resolve_processor_count(io, app.name, configured, configured)
+                return await resolve_job(io, app.name, configured, configured)
 
         try:
             if configured is None:
-                p0 = asyncio.run(recorded())
-                if p0 is None:
+                job = asyncio.run(recorded())
+                if job is None:
                     raise ConfigError(
                         f"job {app.name!r} has not started yet and does not fix its processor count; "
                         "pass p0= (CLI: --p0)"
                     )
             else:
                 # records p0 for a job that has not started yet: its workers must then agree
-                p0 = asyncio.run(resolve(configured))
+                job = asyncio.run(resolve(configured))
+            p0, running = job.p0, job.p
         except JobMismatchError as exc:
             message = str(exc).split(". The initial")[0].replace("this worker is configured with", "this backfill uses")
             raise ConfigError(f"{message}; a backfill must use the job's initial processor count") from None
@@ -133,7 +140,14 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
     p = processors if processors is not None else p0
     if p0 < 1 or p < p0:
         raise ConfigError(f"processor counts must satisfy 1 <= p0 <= processors, got p0={p0}, processors={p}")
-    return int(p0), int(p), notes
+    first = 0
+    if running is not None and running < p:
+        first = running
+        notes.append(
+            f"job {app.name!r} runs {running} processors: only the stores of processors {first}..{p - 1} are "
+            f"built (the others are left as they are); streamkit scale --processors {p} bootstraps them from there"
+        )
+    return int(p0), int(p), first, notes
 
 
 def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:

@@ -115,7 +115,7 @@ def backfill_replay(
         raise ConfigError("offset_col needs partition_col (offsets are per partition)")
     if any(app_obj.tables[n].window is not None for n in names) and timestamp_col is None:
         raise ConfigError("a windowed table needs the records' timestamps: give timestamp_col")
-    p0_, p, notes = _counts(app_obj, p0, processors, broker)
+    p0_, p, first, notes = _counts(app_obj, p0, processors, broker)
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
@@ -137,6 +137,7 @@ def backfill_replay(
         keep_backup=keep_backup,
         topic_partitions=_layouts(topic_partitions),
         notes=notes,
+        first=first,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(

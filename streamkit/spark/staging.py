@@ -334,10 +334,12 @@ class Staging:
             for t in tables:
                 self.sst_dir(p, t).mkdir(parents=True, exist_ok=True)
 
-    def check_live_unlocked(self, procs: Iterable[int]) -> None:
-        """Fail fast (before any work) if a running processor holds a live store."""
+    def check_live_unlocked(self, procs: Iterable[int], below: int = 0) -> None:
+        """Fail fast (before any work) if a running processor holds a live store that the
+        backfill replaces (``procs``) or removes (any other, except those ``< below``)."""
         dirs = live_store_dirs(self.app_dir)
-        paths = {dirs.get(p, self.app_dir / f"processor-{p}") for p in procs} | set(dirs.values())
+        others = {path for p, path in dirs.items() if p >= below}
+        paths = {dirs.get(p, self.app_dir / f"processor-{p}") for p in procs} | others
         for path in sorted(paths):
             if path.exists():
                 try:
@@ -363,8 +365,9 @@ class Staging:
         _write_atomic(path / MARKER_FILE, json.dumps(marker).encode())
         return path
 
-    def publish(self, count: int) -> list[Path]:
-        """Replace the live stores by the staged stores of processors ``0..count-1``.
+    def publish(self, count: int, first: int = 0) -> list[Path]:
+        """Replace the live stores by the staged stores of processors ``first..count-1``
+        (those below ``first`` belong to a running job and are left alone).
 
         Live stores of processors >= ``count`` are removed too (they would hold state of
         keys that now live elsewhere). Returns the live paths published.
@@ -372,7 +375,7 @@ class Staging:
         app_dir = self.app_dir
         existing = live_store_dirs(app_dir)
         moves: list[_Move] = []
-        for proc in range(count):
+        for proc in range(first, count):
             live = app_dir / f"processor-{proc}"
             staged = self.staged_store(proc)
             if not staged.is_dir():

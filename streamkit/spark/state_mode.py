@@ -97,7 +97,7 @@ def backfill_state(
         if len(inputs) != 1:
             raise ConfigError(f"offset_col needs topic= or topic_col (app consumes {inputs})")
         topic = inputs[0]
-    p0_, p, notes = _counts(app_obj, p0, processors, broker)
+    p0_, p, first, notes = _counts(app_obj, p0, processors, broker)
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
@@ -119,6 +119,7 @@ def backfill_state(
         keep_backup=keep_backup,
         topic_partitions=_layouts(topic_partitions),
         notes=notes,
+        first=first,
     )
     if not plan.positions and offset_col is None and not from_start:
         raise ConfigError(

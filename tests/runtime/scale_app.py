@@ -8,17 +8,26 @@ from typing import Any
 
 import streamkit
 
-app = streamkit.App(os.environ.get("SK_TEST_APP", "scale"), commit_interval=0.3)
-source = app.topic(os.environ.get("SK_TEST_TOPIC", "scale-input"))
-out = app.topic(os.environ.get("SK_TEST_OUT", "scale-output"))
-# key -> {producer: [count, last seq, disorder]}
-seen = app.table("seen", default=dict)
+
+def make_app(name: str, topic: str, out: str) -> streamkit.App:
+    app = streamkit.App(name, commit_interval=0.3)
+    source = app.topic(topic)
+    # key -> {producer: [count, last seq, disorder]}
+    seen = app.table("seen", default=dict)
+
+    @app.processor(source)
+    def track(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+        state = seen[key]
+        count, last, disorder = state.get(value["p"], (0, -1, 0))
+        state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
+        seen[key] = state
+        ctx.send(out, key, {"p": value["p"], "seq": value["seq"], "processor": ctx.processor})
+
+    return app
 
 
-@app.processor(source)
-def track(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
-    state = seen[key]
-    count, last, disorder = state.get(value["p"], (0, -1, 0))
-    state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
-    seen[key] = state
-    ctx.send(out, key, {"p": value["p"], "seq": value["seq"], "processor": ctx.processor})
+app = make_app(
+    os.environ.get("SK_TEST_APP", "scale"),
+    os.environ.get("SK_TEST_TOPIC", "scale-input"),
+    os.environ.get("SK_TEST_OUT", "scale-output"),
+)

@@ -172,16 +172,30 @@ class ScaleJob:
         return reports
 
     # -- the checks -----------------------------------------------------------------------
-    def verify(self, reports: list[dict[str, Any]], processors: int, counts: tuple[int, ...] = ()) -> None:
+    def app_object(self) -> Any:
+        """The job's App, as its workers load it."""
+        from tests.runtime.scale_app import make_app
+
+        return make_app(self.app, self.topic, self.out)
+
+    def verify(
+        self,
+        reports: list[dict[str, Any]],
+        processors: int,
+        counts: tuple[int, ...] = (),
+        producers: list[str] | None = None,
+    ) -> None:
         """State: the whole stream applied once, each key on its processor only.
         Output: every input record's output exists, each key's in the producers' order,
         and was emitted by a processor that owned the key at one of the job's processor
-        ``counts`` (no other processor ever handled it)."""
+        ``counts`` (no other processor ever handled it). ``producers``: the name of each
+        report's producer (default p0, p1, ...)."""
         expected: dict[str, dict[str, list[int]]] = {}
-        for i, report in enumerate(reports):
+        names = producers or [f"p{i}" for i in range(len(reports))]
+        for name, report in zip(names, reports, strict=True):
             for k in range(min(KEYS, report["sent"])):
                 seqs = range(k, report["sent"], KEYS)
-                expected.setdefault(f"k{k}", {})[f"p{i}"] = [len(seqs), seqs[-1], 0]
+                expected.setdefault(f"k{k}", {})[name] = [len(seqs), seqs[-1], 0]
         state: dict[str, Any] = {}
         for pid in range(processors):
             with RocksDBStore.open(str(self.tmp / "state" / self.app / f"processor-{pid}"), ["seen"]) as store:
