@@ -29,3 +29,8 @@ class JobMismatchError(StreamkitError):
 
 class ReplayError(StreamkitError):
     """A handler did something the offline replay (Spark backfill) cannot reproduce."""
+
+
+class HistoryTruncatedError(StreamkitError):
+    """The input history a rebuild needs is no longer in the topic (retention, deleted
+    records): rebuilding from what is left would build incomplete state."""

@@ -15,8 +15,11 @@ from streamkit.cli import CliError
 from streamkit.loader import load_app
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from streamkit.app import App
     from streamkit.kafkaio import KafkaIO
+    from streamkit.layout.model import TopicLayout
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,11 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
         try:
             await registry.refresh()
             topics: dict[str, tuple[int, int]] = {}
+            shapes = {}
             for topic, physical in (await io.partition_counts(app.input_topics)).items():
                 layout = registry.get(topic)
                 topics[topic] = (layout.n0, layout.active) if layout is not None else (physical, physical)
+                shapes[topic] = (layout, physical)
         finally:
             await registry.stop()
         short = {t: active for t, (_, active) in topics.items() if active < n}
@@ -110,10 +115,32 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
             )
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
+        await _check_history(io, app, job.p0, job.p, n, shapes)
         started = await publish_job(io, JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, by=f"scale-{time.time()}"))
         console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
         if wait:
             await _follow(io, app.name, n, timeout, console)
+
+
+async def _check_history(
+    io: KafkaIO, app: App, p0: int, p: int, n: int, shapes: Mapping[str, tuple[TopicLayout | None, int]]
+) -> None:
+    """Refuse a change whose bootstraps would need history that is gone from the input
+    topics (above the stores' positions: 0, or what a backfill wrote on this machine)."""
+    from streamkit.errors import HistoryTruncatedError
+    from streamkit.runtime.jobmeta import JobLayout
+    from streamkit.runtime.rebuild import check_history, plan_rebuild
+    from streamkit.runtime.scaling import staging_path, store_positions
+
+    job = JobLayout(app.name, p0, p, target=n)
+    while (step := job.bootstrap) is not None:
+        path = app.store_path(step.pid)
+        plan = await plan_rebuild(io, step.pid, p0, step.count, shapes, lambda *_: 1 << 62)
+        try:
+            await check_history(io, plan, store_positions(staging_path(path) if step.staging else path))
+        except HistoryTruncatedError as exc:
+            raise CliError(f"cannot scale {app.name} to {n} processors: {exc}") from None
+        job = job.stepped(by="")
 
 
 async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:

@@ -289,6 +289,24 @@ class KafkaIO:
                     return int(part[-1] if len(part) <= 4 else part[3])
         raise KafkaIOError(f"cannot read the high watermark of {topic}[{partition}]: {for_code(err).__name__}")
 
+    async def log_start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Each partition's log start offset (ListOffsets, earliest): records below it are
+        gone (retention, deleted records)."""
+        out: dict[int, int] = {}
+        for partition in sorted(set(partitions)):
+            node = await self._leader(TopicPartition(topic, partition))
+            resp = await self.client.send(node, OffsetRequest(-1, 0, [(topic, [(partition, -2)])]))
+            for _t, parts in resp.topics:
+                for part in parts:
+                    if part[0] == partition:
+                        if part[1] != 0:
+                            raise KafkaIOError(
+                                f"cannot read the log start offset of {topic}[{partition}]: "
+                                f"{for_code(part[1]).__name__}"
+                            )
+                        out[partition] = int(part[-1] if len(part) <= 4 else part[3])
+        return out
+
     async def high_watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         parts = sorted(set(partitions))
         hws = await asyncio.gather(*(self.high_watermark(topic, p) for p in parts))

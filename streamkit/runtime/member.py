@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape
 from streamkit.app import App
+from streamkit.errors import HistoryTruncatedError
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
@@ -59,6 +60,8 @@ class GroupMember:
         """The generation whose assignment this member processes: what its checkpoints are
         stamped with (the coordinator's own value is reset to -1 when it loses the group)."""
         self.zombie_rejections = 0
+        self.fatal: Exception | None = None
+        """What a rebalance callback could not recover from; the loop raises it."""
         self.awaiting_records = False
         """In ``getmany``, outside any batch: cancelling the loop here loses nothing.  During
         a rebalance ``getmany`` waits for the new assignment, however long that takes."""
@@ -236,7 +239,11 @@ class GroupMember:
                         await registry.ensure_at_least(topic, epoch)
                 behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
                 if behind or rebuild_unfinished(proc.loaded):
-                    await self._rebuild(proc, generation)
+                    try:
+                        await self._rebuild(proc, generation)
+                    except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
+                        self.fatal = exc
+                        return
                 for topic, part, key_filter in slots:
                     if key_filter is not None:
                         raise NotImplementedError(
@@ -357,6 +364,9 @@ class GroupMember:
             )  # fmt: skip
         except asyncio.CancelledError:
             raise
+        except HistoryTruncatedError as exc:  # the job goes on as it is; the scale change waits
+            log.error("%s: the scale change cannot go on: %s", self.name, exc)
+            report({"truncated": 1})
         except Exception:
             log.exception("%s: the bootstrap of processor %d failed; it is retried at the next rebalance",
                           self.name, proc.id)  # fmt: skip
@@ -382,6 +392,8 @@ class GroupMember:
                 batch = await consumer.getmany(timeout_ms=100 if self.admission.gated else 200)
             finally:
                 self.awaiting_records = False
+            if self.fatal is not None:
+                raise self.fatal
             if batch:
                 async with lock:
                     await self._handle(batch)

@@ -13,6 +13,9 @@ when the rebuild starts, for the others), and applies only the processor's keys:
   keys came from are read to their seals, with this reader's own positions;
 - with no output, no dead letters (sent when the records were first handled) and no
   timers (the processor is not hosted yet);
+- never from a history that is no longer all there: a partition whose log starts above
+  the store's position (retention, deleted records) refuses the rebuild
+  (``HistoryTruncatedError``) rather than build incomplete state;
 - checkpointing the store as it goes, marked as a rebuild in progress, so that a
   rebuild killed midway resumes from where it got (T2), and the processor does not
   take its partitions over with half its state.
@@ -38,6 +41,7 @@ from assignors.linear_hashing import bucket_modulus
 from assignors.placement import KeyFilter, partitions_for_processor, processor_key_sources
 from stores.base import Checkpoint
 from streamkit.app import HandlerSpec
+from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
@@ -109,6 +113,40 @@ async def plan_rebuild(
     return plan
 
 
+def history_gaps(
+    plan: RebuildPlan, positions: Mapping[tuple[str, int], int], starts: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, tuple[int, int]]:
+    """The partitions of ``plan`` whose log starts above where the store is (T2), with both
+    offsets: the records in between are gone, and a rebuild would miss them."""
+    gaps = {}
+    for tp in sorted(plan.targets):
+        at, start = positions.get((tp.topic, tp.partition), 0), starts.get(tp, 0)
+        if start > at and plan.targets[tp] > at:
+            gaps[tp] = (start, at)
+    return gaps
+
+
+def truncated_message(processor: int, gaps: Mapping[TopicPartition, tuple[int, int]]) -> str:
+    where = ", ".join(
+        f"{tp.topic}[{tp.partition}] starts at offset {s}, the store is at {t2}" for tp, (s, t2) in gaps.items()
+    )
+    return (
+        f"the input history that processor {processor}'s state is rebuilt from is gone ({where}); "
+        "seed its store from a copy of the history with a Spark backfill (streamkit backfill)"
+    )
+
+
+async def check_history(io: KafkaIO, plan: RebuildPlan, positions: Mapping[tuple[str, int], int]) -> None:
+    """Refuse (``HistoryTruncatedError``) a rebuild whose history is no longer all there."""
+    starts: dict[TopicPartition, int] = {}
+    for topic in sorted({tp.topic for tp in plan.targets}):
+        parts = [tp.partition for tp in plan.targets if tp.topic == topic]
+        starts.update({TopicPartition(topic, p): s for p, s in (await io.log_start_offsets(topic, parts)).items()})
+    gaps = history_gaps(plan, positions, starts)
+    if gaps:
+        raise HistoryTruncatedError(truncated_message(plan.processor, gaps))
+
+
 class _Reader:
     """What admission drives, for a reader that fetches by itself: pause and resume flags
     (a seek goes where the route's position already is: the next fetch starts there)."""
@@ -151,6 +189,7 @@ async def rebuild(
     running beside the member's own loop: a bootstrap). ``max_rate``: records/s at most.
     ``on_checkpoint(read)`` is called after each checkpoint before the last.
     """
+    await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
     admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}")

@@ -89,6 +89,15 @@ def staging_path(store: Path) -> Path:
     return store.with_name(store.name + STAGING_SUFFIX)
 
 
+def store_positions(path: Path) -> dict[tuple[str, int], int]:
+    """The positions of the store at ``path`` if it exists and nobody holds it (else none)."""
+    try:
+        with RocksDBStore.open(str(path), create=False) as store:
+            return dict(store.checkpoint().positions)
+    except Exception:  # noqa: BLE001 - none, or held by a worker: from the start
+        return {}
+
+
 def stored_count(proc: ProcessorState, p0: int) -> int | None:
     """The processor count the store's key set is for (None: an empty store)."""
     extra = proc.loaded.extra

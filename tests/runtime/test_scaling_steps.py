@@ -89,3 +89,52 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
     assert kept and kept == {k for k in keys if lh_bucket(key_hash(k), 2, 3) == 0}
     assert asyncio.run(reopen(3)) == kept  # the same count again: nothing changes
     assert asyncio.run(reopen(2)) == set()  # keys came back, no staging store: rebuilt from the history
+
+
+class _TruncatedTopic:
+    """The two reads the history check makes, of a topic whose retention removed the
+    first 500 records of partition 2 (the test broker keeps every record: it has no
+    retention and no DeleteRecords)."""
+
+    async def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 1000)
+
+    async def log_start_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return {p: 500 if p == 2 else 0 for p in partitions}
+
+
+def test_scale_refuses_when_the_history_a_bootstrap_needs_is_gone(tmp_path: Path) -> None:
+    from streamkit.cli import CliError
+    from streamkit.cli.scale import _check_history
+
+    app = streamkit.App("trunc", state_dir=tmp_path)
+    app.table("seen")
+    shapes = {"t": (None, 4)}
+    # 2 -> 3: processor 2 rebuilds from partitions 0 and 2 (where its keys are): refused
+    with pytest.raises(CliError) as refused:
+        asyncio.run(_check_history(_TruncatedTopic(), app, 2, 2, 3, shapes))  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "cannot scale trunc to 3 processors: the input history that processor 2's state is rebuilt from is gone "
+        "(t[2] starts at offset 500, the store is at 0); seed its store from a copy of the history with a Spark "
+        "backfill (streamkit backfill)"
+    )
+    # 3 -> 4 (processor 3: partitions 1 and 3) needs none of what is gone
+    asyncio.run(_check_history(_TruncatedTopic(), app, 2, 3, 4, shapes))  # type: ignore[arg-type]
+    # a store seeded up to offset 600 of partition 2 (a backfill) needs none of it either
+    with RocksDBStore.open(str(app.store_path(2)), ["seen"]) as store:
+        store.commit({}, Checkpoint(positions={("t", 2): 600, ("t", 0): 400}))
+    asyncio.run(_check_history(_TruncatedTopic(), app, 2, 2, 3, shapes))  # type: ignore[arg-type]
+
+
+def test_log_start_offsets_are_read_from_the_broker(broker: str) -> None:
+    from streamkit.kafkaio import KafkaIO
+    from streamkit.testing import create_topic, produce_json, unique_topic_name
+
+    topic = create_topic(broker, unique_topic_name("log-start"), 2)
+    produce_json(broker, topic, [(f"k{i}", {"i": i}) for i in range(20)])
+
+    async def read() -> dict[int, int]:
+        async with KafkaIO(broker) as io:
+            return await io.log_start_offsets(topic, [0, 1])
+
+    assert asyncio.run(read()) == {0: 0, 1: 0}
