@@ -116,7 +116,8 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
         await _check_history(io, app, job.p0, job.p, n, shapes)
-        started = await publish_job(io, JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, by=f"scale-{time.time()}"))
+        change = JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics))
+        started = await publish_job(io, change)
         console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
         if wait:
             await _follow(io, app.name, n, timeout, console)

@@ -54,6 +54,8 @@ class JobLayout:
     target: int | None = None
     """The processor count a scale change aims at (None: none under way)."""
     by: str = ""
+    topics: tuple[str, ...] = ()
+    """The job's input topics (a topic shrink keeps at least as many partitions as processors)."""
 
     @property
     def joining(self) -> int | None:
@@ -83,7 +85,7 @@ class JobLayout:
     def to_json(self) -> bytes:
         body: dict[str, Any] = {
             "processors": self.p0, "p": self.p, "epoch": self.epoch, "target": self.target,
-            "by": self.by, "ts": time.time(),
+            "by": self.by, "ts": time.time(), "topics": list(self.topics),
         }  # fmt: skip
         return orjson.dumps(body)
 
@@ -91,7 +93,8 @@ class JobLayout:
     def from_json(cls, app: str, data: bytes) -> JobLayout:
         d = orjson.loads(data)
         p0 = int(d["processors"])
-        return cls(app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")))
+        topics = tuple(d.get("topics", ()))
+        return cls(app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")), topics)
 
     def stepped(self, by: str) -> JobLayout:
         """The next epoch: one step towards the target (a joining processor is active, or a
@@ -114,20 +117,30 @@ class Bootstrap:
     staging: bool
 
 
-async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
-    """The job's newest record (None: the job never started)."""
+async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:
+    """Every job's newest record, by app name."""
     try:
         records = await io.read_topic(JOBS_TOPIC)
     except TopicNotFoundError:
-        return None
-    key = app_name.encode()
-    newest: JobLayout | None = None
+        return {}
+    newest: dict[str, JobLayout] = {}
     for rec in records:
-        if rec.key == key and rec.value:
-            job = JobLayout.from_json(app_name, rec.value)
-            if newest is None or job.epoch > newest.epoch:
-                newest = job
+        if rec.key and rec.value:
+            name = rec.key.decode()
+            job = JobLayout.from_json(name, rec.value)
+            if name not in newest or job.epoch > newest[name].epoch:
+                newest[name] = job
     return newest
+
+
+async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
+    """The job's newest record (None: the job never started)."""
+    return (await read_jobs(io)).get(app_name)
+
+
+async def jobs_reading(io: KafkaIO, topic: str) -> dict[str, int]:
+    """The jobs that read ``topic`` and the most processors each runs or aims at."""
+    return {name: max(job.p, job.target or 0) for name, job in (await read_jobs(io)).items() if topic in job.topics}
 
 
 async def publish_job(io: KafkaIO, job: JobLayout) -> JobLayout:
@@ -153,7 +166,9 @@ async def recorded_processor_count(io: KafkaIO, app_name: str) -> int | None:
     return None if job is None else job.p0
 
 
-async def resolve_job(io: KafkaIO, app_name: str, configured: int | None, default: int) -> JobLayout:
+async def resolve_job(
+    io: KafkaIO, app_name: str, configured: int | None, default: int, topics: tuple[str, ...] = ()
+) -> JobLayout:
     """Return the job's record, writing the first one on first start; refuse a worker
     configured with another initial processor count."""
     job = await read_job(io, app_name)
@@ -161,7 +176,7 @@ async def resolve_job(io: KafkaIO, app_name: str, configured: int | None, defaul
         claim = configured if configured is not None else default
         await io.create_topic(JOBS_TOPIC, 1)
         try:
-            job = await publish_job(io, JobLayout(app_name, claim, claim, 1, None, by="first start"))
+            job = await publish_job(io, JobLayout(app_name, claim, claim, 1, None, by="first start", topics=topics))
         except ConcurrentJobChangeError:  # another worker's first start won
             job = await read_job(io, app_name)
             assert job is not None

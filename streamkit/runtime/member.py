@@ -345,7 +345,6 @@ class GroupMember:
         """Bootstrap ``proc`` for the scale change's next step beside the member's loop
         (``scaling``)."""
         io, registry = self.services.io, self.services.registry
-        topics = await self._input_topics()
         what = "receives the retiring processor's keys" if step.staging else "joins the job"
         log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d",
                  self.name, proc.id, what, step.count, sum(proc.positions.values()))  # fmt: skip
@@ -357,7 +356,8 @@ class GroupMember:
         try:
             await bootstrap_step(
                 proc, job=self.services.jobs.job, step=step, io=io, registry=registry, progress=self.services.progress,
-                handlers=self.app.handlers, topics=topics, dispatcher=self.dispatcher, lock=self.services.lock,
+                handlers=self.app.handlers, topics=self._input_topics, dispatcher=self.dispatcher,
+                lock=self.services.lock,
                 stamp=lambda: (self.layout_epochs, generation), group=self.app.group_id,
                 checkpoint_every=self.app.settings.commit_every, checkpoint_interval=self.app.settings.commit_interval,
                 max_rate=self.app.settings.bootstrap_rate, report=report, by=self.name,

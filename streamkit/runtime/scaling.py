@@ -31,7 +31,7 @@ import asyncio
 import logging
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from assignors.linear_hashing import bucket_modulus, lh_bucket
@@ -198,7 +198,7 @@ async def bootstrap_step(
     registry: LayoutRegistry,
     progress: ProgressLog,
     handlers: Mapping[str, list[HandlerSpec]],
-    topics: Mapping[str, tuple[TopicLayout | None, int]],
+    topics: Callable[[], Awaitable[Mapping[str, tuple[TopicLayout | None, int]]]],
     dispatcher: Dispatcher,
     lock: asyncio.Lock,
     stamp: Callable[[], tuple[Mapping[str, int], int]],
@@ -225,11 +225,13 @@ async def bootstrap_step(
     while True:
         async with lock:
             await progress.refresh()
-        plan = await plan_rebuild(io, proc.id, job.p0, p_new, topics, progress.position)
+        # the input topics as they are now: a layout change between rounds changes S1 and S2
+        plan = await plan_rebuild(io, proc.id, job.p0, p_new, await topics(), progress.position)
         if first is None:
             first = plan
-        else:  # the partitions it will not own held its keys only before the seals already read
-            plan.targets.update({tp: end for tp, end in first.targets.items() if tp not in plan.owned})
+        else:  # partitions it never owned held its keys only before the seals the first round read
+            earlier = {tp: end for tp, end in first.targets.items() if tp not in plan.owned and tp not in first.owned}
+            plan.targets.update(earlier)
         owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
         replayed += await rebuild(
             io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,

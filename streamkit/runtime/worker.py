@@ -82,7 +82,9 @@ class Worker:
         for topic in counts:
             if (layout := registry.get(topic)) is not None:
                 initial[topic], active[topic] = layout.n0, layout.active
-        job = await resolve_job(io, app.name, app.settings.processors, initial[app.input_topics[0]])
+        job = await resolve_job(
+            io, app.name, app.settings.processors, initial[app.input_topics[0]], tuple(app.input_topics)
+        )
         too_few = {t: n for t, n in active.items() if n < job.p}
         if too_few:
             raise ConfigError(
