@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaProducer
 
 from assignors.linear_hashing import lh_params
 from streamkit.errors import JobMismatchError, StreamkitError, TopicNotFoundError
-from streamkit.kafkaio import KafkaIO
+from streamkit.kafkaio import FetchedRecord, KafkaIO
 
 JOBS_TOPIC = "__streamkit_jobs"
 
@@ -117,12 +117,8 @@ class Bootstrap:
     staging: bool
 
 
-async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:
-    """Every job's newest record, by app name."""
-    try:
-        records = await io.read_topic(JOBS_TOPIC)
-    except TopicNotFoundError:
-        return {}
+def newest_jobs(records: Iterable[FetchedRecord]) -> dict[str, JobLayout]:
+    """Per app, the first record of the highest epoch among ``records`` of the jobs log."""
     newest: dict[str, JobLayout] = {}
     for rec in records:
         if rec.key and rec.value:
@@ -131,6 +127,14 @@ async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:
             if name not in newest or job.epoch > newest[name].epoch:
                 newest[name] = job
     return newest
+
+
+async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:
+    """Every job's newest record, by app name."""
+    try:
+        return newest_jobs(await io.read_topic(JOBS_TOPIC))
+    except TopicNotFoundError:
+        return {}
 
 
 async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
@@ -207,13 +211,8 @@ class JobWatcher:
     async def _newest(self) -> JobLayout | None:
         records, end = await self.io.read(JOBS_TOPIC, 0, self._offset)
         self._offset = max(self._offset, end)
-        key, newest = self.job.app.encode(), None
-        for rec in records:
-            if rec.key == key and rec.value:
-                job = JobLayout.from_json(self.job.app, rec.value)
-                if job.epoch > (newest or self.job).epoch:
-                    newest = job
-        return newest
+        newest = newest_jobs(records).get(self.job.app)
+        return newest if newest is not None and newest.epoch > self.job.epoch else None
 
     async def run(self, interval: float = 0.5) -> None:
         while True:

@@ -344,32 +344,19 @@ class GroupMember:
     async def _bootstrap(self, proc: ProcessorState, step: Bootstrap, generation: int) -> None:
         """Bootstrap ``proc`` for the scale change's next step beside the member's loop
         (``scaling``)."""
-        io, registry = self.services.io, self.services.registry
-        what = "receives the retiring processor's keys" if step.staging else "joins the job"
-        log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d",
-                 self.name, proc.id, what, step.count, sum(proc.positions.values()))  # fmt: skip
 
         def report(progress: dict[str, int]) -> None:
             self.joining[proc.id] = progress
             self.services.beat()  # status shows it now, not at the next heartbeat
 
-        try:
-            await bootstrap_step(
-                proc, job=self.services.jobs.job, step=step, io=io, registry=registry, progress=self.services.progress,
-                handlers=self.app.handlers, topics=self._input_topics, dispatcher=self.dispatcher,
-                lock=self.services.lock,
-                stamp=lambda: (self.layout_epochs, generation), group=self.app.group_id,
-                checkpoint_every=self.app.settings.commit_every, checkpoint_interval=self.app.settings.commit_interval,
-                max_rate=self.app.settings.bootstrap_rate, report=report, by=self.name,
-            )  # fmt: skip
-        except asyncio.CancelledError:
-            raise
-        except HistoryTruncatedError as exc:  # the job goes on as it is; the scale change waits
-            log.error("%s: the scale change cannot go on: %s", self.name, exc)
-            report({"truncated": 1})
-        except Exception:
-            log.exception("%s: the bootstrap of processor %d failed; it is retried at the next rebalance",
-                          self.name, proc.id)  # fmt: skip
+        await bootstrap_step(
+            proc, job=self.services.jobs.job, step=step, io=self.services.io, registry=self.services.registry,
+            progress=self.services.progress, handlers=self.app.handlers, topics=self._input_topics,
+            dispatcher=self.dispatcher, lock=self.services.lock, stamp=lambda: (self.layout_epochs, generation),
+            group=self.app.group_id, checkpoint_every=self.app.settings.commit_every,
+            checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
+            report=report, by=self.name,
+        )  # fmt: skip
 
     async def _regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""

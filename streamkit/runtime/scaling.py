@@ -38,6 +38,7 @@ from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash
 from stores.rocksdb import RocksDBStore
 from streamkit.app import HandlerSpec
+from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
@@ -211,40 +212,57 @@ async def bootstrap_step(
 ) -> JobLayout | None:
     """Rebuild ``proc`` for ``step.count`` processors (``job.bootstrap``) until it is within
     ``HANDOVER_LAG`` records of its keys' owners, then publish the next epoch of the job
-    (returned; None if another writer changed the job first)."""
-    p_new = step.count
-    replayed = 0
-    owned_t1 = 0
+    (returned; None if another writer changed the job first, or the bootstrap failed: a
+    history that is gone stalls the change, another failure is retried at the next
+    rebalance). ``by``: the host, in logs and in the job record."""
+    what = "receives the retiring processor's keys" if step.staging else "joins the job"
+    log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d",
+             by, proc.id, what, step.count, sum(proc.positions.values()))  # fmt: skip
+    try:
+        p_new = step.count
+        replayed = 0
+        owned_t1 = 0
 
-    def checkpointed(read: int) -> None:
-        t2 = sum(proc.positions.values())
-        report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read})
+        def checkpointed(read: int) -> None:
+            t2 = sum(proc.positions.values())
+            report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read})
 
-    checkpointed(0)
-    first: RebuildPlan | None = None
-    while True:
-        async with lock:
-            await progress.refresh()
-        # the input topics as they are now: a layout change between rounds changes S1 and S2
-        plan = await plan_rebuild(io, proc.id, job.p0, p_new, await topics(), progress.position)
-        if first is None:
-            first = plan
-        else:  # partitions it never owned held its keys only before the seals the first round read
-            earlier = {tp: end for tp, end in first.targets.items() if tp not in plan.owned and tp not in first.owned}
-            plan.targets.update(earlier)
-        owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
-        replayed += await rebuild(
-            io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,
-            group=group, checkpoint_every=checkpoint_every, extra={"p": p_new}, lock=lock,
-            checkpoint_interval=checkpoint_interval, max_rate=max_rate, on_checkpoint=checkpointed,
-        )  # fmt: skip
-        async with lock:
-            await progress.refresh()
-        t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
-        t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
-        report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed})
-        if t1 - t2 <= HANDOVER_LAG:
-            break
+        checkpointed(0)
+        first: RebuildPlan | None = None
+        while True:
+            async with lock:
+                await progress.refresh()
+            # the input topics as they are now: a layout change between rounds changes S1 and S2
+            plan = await plan_rebuild(io, proc.id, job.p0, p_new, await topics(), progress.position)
+            if first is None:
+                first = plan
+            else:  # partitions it never owned held its keys only before the seals the first round read
+                earlier = {
+                    tp: end for tp, end in first.targets.items() if tp not in plan.owned and tp not in first.owned
+                }
+                plan.targets.update(earlier)
+            owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
+            replayed += await rebuild(
+                io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,
+                group=group, checkpoint_every=checkpoint_every, extra={"p": p_new}, lock=lock,
+                checkpoint_interval=checkpoint_interval, max_rate=max_rate, on_checkpoint=checkpointed,
+            )  # fmt: skip
+            async with lock:
+                await progress.refresh()
+            t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
+            t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
+            report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed})
+            if t1 - t2 <= HANDOVER_LAG:
+                break
+    except asyncio.CancelledError:
+        raise
+    except HistoryTruncatedError as exc:  # the job goes on as it is; the scale change waits
+        log.error("%s: the scale change cannot go on: %s", by, exc)
+        report({"truncated": 1})
+        return None
+    except Exception:
+        log.exception("%s: the bootstrap of processor %d failed; it is retried at the next rebalance", by, proc.id)
+        return None
     try:
         stepped = await publish_job(io, job.stepped(by=by))
     except ConcurrentJobChangeError as exc:
