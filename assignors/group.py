@@ -87,6 +87,8 @@ class ProcessorAssignment:
     p: int
     processors: dict[int, list[PartitionSlot]]
     epochs: dict[str, int] = field(default_factory=dict)
+    sharers: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
+    """Per shared partition of this member's processors: every processor sharing it."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -101,6 +103,7 @@ class ProcessorAssignment:
                     ]
                     for pid, slots in self.processors.items()
                 },
+                "sharers": [[t, part, list(pids)] for (t, part), pids in sorted(self.sharers.items())],
             }
         )
 
@@ -112,7 +115,8 @@ class ProcessorAssignment:
             procs[int(pid)] = [
                 (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1]))) for t, part, f in slots
             ]
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})))
+        sharers = {(t, part): tuple(pids) for t, part, pids in d.get("sharers", ())}
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers)
 
 
 class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
@@ -164,14 +168,22 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             for part in shape.draining:  # a draining partition's keys keep their processor
                 for pid, key_filter in processors_for_partition(part, shape.n0, part + 1, p0, p).items():
                     slots.setdefault(pid, []).append((topic, part, key_filter))
+        sharers: dict[tuple[str, int], list[int]] = {}
+        for pid, pid_slots in sorted(slots.items()):
+            for t, part, key_filter in pid_slots:
+                if key_filter is not None:
+                    sharers.setdefault((t, part), []).append(pid)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, pids in hosting.items():
             procs = {pid: slots.get(pid, []) for pid in pids}
             by_topic: dict[str, set[int]] = {}
+            mine: dict[tuple[str, int], tuple[int, ...]] = {}
             for pid_slots in procs.values():
-                for t, part, _ in pid_slots:
+                for t, part, key_filter in pid_slots:
                     by_topic.setdefault(t, set()).add(part)
-            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs)
+                    if key_filter is not None:
+                        mine[(t, part)] = tuple(sharers[(t, part)])
+            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, mine)
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

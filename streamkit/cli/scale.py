@@ -106,13 +106,6 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
                 shapes[topic] = (layout, physical)
         finally:
             await registry.stop()
-        short = {t: active for t, (_, active) in topics.items() if active < n}
-        if short:
-            topic, active = sorted(short.items())[0]
-            raise CliError(
-                f"cannot scale {app.name} to {n} processors: topic {topic} has {active} active partitions; "
-                f"expand it first (streamkit topics expand {topic} --partitions {n})"
-            )
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
         await _check_history(io, app, job.p0, job.p, n, shapes)

@@ -10,23 +10,39 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from assignors.placement import processors_for_partition
 from streamkit.app import App
 from streamkit.cli import CliError
 from streamkit.errors import TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
+from streamkit.layout.registry import LayoutRegistry
 from streamkit.loader import load_app
 from streamkit.runtime.jobmeta import JobLayout, read_job
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
+Gathered = tuple[
+    list[WorkerStatus],
+    dict[tuple[str, int], tuple[int | None, int]],
+    Counter[str],
+    JobLayout | None,
+    dict[str, tuple[int, int]],
+]
 
-async def _gather(
-    app: App, bootstrap: str
-) -> tuple[list[WorkerStatus], dict[tuple[str, int], tuple[int | None, int]], Counter[str], JobLayout | None]:
+
+async def _gather(app: App, bootstrap: str) -> Gathered:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
         counts = await io.partition_counts(app.input_topics)
+        registry = LayoutRegistry(bootstrap, client_id="streamkit-status", io=io)
+        await registry.start()
+        try:
+            await registry.refresh()
+            initial = {t: lay.n0 if (lay := registry.get(t)) is not None else n for t, n in counts.items()}
+            active = {t: lay.active if (lay := registry.get(t)) is not None else n for t, n in counts.items()}
+        finally:
+            await registry.stop()
         for topic, n in sorted(counts.items()):
             committed = await io.committed(app.group_id, topic, range(n))
             hws = await io.high_watermarks(topic, range(n))
@@ -41,7 +57,7 @@ async def _gather(
                 reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
         except TopicNotFoundError:  # no dead letter yet
             pass
-    return statuses, offsets, reasons, job
+    return statuses, offsets, reasons, job, {t: (initial[t], active[t]) for t in counts}
 
 
 def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
@@ -71,6 +87,19 @@ def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Tab
     return table
 
 
+def key_ranges(job: JobLayout | None, shape: tuple[int, int] | None, partition: int) -> str:
+    """Which processors own which keys of an active partition: "all" (one processor),
+    or "shared" and each sharer's hash class (a shared task)."""
+    if job is None or shape is None or partition >= shape[1]:
+        return ""
+    sharers = processors_for_partition(partition, shape[0], shape[1], job.p0, job.p)
+    if len(sharers) == 1:
+        return "all"
+    return "shared: " + ", ".join(
+        f"{pid} h%{f.modulus}={min(f.residues)}" for pid, f in sorted(sharers.items()) if f is not None
+    )
+
+
 def status(
     app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
@@ -81,15 +110,14 @@ def status(
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    statuses, offsets, reasons, job = asyncio.run(_gather(app, bootstrap))
+    statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
 
-    owner = {
-        (t, p): pid
-        for s in statuses
-        if s.alive and not s.stale
-        for pid, parts in s.processors.items()
-        for t, p in parts
-    }
+    owners: dict[tuple[str, int], set[int]] = {}
+    for s in statuses:
+        if s.alive and not s.stale:
+            for pid, hosted in s.processors.items():
+                for t, p in hosted:
+                    owners.setdefault((t, p), set()).add(pid)
     workers = Table(title=f"app {app.name}: workers")
     for col in ("worker", "state", "processors", "handled", "dead letters", "failing run", "last error"):
         workers.add_column(col)
@@ -108,14 +136,15 @@ def status(
             (s.last_error or "")[:60],
         )
     parts = Table(title="partitions")
-    for col in ("topic", "partition", "processor", "committed", "high watermark", "lag"):
-        parts.add_column(col, justify="right" if col not in ("topic",) else "left")
+    for col in ("topic", "partition", "processor", "keys", "committed", "high watermark", "lag"):
+        parts.add_column(col, justify="left" if col in ("topic", "keys") else "right")
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
         parts.add_row(
             topic,
             str(partition),
-            str(owner.get((topic, partition), "-")),
+            ", ".join(map(str, sorted(owners.get((topic, partition), ())))) or "-",
+            key_ranges(job, shapes.get(topic), partition),
             "-" if com is None else str(com),
             str(hw),
             str(lag),

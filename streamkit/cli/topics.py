@@ -120,16 +120,6 @@ def shrink(
 
     async def go() -> Any:
         async with _coordinator(broker, ack_timeout) as co:
-            from streamkit.runtime.jobmeta import jobs_reading
-
-            more = {name: p for name, p in (await jobs_reading(co.io, topic)).items() if p > partitions}
-            if more:
-                name, p = sorted(more.items())[0]
-                raise CliError(
-                    f"cannot shrink {topic} to {partitions} partitions: job {name} reads it with {p} processors "
-                    f"(each processor needs a partition of its own); scale it down first "
-                    f"(streamkit scale MODULE:APP --processors {partitions})"
-                )
             return await co.shrink(topic, partitions, delay=delay)
 
     res = _run(go)

@@ -38,7 +38,7 @@ from aiokafka import TopicPartition
 from assignors.murmur2 import key_hash, key_hash_cached
 from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
-from streamkit.layout.gating import GateTracker
+from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import PRODUCER_HEADER, classify_record, record_epoch, violation_record
 from streamkit.runtime.routes import Route, epoch_stamp
@@ -81,13 +81,19 @@ class GateEvents:
 
 
 class Admission:
-    """The routes of one member's assigned partitions and what each may deliver."""
+    """The routes of one member's assigned partitions and what each may deliver.
+
+    A partition has one route per hosted processor that reads it: one for a whole
+    partition, several for a shared task (each with its key filter and its own position).
+    The partition is fetched once, from the lowest of its routes' positions, and every
+    route admits the records of the answer on its own (a route ahead drops what it
+    applied already)."""
 
     def __init__(self, consumer: ConsumerControl, *, group: str, name: str) -> None:
         self.consumer = consumer
         self.group = group
         self.name = name
-        self.routes: dict[TopicPartition, Route] = {}
+        self.routes: dict[TopicPartition, list[Route]] = {}
         self.trackers: dict[str, GateTracker] = {}
         self.gated = False
         """Some partition is held by its gate: re-gate often (the group's positions move)."""
@@ -97,7 +103,11 @@ class Admission:
         """(topic, partition, seconds gated) of every gate that opened."""
 
     def add(self, tp: TopicPartition, route: Route) -> None:
-        self.routes[tp] = route
+        self.routes.setdefault(tp, []).append(route)
+
+    def fetch_position(self, tp: TopicPartition) -> int:
+        """Where the consumer reads ``tp`` from: the lowest position of its routes."""
+        return min(r.position for r in self.routes[tp])
 
     def clear(self) -> None:
         self.routes.clear()
@@ -105,15 +115,22 @@ class Admission:
             tracker.reset()
 
     def __iter__(self) -> Iterator[tuple[TopicPartition, Route]]:
-        return iter(self.routes.items())
+        return ((tp, route) for tp, routes in self.routes.items() for route in routes)
 
     # -- per batch ----------------------------------------------------------------------
-    def admit(self, tp: TopicPartition, fetched: list[Any]) -> tuple[Route, Admitted] | None:
-        """Steps 1-5 of the module docstring for one partition's records (None: nothing
-        to do, e.g. fetched before a rebalance took the partition away)."""
-        route = self.routes.get(tp)
-        if route is None or not fetched:
-            return None
+    def admit(self, tp: TopicPartition, fetched: list[Any]) -> list[tuple[Route, Admitted]]:
+        """Steps 1-5 of the module docstring for one partition's records, per route
+        (none: nothing to do, e.g. fetched before a rebalance took the partition away)."""
+        if not fetched:
+            return []
+        out = []
+        for route in self.routes.get(tp, ()):
+            admitted = self._admit(tp, route, fetched)
+            if admitted is not None:
+                out.append((route, admitted))
+        return out
+
+    def _admit(self, tp: TopicPartition, route: Route, fetched: list[Any]) -> Admitted | None:
         pos = route.position
         records = fetched
         if records[0].offset < pos:
@@ -126,8 +143,11 @@ class Admission:
                 return None
         checked = records
         records, stop_at, late = self._gate_and_check(tp, route, records)
-        if route.key_filter is not None and records:
+        if route.key_filter is not None:  # a shared task: only this processor's keys
             records = _keys_of(route.key_filter, route.null_keys, records)
+            if late:
+                kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late])}
+                late = [(r, report) for r, report in late if id(r) in kept]
         if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
         rebuild: list[Any] = []
@@ -140,12 +160,12 @@ class Admission:
             if route.limit is not None and stop_at >= route.limit:
                 self.consumer.pause(tp)
                 self.gated = True
-        return route, Admitted(rebuild, records, late, next_pos, len(checked))
+        return Admitted(rebuild, records, late, next_pos, len(checked))
 
     def take_stale_epochs(self) -> dict[str, int]:
         """Per topic, the newest layout epoch records named beyond ours (then forgotten)."""
         stale: dict[str, int] = {}
-        for tp, route in self.routes.items():
+        for tp, route in self:
             if route.stale_epoch is not None:
                 stale[tp.topic] = max(stale.get(tp.topic, 0), route.stale_epoch)
                 route.stale_epoch = None
@@ -240,58 +260,62 @@ class Admission:
         gated = False
         for topic in sorted({tp.topic for tp in self.routes}):
             layout = layout_of(topic)
-            mine = {tp.partition: r for tp, r in self.routes.items() if tp.topic == topic}
+            mine = {tp.partition: routes for tp, routes in self.routes.items() if tp.topic == topic}
             if layout is None:
                 continue
-            local = {p: r.position for p, r in mine.items()}
+            local = {p: min(r.position for r in routes) for p, routes in mine.items()}
             group = dict(group_positions(topic))
             for p, pos in local.items():
                 group[p] = pos if history else max(group.get(p, 0), pos)
             tracker = self.trackers.setdefault(topic, GateTracker())
             update = tracker.update(layout, mine, group, local, history=history)
             for p, gate in update.state.gates.items():
-                tp, route = TopicPartition(topic, p), mine[p]
-                if route.layout is not layout:
-                    route.layout = layout
-                    route.epoch_bytes = epoch_stamp(layout)
-                pos = local[p]
-                if pos < gate.start:  # records below belong to an earlier incarnation
-                    if pos > 0:
-                        log.warning(
-                            "%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
-                            "below the start of its current incarnation",
-                            self.name,
-                            pos,
-                            gate.start - 1,
-                            topic,
-                            p,
-                        )
-                    route.position = pos = gate.start
-                    self.consumer.seek(tp, pos)
-                limit = gate.start if gate.skip else gate.limit
-                self._note_gate_wait(tp, route.limit, limit)
-                if limit != route.limit:
-                    log.info(
-                        "%s: %s[%d] at %d: gate %s -> %s%s",
-                        self.name,
-                        topic,
-                        p,
-                        pos,
-                        route.limit,
-                        limit,
-                        f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "",
-                    )
-                route.limit = limit
-                if limit is not None and pos >= limit:
+                tp = TopicPartition(topic, p)
+                held = [self._apply_gate(tp, route, layout, gate) for route in mine[p]]
+                if all(held):  # every route of the partition is at its limit
                     self.consumer.pause(tp)
-                    gated = True
                 else:
                     self.consumer.resume(tp)
-                    gated = gated or limit is not None
+                gated = gated or any(r.limit is not None for r in mine[p])
             events.revoked.update(TopicPartition(topic, p) for p in update.fire_revoked)
             events.assigned.update(TopicPartition(topic, p) for p in update.fire_assigned)
         self.gated = gated
         return events
+
+    def _apply_gate(self, tp: TopicPartition, route: Route, layout: TopicLayout, gate: PartitionGate) -> bool:
+        """Set one route's gate; whether the route is held at its limit now."""
+        if route.layout is not layout:
+            route.layout = layout
+            route.epoch_bytes = epoch_stamp(layout)
+        pos = route.position
+        if pos < gate.start:  # records below belong to an earlier incarnation
+            if pos > 0:
+                log.warning(
+                    "%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "
+                    "below the start of its current incarnation",
+                    self.name,
+                    pos,
+                    gate.start - 1,
+                    tp.topic,
+                    tp.partition,
+                )
+            route.position = pos = gate.start
+            self.consumer.seek(tp, self.fetch_position(tp))
+        limit = gate.start if gate.skip else gate.limit
+        self._note_gate_wait(tp, route.limit, limit)
+        if limit != route.limit:
+            log.info(
+                "%s: %s[%d] at %d: gate %s -> %s%s",
+                self.name,
+                tp.topic,
+                tp.partition,
+                pos,
+                route.limit,
+                limit,
+                f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "",
+            )
+        route.limit = limit
+        return limit is not None and pos >= limit
 
     def _note_gate_wait(self, tp: TopicPartition, old: int | None, new: int | None) -> None:
         if new is not None and old is None:

@@ -9,7 +9,8 @@
    A stamp older than the store's is refused (`ZombieError`). After a crash, reopening
    gives exactly the state of having applied every record before those positions once.
 3. The positions are recorded in the progress log (generation-fenced: what gating and
-   rebuilding hosts read) and committed as the group's Kafka offsets (what tools read).
+   rebuilding hosts read) and committed as the group's Kafka offsets (what tools read;
+   for a shared partition, the lowest of its sharers' positions in the progress log).
    A crash between 2 and 3 leaves the group behind the store, never ahead: the store
    wins on restart.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -44,30 +46,43 @@ class ZombieCheckpointError(StreamkitError):
     """A newer generation of the group owns partitions this member still processes."""
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One assigned partition of one processor, as the commit sequence sees it."""
+
+    tp: TopicPartition
+    proc: ProcessorState
+    committed: int
+    """The group's committed offset for this processor, as last known."""
+    sharers: tuple[int, ...] = ()
+    """Every processor sharing the partition by key range (empty: a whole partition)."""
+
+
 async def checkpoint(
     *,
     member: str,
     generation: int,
     layout_epochs: Mapping[str, int],
     processors: Iterable[ProcessorState],
-    positions: Mapping[TopicPartition, tuple[ProcessorState, int]],
+    slots: Iterable[Slot],
     progress: ProgressLog,
     flush_output: Callable[[], Awaitable[None]],
     commit_offsets: CommitOffsets,
     extra: Mapping[str, Any] | None = None,
-) -> dict[TopicPartition, int]:
-    """Steps 0-3 above for one member; returns the positions committed (beyond the last
-    known commit of each partition).
+) -> dict[tuple[TopicPartition, int], int]:
+    """Steps 0-3 above for one member; returns the positions committed per (partition,
+    processor), beyond the last known commit of each.
 
-    ``positions``: per assigned partition, its processor and the group's committed
-    offset as last known (only partitions whose processor moved past it are committed).
+    ``slots``: the assigned partitions (only those whose processor moved past its last
+    commit are committed).
     ``extra`` goes into every store checkpoint (the job's processor count).
     """
     processors = list(processors)
     if not processors:
         return {}
     t0 = time.monotonic()
-    parts = [(tp.topic, tp.partition) for tp in positions]
+    slots = list(slots)
+    parts = sorted({(s.tp.topic, s.tp.partition) for s in slots})
     await progress.refresh()
     newest = progress.newest_generation(parts)
     if newest > generation:
@@ -86,19 +101,29 @@ async def checkpoint(
             )
             check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
             proc.commit(new)
-    committed: dict[TopicPartition, int] = {}
-    for tp, (proc, last_commit) in positions.items():
-        pos = proc.positions.get((tp.topic, tp.partition))
-        if pos is not None and pos > last_commit:
-            committed[tp] = pos
+    committed: dict[tuple[TopicPartition, int], int] = {}
+    whole: dict[tuple[str, int], int | None] = {}
+    shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
+    for slot in slots:
+        pos = slot.proc.positions.get((slot.tp.topic, slot.tp.partition))
+        if pos is not None and pos > slot.committed:
+            committed[(slot.tp, slot.proc.id)] = pos
+            if slot.sharers:
+                shares[(slot.tp.topic, slot.tp.partition, slot.proc.id)] = (pos, slot.sharers)
+            else:
+                whole[(slot.tp.topic, slot.tp.partition)] = pos
     t3 = time.monotonic()
     if not committed:
         return committed
-    await progress.record(member, generation, epochs, {(tp.topic, tp.partition): o for tp, o in committed.items()})
+    await progress.record(member, generation, epochs, whole, shares)
     t4 = time.monotonic()
     meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
+    offsets = {
+        tp: OffsetAndMetadata(o, meta) for tp, _ in committed if (o := progress.position(tp.topic, tp.partition))
+    }
     try:
-        await commit_offsets({tp: OffsetAndMetadata(o, meta) for tp, o in committed.items()})
+        if offsets:  # a shared partition's position waits for every sharer's first commit
+            await commit_offsets(offsets)
     except (CommitFailedError, IllegalStateError, KafkaError) as exc:
         # The store and the progress log hold the checkpoint; Kafka catches up next time.
         log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)

@@ -55,7 +55,7 @@ class JobLayout:
     """The processor count a scale change aims at (None: none under way)."""
     by: str = ""
     topics: tuple[str, ...] = ()
-    """The job's input topics (a topic shrink keeps at least as many partitions as processors)."""
+    """The job's input topics (what `status` and operators read of it)."""
 
     @property
     def joining(self) -> int | None:
@@ -140,11 +140,6 @@ async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:
 async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
     """The job's newest record (None: the job never started)."""
     return (await read_jobs(io)).get(app_name)
-
-
-async def jobs_reading(io: KafkaIO, topic: str) -> dict[str, int]:
-    """The jobs that read ``topic`` and the most processors each runs or aims at."""
-    return {name: max(job.p, job.target or 0) for name, job in (await read_jobs(io)).items() if topic in job.topics}
 
 
 async def publish_job(io: KafkaIO, job: JobLayout) -> JobLayout:

@@ -97,10 +97,6 @@ class GroupMember:
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
 
     # -- what the worker reads -------------------------------------------------------------
-    @property
-    def routes(self) -> dict[TopicPartition, Route]:
-        return self.admission.routes
-
     def serving(self) -> list[ProcessorState]:
         """The hosted processors that have caught up with the group on every partition
         (a processor still rebuilding its state runs no timer: its state is incomplete)."""
@@ -217,9 +213,15 @@ class GroupMember:
             )
             progress, registry = self.services.progress, self.services.registry
             generation = self.assigned_generation = self.generation
-            slots_all = [(t, p) for slots in assignment.processors.values() for t, p, _ in slots]
+            whole = {(t, q): None for pid, slots in assignment.processors.items() for t, q, f in slots if f is None}
+            shared = {
+                (t, q, pid): (None, assignment.sharers[(t, q)])
+                for pid, slots in assignment.processors.items()
+                for t, q, f in slots
+                if f is not None
+            }
             # from now on, commits of these partitions from older generations are refused
-            await progress.record(self.name, generation, assignment.epochs, {tp: None for tp in slots_all})
+            await progress.record(self.name, generation, assignment.epochs, whole, shared)
             await progress.refresh()
             for topic, epoch in assignment.epochs.items():
                 await registry.ensure_at_least(topic, epoch)
@@ -227,6 +229,7 @@ class GroupMember:
             settings = self.app.settings
             self.job_p = assignment.p
             starts: dict[tuple[str, int], int | None] = {}
+            shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
                 proc = await open_for_count(
@@ -237,7 +240,10 @@ class GroupMember:
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
-                behind = [(t, q) for t, q, _ in slots if progress.position(t, q) > proc.positions.get((t, q), 0)]
+                behind = [
+                    (t, q) for t, q, f in slots
+                    if progress.position(t, q, pid if f else None) > proc.positions.get((t, q), 0)
+                ]  # fmt: skip
                 if behind or rebuild_unfinished(proc.loaded):
                     try:
                         await self._rebuild(proc, generation)
@@ -245,17 +251,17 @@ class GroupMember:
                         self.fatal = exc
                         return
                 for topic, part, key_filter in slots:
-                    if key_filter is not None:
-                        raise NotImplementedError(
-                            f"processor {pid} shares {topic}[{part}] by key range; shared tasks "
-                            "need more partitions than processors today"
-                        )
                     tp = TopicPartition(topic, part)
-                    group_pos = progress.position(topic, part)
+                    sharers = assignment.sharers.get((topic, part), ()) if key_filter is not None else ()
+                    group_pos = progress.position(topic, part, pid if sharers else None)
                     route = Route.build(proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic))
+                    if sharers:  # a shared task: this processor's key range of the partition
+                        route.key_filter, route.sharers = key_filter, sharers
+                        route.null_keys = pid == sharers[0]  # keyless records: the lowest sharer's
+                        shared_starts[(topic, part, pid)] = (route.position, sharers)
+                    else:
+                        starts[(topic, part)] = route.position
                     self.admission.add(tp, route)
-                    self.consumer.seek(tp, route.position)
-                    starts[(topic, part)] = route.position
                     if group_pos > route.position:
                         log.info(
                             "%s: processor %d rebuilds %s from %d to %d without output",
@@ -265,7 +271,9 @@ class GroupMember:
                             route.position,
                             group_pos,
                         )
-            await progress.record(self.name, generation, self.layout_epochs, starts)
+            for tp in self.admission.routes:
+                self.consumer.seek(tp, self.admission.fetch_position(tp))
+            await progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
@@ -280,7 +288,7 @@ class GroupMember:
                 self.name,
                 sorted(self.processors),
                 generation,
-                sorted(self.routes),
+                sorted(self.admission.routes),
             )
             # A layout or job change seen during the rebalance may be newer than the one
             # the leader placed by (aiokafka drops a rejoin request made while joining).
@@ -316,7 +324,8 @@ class GroupMember:
         io, registry = self.services.io, self.services.registry
         topics = await self._input_topics()
         p0 = self.services.p0
-        plan = await plan_rebuild(io, proc.id, p0, self.job_p, topics, self.services.progress.position)
+        progress = self.services.progress
+        plan = await plan_rebuild(io, proc.id, p0, self.job_p, topics, lambda t, q: progress.position(t, q, proc.id))
         log.info(
             "%s: processor %d is behind the group here: rebuilding it from %d partitions (up to %d records) "
             "without output",
@@ -400,14 +409,11 @@ class GroupMember:
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         for tp, fetched in batch.items():
-            admitted = self.admission.admit(tp, fetched)
-            if admitted is None:
-                continue
-            route, records = admitted
-            await self.dispatcher.apply(route, records)
-            route.position = records.next_position
-            route.proc.uncommitted += records.consumed
-            self._since_checkpoint += records.consumed
+            for route, records in self.admission.admit(tp, fetched):
+                await self.dispatcher.apply(route, records)
+                route.position = records.next_position
+                route.proc.uncommitted += records.consumed
+                self._since_checkpoint += records.consumed
         await self.dispatcher.send_output()
         stale = self.admission.take_stale_epochs()
         if stale:
@@ -422,7 +428,7 @@ class GroupMember:
                 generation=self.assigned_generation,
                 layout_epochs=self.layout_epochs,
                 processors=self.processors.values(),
-                positions={tp: (r.proc, r.committed) for tp, r in self.admission},
+                slots=[checkpointing.Slot(tp, r.proc, r.committed, r.sharers) for tp, r in self.admission],
                 progress=self.services.progress,
                 flush_output=self.services.output.flush,
                 commit_offsets=self.consumer.commit,
@@ -434,8 +440,8 @@ class GroupMember:
             self._close_all(discard=True)
             self.consumer._coordinator.request_rejoin()
             return
-        for tp, offset in committed.items():
-            self.routes[tp].committed = offset
+        for tp, route in self.admission:
+            route.committed = committed.get((tp, route.proc.id), route.committed)
 
     def request_stop(self) -> None:
         """Leave the loop after the current batch."""

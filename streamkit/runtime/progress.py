@@ -11,9 +11,16 @@ checkpoint reads this log first: if a newer generation owns one of its partition
 is the zombie, and its checkpoint is rejected (see `checkpointing`).
 
 Records (topic `__streamkit_progress`, one partition, key = group):
-    {"group", "member", "gen", "epochs": {topic: epoch}, "parts": [[topic, partition, offset|null]]}
+    {"group", "member", "gen", "epochs": {topic: epoch}, "parts": [[topic, partition, offset|null]],
+     "shares": [[topic, partition, processor, offset|null, [sharers]]]}
 `offset` null is a fence: "generation `gen` owns this partition now" (written when an
 assignment arrives, before the member knows its positions).
+
+A shared partition (several processors each own a key range of it, possibly on
+different members) has one position per sharer, under "shares", with the list of all
+its sharers. The partition's group position is the lowest of them, and only once every
+sharer of the current list has reported; until then the position it had before stays
+(the floor). A sharer's own position is what it resumes its output from.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -33,6 +40,8 @@ log = logging.getLogger(__name__)
 PROGRESS_TOPIC = "__streamkit_progress"
 
 TP = tuple[str, int]
+Share = tuple[str, int, int]
+"""(topic, partition, processor) of a shared partition."""
 
 
 @dataclass
@@ -47,6 +56,14 @@ class Rejected:
 class _Owner:
     generation: int
     offset: int
+    sharers: tuple[int, ...] = ()
+    """Empty: one processor owns the whole partition."""
+    shares: dict[int, int] = field(default_factory=dict)
+    floor: int = 0
+
+    def settle(self) -> None:
+        if self.sharers and all(p in self.shares for p in self.sharers):
+            self.offset = max(self.floor, min(self.shares[p] for p in self.sharers))
 
 
 @dataclass
@@ -74,26 +91,50 @@ class ProgressLog:
     def _apply(self, d: Mapping[str, Any]) -> None:
         gen = int(d["gen"])
         for topic, part, offset in d["parts"]:
-            tp = (topic, part)
-            cur = self._state.get(tp)
-            if cur is not None and gen < cur.generation:
-                self.rejected.append(Rejected(str(d["member"]), gen, cur.generation, tp))
-                log.warning(
-                    "progress of %s[%d] from generation %d (member %s) rejected: generation %d owns it",
-                    topic,
-                    part,
-                    gen,
-                    d["member"],
-                    cur.generation,
-                )
+            cur = self._admit(d, (topic, part), gen)
+            if cur is not False:
+                base = cur.offset if cur is not None else 0
+                self._state[(topic, part)] = _Owner(gen, base if offset is None else int(offset))
+        for topic, part, pid, offset, sharers in d.get("shares", ()):
+            cur = self._admit(d, (topic, part), gen)
+            if cur is False:
                 continue
-            base = cur.offset if cur is not None else 0
-            self._state[tp] = _Owner(gen, base if offset is None else int(offset))
+            sharers = tuple(sharers)
+            if cur is None or cur.sharers != sharers:  # newly shared, or shared otherwise
+                base = cur.offset if cur is not None else 0
+                cur = self._state[(topic, part)] = _Owner(gen, base, sharers, {}, base)
+            cur.generation = gen
+            if offset is not None:
+                cur.shares[int(pid)] = max(cur.shares.get(int(pid), 0), int(offset))
+            cur.settle()
 
-    def position(self, topic: str, partition: int) -> int:
-        """The group's position of a partition: the newest generation's last commit (0: none)."""
+    def _admit(self, d: Mapping[str, Any], tp: TP, gen: int) -> _Owner | None | Literal[False]:
+        """The partition's state if a record of generation ``gen`` may update it (None:
+        unknown yet), False if a newer generation owns it (the record is rejected)."""
+        cur = self._state.get(tp)
+        if cur is not None and gen < cur.generation:
+            self.rejected.append(Rejected(str(d["member"]), gen, cur.generation, tp))
+            log.warning(
+                "progress of %s[%d] from generation %d (member %s) rejected: generation %d owns it",
+                tp[0],
+                tp[1],
+                gen,
+                d["member"],
+                cur.generation,
+            )
+            return False
+        return cur
+
+    def position(self, topic: str, partition: int, processor: int | None = None) -> int:
+        """The group's position of a partition: the newest generation's last commit (0:
+        none; the lowest sharer's for a shared partition). With ``processor``: that
+        sharer's own position, if it has one."""
         cur = self._state.get((topic, partition))
-        return cur.offset if cur is not None else 0
+        if cur is None:
+            return 0
+        if processor is not None and processor in cur.shares:
+            return cur.shares[processor]
+        return cur.offset
 
     def positions(self, topic: str) -> dict[int, int]:
         return {p: o.offset for (t, p), o in self._state.items() if t == topic}
@@ -102,17 +143,27 @@ class ProgressLog:
         return max((self._state[tp].generation for tp in partitions if tp in self._state), default=-1)
 
     async def record(
-        self, member: str, generation: int, epochs: Mapping[str, int], parts: Mapping[TP, int | None]
+        self,
+        member: str,
+        generation: int,
+        epochs: Mapping[str, int],
+        parts: Mapping[TP, int | None],
+        shares: Mapping[Share, tuple[int | None, tuple[int, ...]]] | None = None,
     ) -> None:
-        """Append a commit (or a fence, for offsets None) and wait until it is stored."""
-        if not parts:
+        """Append a commit (or a fence, for offsets None) and wait until it is stored.
+
+        ``shares``: per (topic, partition, processor) of a shared partition, the
+        sharer's offset (or None) and every sharer of the partition."""
+        if not parts and not shares:
             return
-        body = {
+        body: dict[str, Any] = {
             "group": self.group,
             "member": member,
             "gen": generation,
             "epochs": dict(epochs),
             "parts": [[t, p, o] for (t, p), o in sorted(parts.items())],
         }
+        if shares:
+            body["shares"] = [[t, p, pid, o, list(of)] for (t, p, pid), (o, of) in sorted(shares.items())]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)

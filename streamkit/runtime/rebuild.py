@@ -38,7 +38,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from assignors.linear_hashing import bucket_modulus
-from assignors.placement import KeyFilter, partitions_for_processor, processor_key_sources
+from assignors.placement import KeyFilter, partitions_for_processor, processor_key_sources, processors_for_partition
 from stores.base import Checkpoint
 from streamkit.app import HandlerSpec
 from streamkit.errors import HistoryTruncatedError
@@ -66,7 +66,10 @@ class RebuildPlan:
     targets: dict[TopicPartition, int] = field(default_factory=dict)
     """Per partition of S2: read offsets below this."""
     owned: set[TopicPartition] = field(default_factory=set)
-    """S1: the partitions the processor consumes (their keyless records are its own)."""
+    """S1: the partitions the processor consumes."""
+    keyless: set[TopicPartition] = field(default_factory=set)
+    """The partitions of S1 whose keyless records are its own (whole ones, and shared
+    ones where it is the lowest sharer)."""
 
     @property
     def records(self) -> int:
@@ -107,6 +110,8 @@ async def plan_rebuild(
             tp = TopicPartition(topic, part)
             if part in owned:
                 plan.owned.add(tp)
+                if min(processors_for_partition(part, n0, n, p0, p)) == processor:
+                    plan.keyless.add(tp)
                 plan.targets[tp] = min(group_position(topic, part), ends[part])
             else:
                 plan.targets[tp] = ends[part]
@@ -196,7 +201,7 @@ async def rebuild(
     for tp, target in plan.targets.items():
         route = Route.build(proc, handlers[tp.topic], (tp.topic, tp.partition), target, registry.get(tp.topic))
         route.key_filter = plan.key_filter
-        route.null_keys = tp in plan.owned
+        route.null_keys = tp in plan.keyless
         admission.add(tp, route)
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()
@@ -223,16 +228,13 @@ async def rebuild(
             records, _ = await io.fetch(tp.topic, tp.partition, route.position, max_wait_ms=wait_ms)
             misses[tp] = 0 if records else misses.get(tp, 0) + 1
             records = [r for r in records if r.offset < target]
-            admitted = admission.admit(tp, records)
-            if admitted is None:
-                continue
-            route, batch = admitted
-            async with guard:
-                await dispatcher.apply(route, batch)
-                route.position = batch.next_position
-            read += batch.consumed
-            since_checkpoint += batch.consumed
-            moved = moved or batch.consumed > 0
+            for route, batch in admission.admit(tp, records):  # one route per partition here
+                async with guard:
+                    await dispatcher.apply(route, batch)
+                    route.position = batch.next_position
+                read += batch.consumed
+                since_checkpoint += batch.consumed
+                moved = moved or batch.consumed > 0
             if max_rate is not None and (ahead := read / max_rate - (time.monotonic() - started)) > 0:
                 await asyncio.sleep(ahead)
         for topic, epoch in admission.take_stale_epochs().items():

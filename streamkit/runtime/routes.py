@@ -49,6 +49,8 @@ class Route:
     """Only records whose key hash it accepts are applied (None: every record)."""
     null_keys: bool = True
     """With a key filter: whether records without a key are applied (the partition's owner)."""
+    sharers: tuple[int, ...] = ()
+    """A shared task: every processor sharing the partition by key range (empty: whole)."""
 
     @property
     def position(self) -> int:

@@ -77,20 +77,14 @@ class Worker:
         registry = self._registry = LayoutRegistry(bootstrap, client_id=self.client_id, io=io)
         await registry.start()
         await registry.refresh()
-        # a topic with a layout counts its initial and active partitions, not its physical ones
-        initial, active = dict(counts), dict(counts)
+        # a topic with a layout counts its initial partitions, not its physical ones
+        initial = dict(counts)
         for topic in counts:
             if (layout := registry.get(topic)) is not None:
-                initial[topic], active[topic] = layout.n0, layout.active
+                initial[topic] = layout.n0
         job = await resolve_job(
             io, app.name, app.settings.processors, initial[app.input_topics[0]], tuple(app.input_topics)
         )
-        too_few = {t: n for t, n in active.items() if n < job.p}
-        if too_few:
-            raise ConfigError(
-                f"job {app.name!r} has {job.p} processors but topics {too_few} have fewer "
-                "partitions; key-range shared tasks are not available yet: add partitions first"
-            )
         registry.add_listener(self._on_layout_change)
         registry.watch(0.2)
         progress = ProgressLog(io, self._producer, app.group_id)

@@ -82,7 +82,7 @@ def offsets(records) -> list[int]:
 
 def test_records_below_the_position_are_dropped_and_the_rest_delivered() -> None:
     admission, consumer, _ = make(position=5)
-    route, out = admission.admit(TP, recs(range(3, 9)))
+    [(route, out)] = admission.admit(TP, recs(range(3, 9)))
     assert offsets(out.deliver) == [5, 6, 7, 8] and out.rebuild == [] and out.late == []
     assert out.next_position == 9 and out.consumed == 4
     assert consumer.seeks == [] and consumer.paused == set()
@@ -90,36 +90,36 @@ def test_records_below_the_position_are_dropped_and_the_rest_delivered() -> None
 
 def test_a_batch_already_applied_is_nothing_to_do() -> None:
     admission, _, _ = make(position=10)
-    assert admission.admit(TP, recs(range(3, 9))) is None
-    assert admission.admit(TopicPartition("orders", 7), recs([0])) is None  # not assigned
+    assert admission.admit(TP, recs(range(3, 9))) == []
+    assert admission.admit(TopicPartition("orders", 7), recs([0])) == []  # not assigned
 
 
 def test_records_the_group_handled_before_are_rebuilt_without_output() -> None:
     admission, _, _ = make(position=0, group_position=3)
-    _, out = admission.admit(TP, recs(range(0, 6)))
+    [(_, out)] = admission.admit(TP, recs(range(0, 6)))
     assert offsets(out.rebuild) == [0, 1, 2] and offsets(out.deliver) == [3, 4, 5]
 
 
 def test_a_hole_is_asked_for_again_then_read_past_once_confirmed() -> None:
     admission, consumer, route = make()
-    _, out = admission.admit(TP, recs([0, 1, 2, 5, 6]))
+    [(_, out)] = admission.admit(TP, recs([0, 1, 2, 5, 6]))
     assert offsets(out.deliver) == [0, 1, 2] and out.next_position == 3
     assert consumer.seeks == [(TP, 3)] and admission.holes_refetched == 1
     route.position = out.next_position
     # asked again at once: still there, not yet confirmed
-    assert admission.admit(TP, recs([5, 6])) is None
+    assert admission.admit(TP, recs([5, 6])) == []
     assert consumer.seeks[-1] == (TP, 3) and admission.holes_refetched == 1
     time.sleep(HOLE_CONFIRM_SECONDS * 2)
-    _, out = admission.admit(TP, recs([5, 6]))
+    [(_, out)] = admission.admit(TP, recs([5, 6]))
     assert offsets(out.deliver) == [5, 6] and out.next_position == 7
 
 
 def test_a_hole_that_fills_when_asked_again_loses_nothing() -> None:
     admission, consumer, route = make()
-    _, out = admission.admit(TP, recs([0, 3, 4]))
+    [(_, out)] = admission.admit(TP, recs([0, 3, 4]))
     assert offsets(out.deliver) == [0]
     route.position = out.next_position
-    _, out = admission.admit(TP, recs([1, 2, 3, 4]))
+    [(_, out)] = admission.admit(TP, recs([1, 2, 3, 4]))
     assert offsets(out.deliver) == [1, 2, 3, 4]
     assert out.next_position == 5
 
@@ -140,7 +140,7 @@ def test_a_new_partition_is_held_until_the_group_passed_its_parents_seal() -> No
     assert route.limit == 0 and tp1 in consumer.paused and admission.gated
     assert events.assigned == set()
     # a fetch that raced the pause delivers nothing and goes back to the limit
-    _, out = admission.admit(tp1, recs([0, 1], partition=1, epoch=2))
+    [(_, out)] = admission.admit(tp1, recs([0, 1], partition=1, epoch=2))
     assert out.deliver == [] and out.next_position == 0 and consumer.seeks[-1] == (tp1, 0)
     group[0] = 10  # the group passed the seal of partition 0
     events = admission.regate(lambda t: layout, lambda t: dict(group))
@@ -166,7 +166,7 @@ def test_a_record_from_a_newer_epoch_stops_the_batch_before_it() -> None:
     layout = expanded()
     admission, consumer, _ = make(layout, position=10)
     batch = recs([10, 11], epoch=2) + recs([12, 13], epoch=3)
-    _, out = admission.admit(TP, batch)
+    [(_, out)] = admission.admit(TP, batch)
     assert offsets(out.deliver) == [10, 11] and out.next_position == 12
     assert consumer.seeks[-1] == (TP, 12)
     assert admission.take_stale_epochs() == {"orders": 3} and admission.take_stale_epochs() == {}
@@ -184,7 +184,7 @@ def test_a_late_record_of_a_moved_key_is_reported_not_applied() -> None:
     admission, _, _ = make(layout, position=10)
     moved = key_moved_to_1()
     batch = recs([10], epoch=2) + recs([11], epoch=1, key=moved) + recs([12], epoch=2)
-    _, out = admission.admit(TP, batch)
+    [(_, out)] = admission.admit(TP, batch)
     assert offsets(out.deliver) == [10, 12] and out.next_position == 13 and out.consumed == 3
     [(rec, report)] = out.late
     assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == "p1"
@@ -194,7 +194,7 @@ def test_records_stamped_with_the_current_epoch_are_not_inspected() -> None:
     layout = expanded()
     admission, _, route = make(layout, position=10)
     assert route.epoch_bytes == b"2"
-    _, out = admission.admit(TP, recs(range(10, 20), epoch=2))
+    [(_, out)] = admission.admit(TP, recs(range(10, 20), epoch=2))
     assert offsets(out.deliver) == list(range(10, 20)) and out.late == []
 
 
@@ -205,3 +205,26 @@ def test_positions_below_a_new_incarnation_skip_to_its_start(position: int) -> N
     admission, consumer, route = make(lay, partition=1, position=position)
     admission.regate(lambda t: lay, lambda t: {0: 0})
     assert route.position == 7 and consumer.seeks[-1] == (TopicPartition("orders", 1), 7)
+
+
+def test_sharers_of_a_partition_each_admit_their_keys_from_their_own_position() -> None:
+    """A shared task: two processors own the even and odd key hashes of one partition.
+    The partition is fetched from the lower position; each route skips what it applied
+    and the other's keys (before decoding), and keyless records go to the lowest sharer."""
+    from assignors.murmur2 import key_hash
+    from assignors.placement import KeyFilter
+
+    admission, _, even = make(position=5)
+    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
+    odd_proc.positions[("orders", 0)] = 8
+    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, None)
+    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
+    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
+    admission.add(TP, odd)
+    assert admission.fetch_position(TP) == 5
+    keys = [f"k{i}".encode() for i in range(12)]
+    batch = [Rec("orders", 0, o, keys[o] if o != 9 else None) for o in range(5, 12)]
+    got = {route.proc.id: (offsets(a.deliver), a.next_position) for route, a in admission.admit(TP, batch)}
+    parity = {o: key_hash(keys[o]) % 2 for o in range(5, 12) if o != 9}
+    assert got[0] == ([o for o in range(5, 12) if o == 9 or parity.get(o) == 0], 12)
+    assert got[1] == ([o for o in range(8, 12) if parity.get(o) == 1], 12)

@@ -1,0 +1,46 @@
+"""The progress log's positions of shared partitions (pure: records applied in log order)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamkit.runtime.progress import ProgressLog
+
+
+def _log() -> tuple[ProgressLog, Any]:
+    log = ProgressLog(None, None, "g")  # type: ignore[arg-type]  # only _apply is used
+
+    def rec(member: str, gen: int, parts: Any = (), shares: Any = ()) -> None:
+        log._apply({"member": member, "gen": gen, "parts": list(parts), "shares": list(shares)})
+
+    return log, rec
+
+
+def test_a_shared_partition_is_at_its_lowest_sharer_once_every_sharer_reported() -> None:
+    log, rec = _log()
+    rec("a", 1, parts=[["t", 0, 30]])  # whole, before the job grew
+    rec("a", 2, shares=[["t", 0, 0, None, [0, 1]]])  # fences: shared from generation 2
+    rec("b", 2, shares=[["t", 0, 1, None, [0, 1]]])
+    rec("a", 2, shares=[["t", 0, 0, 50, [0, 1]]])
+    assert log.position("t", 0) == 30  # processor 1 has not reported: the floor
+    assert log.position("t", 0, 0) == 50 and log.position("t", 0, 1) == 30
+    rec("b", 2, shares=[["t", 0, 1, 40, [0, 1]]])
+    assert log.position("t", 0) == 40 and log.positions("t") == {0: 40}
+    rec("b", 2, shares=[["t", 0, 1, 70, [0, 1]]])
+    assert log.position("t", 0) == 50
+
+
+def test_shares_of_an_older_generation_are_rejected_and_a_new_sharer_set_starts_from_the_floor() -> None:
+    log, rec = _log()
+    rec("a", 2, shares=[["t", 0, 0, 50, [0, 1]], ["t", 0, 1, 45, [0, 1]]])
+    assert log.position("t", 0) == 45
+    rec("c", 3, shares=[["t", 0, 2, None, [0, 1, 2]]])  # a third processor shares it now
+    rec("z", 2, shares=[["t", 0, 1, 99, [0, 1]]])  # a zombie of generation 2
+    assert log.rejected and log.rejected[-1].member == "z"
+    assert log.position("t", 0) == 45 and log.position("t", 0, 1) == 45
+    rec("a", 3, shares=[["t", 0, 0, 60, [0, 1, 2]], ["t", 0, 1, 61, [0, 1, 2]]])
+    assert log.position("t", 0) == 45
+    rec("c", 3, shares=[["t", 0, 2, 58, [0, 1, 2]]])
+    assert log.position("t", 0) == 58
+    rec("a", 4, parts=[["t", 0, 80]])  # whole again (the job shrank)
+    assert log.position("t", 0) == 80 and log.position("t", 0, 2) == 80

@@ -1,0 +1,98 @@
+"""Shared tasks with real processes on the real broker: jobs with more processors than
+partitions (each processor owning a key range of a partition), and `streamkit scale`
+beyond the partition count under load."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from streamkit.kafkaio import KafkaIO
+from streamkit.layout.protocol import LayoutCoordinator
+from tests.runtime.scale_job import ScaleJob
+
+
+async def _start(job: ScaleJob, io: KafkaIO, workers: int) -> None:
+    async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
+        await co.create(job.topic, job.partitions, capacity=job.partitions)
+    await io.create_topic(job.out, 2)
+    for _ in range(workers):
+        job.start_worker()
+    for _ in range(2):
+        job.start_producer()
+    await job.wait_growth(io, 600)
+
+
+def _run_shared(job: ScaleJob, workers: int) -> tuple[list, str]:
+    """Run the job under load to the end; the producers' reports and what `status` showed."""
+    reports: list = []
+    shown: list[str] = []
+
+    async def scenario() -> None:
+        async with KafkaIO(job.broker) as io:
+            await _start(job, io, workers)
+            shown.append(await asyncio.to_thread(job.status))
+            reports.extend(await job.finish(io))
+        job.stop_workers()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        job.cleanup()
+    assert [w.returncode for w in job.workers] == [0] * workers
+    return reports, shown[0]
+
+
+def _cells(shown: str) -> list[list[str]]:
+    """The rows of the tables `status` printed, as lists of cells."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in shown.splitlines() if line.startswith("│")]
+
+
+def _partition_rows(shown: str, topic: str) -> dict[int, str]:
+    return {int(row[1]): " ".join(row) for row in _cells(shown) if row[0] == topic}
+
+
+def test_three_partitions_two_processors(broker: str, tmp_path: Path) -> None:
+    """Every partition's keys belong to both processors (h mod 2): each applies its half."""
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=3)
+    reports, shown = _run_shared(job, workers=2)
+    job.verify(reports, 2, counts=(2,))
+    rows = _partition_rows(shown, job.topic)
+    assert sorted(rows) == [0, 1, 2], shown
+    for part in range(3):  # partition q holds h = q mod 3: both parities, one per processor
+        assert "0, 1" in rows[part] and "shared: 0 h%6=" in rows[part] and "1 h%6=" in rows[part], shown
+
+
+def test_one_partition_four_processors_over_two_workers(broker: str, tmp_path: Path) -> None:
+    """One partition, four key ranges: two on each worker (fetched once per worker)."""
+    job = ScaleJob(broker, tmp_path, p0=4, partitions=1)
+    reports, shown = _run_shared(job, workers=2)
+    job.verify(reports, 4, counts=(4,))
+    row = _partition_rows(shown, job.topic)[0]
+    assert "0, 1, 2, 3" in row and "shared: 0 h%4=0, 1 h%4=1, 2 h%4=2, 3 h%4=3" in row, shown
+    hosts = [row[2] for row in _cells(shown) if row[1:2] == ["running"]]
+    assert len(hosts) == 2 and all(len(pids.split(",")) == 2 for pids in hosts), shown
+
+
+def test_scale_beyond_the_partitions_under_load(broker: str, tmp_path: Path) -> None:
+    """2 partitions, 2 -> 5 processors with `streamkit scale` while producers write."""
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
+    reports: list = []
+    scaled: list = []
+
+    async def scenario() -> None:
+        async with KafkaIO(job.broker) as io:
+            await _start(job, io, workers=2)
+            result = await asyncio.to_thread(job.scale, "--processors", "5")
+            scaled.append(result)
+            assert result.returncode == 0, result.stdout + result.stderr
+            reports.extend(await job.finish(io))
+        job.stop_workers()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        job.cleanup()
+    assert [w.returncode for w in job.workers] == [0, 0]
+    assert "5 processors" in scaled[0].stdout.splitlines()[-1], scaled[0].stdout
+    job.verify(reports, 5, counts=(2, 3, 4, 5))
