@@ -162,7 +162,6 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
-        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p)
         slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
         for topic, shape in shapes.items():
             for part in shape.draining:  # a draining partition's keys keep their processor
@@ -173,6 +172,8 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             for t, part, key_filter in pid_slots:
                 if key_filter is not None:
                     sharers.setdefault((t, part), []).append(pid)
+        together = [pids for _, pids in sorted(sharers.items())]
+        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p, together)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, pids in hosting.items():
             procs = {pid: slots.get(pid, []) for pid in pids}

@@ -202,7 +202,9 @@ def processor_key_sources(
     return result
 
 
-def assign_processors_to_members(members: Mapping[str, Sequence[int]], p: int) -> dict[str, list[int]]:
+def assign_processors_to_members(
+    members: Mapping[str, Sequence[int]], p: int, together: Sequence[Sequence[int]] = ()
+) -> dict[str, list[int]]:
     """Host processors ``range(p)`` on consumer-group members, sticky and balanced.
 
     ``members`` maps each member id to the processor ids it hosted before (its
@@ -216,6 +218,12 @@ def assign_processors_to_members(members: Mapping[str, Sequence[int]], p: int) -
     assignment that is already valid and balanced is returned unchanged.  An id
     claimed by several members stays with the first of them in member-id order.
     Deterministic: depends only on the mapping's contents, not its order.
+
+    ``together``: groups of ids that would rather share a member (the sharers of one
+    partition, which a member then fetches once). Balance and stickiness come first;
+    the remaining ids are handed out group by group, a group's free ids going first to
+    a member that already hosts one of them, so that a member with room for several
+    takes one group's whole.
     """
     if p < 0:
         raise ValueError(f"processor count must be >= 0, got {p}")
@@ -237,9 +245,12 @@ def assign_processors_to_members(members: Mapping[str, Sequence[int]], p: int) -
         kept = previous[name][: quota[name]]
         result[name] = kept
         taken.update(kept)
-    free = iter(q for q in range(p) if q not in taken)
-    for name in names:
-        room = quota[name] - len(result[name])
-        if room > 0:
-            result[name] = sorted(result[name] + [next(free) for _ in range(room)])
-    return result
+    groups = [[q for q in group if 0 <= q < p] for group in together]
+    order = [q for group in groups for q in group] + list(range(p))
+    free = list(dict.fromkeys(q for q in order if q not in taken))
+    group_of = {q: i for i, group in enumerate(groups) for q in group}
+    for q in free:
+        with_room = [name for name in names if len(result[name]) < quota[name]]
+        near = [n for n in with_room if q in group_of and any(group_of.get(x) == group_of[q] for x in result[n])]
+        result[(near or with_room)[0]].append(q)
+    return {name: sorted(ids) for name, ids in result.items()}

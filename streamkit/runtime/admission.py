@@ -143,10 +143,12 @@ class Admission:
                 return None
         checked = records
         records, stop_at, late = self._gate_and_check(tp, route, records)
-        if route.key_filter is not None:  # a shared task: only this processor's keys
-            records = _keys_of(route.key_filter, route.null_keys, records)
+        until = route.filter_until
+        if route.key_filter is not None and records and (until is None or records[0].offset < until):
+            # a shared task, or a partition's history from before a split: this processor's keys only
+            records = _keys_of(route.key_filter, route.null_keys, records, until)
             if late:
-                kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late])}
+                kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late], until)}
                 late = [(r, report) for r, report in late if id(r) in kept]
         if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
@@ -325,7 +327,12 @@ class Admission:
             self.gate_waits.append((tp.topic, tp.partition, waited))
 
 
-def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any]) -> list[Any]:
-    """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``)."""
+def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:
+    """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``),
+    and every record at or beyond ``until``."""
     accepts = key_filter.accepts
-    return [r for r in records if (null_keys if r.key is None else accepts(key_hash_cached(r.key)))]
+    if until is None:
+        return [r for r in records if (null_keys if r.key is None else accepts(key_hash_cached(r.key)))]
+    return [
+        r for r in records if r.offset >= until or (null_keys if r.key is None else accepts(key_hash_cached(r.key)))
+    ]

@@ -251,26 +251,20 @@ class GroupMember:
                         self.fatal = exc
                         return
                 for topic, part, key_filter in slots:
-                    tp = TopicPartition(topic, part)
                     sharers = assignment.sharers.get((topic, part), ()) if key_filter is not None else ()
                     group_pos = progress.position(topic, part, pid if sharers else None)
-                    route = Route.build(proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic))
-                    if sharers:  # a shared task: this processor's key range of the partition
-                        route.key_filter, route.sharers = key_filter, sharers
-                        route.null_keys = pid == sharers[0]  # keyless records: the lowest sharer's
+                    route = Route.for_slot(
+                        proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic),
+                        key_filter=key_filter, sharers=sharers, p0=assignment.p0, p=assignment.p,
+                    )  # fmt: skip
+                    self.admission.add(TopicPartition(topic, part), route)
+                    if sharers:
                         shared_starts[(topic, part, pid)] = (route.position, sharers)
                     else:
                         starts[(topic, part)] = route.position
-                    self.admission.add(tp, route)
                     if group_pos > route.position:
-                        log.info(
-                            "%s: processor %d rebuilds %s from %d to %d without output",
-                            self.name,
-                            pid,
-                            tp,
-                            route.position,
-                            group_pos,
-                        )
+                        log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
+                                 self.name, pid, topic, part, route.position, group_pos)  # fmt: skip
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
             await progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from assignors.linear_hashing import bucket_modulus
 from assignors.placement import KeyFilter
 from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
@@ -27,6 +28,26 @@ def epoch_stamp(layout: TopicLayout | None) -> bytes | None:
     if layout is None or not layout.ordered_delivery:
         return None
     return str(layout.epoch).encode()
+
+
+def mixed_history_end(layout: TopicLayout | None, partition: int) -> int | None:
+    """The offset from which a partition holds only keys of its current class: its last
+    seal (0: it never held others). Below it the partition held the keys of a wider
+    class (before a split) or of partitions merged into it; a processor that owns the
+    whole partition now may not own all of those. None: a change touching it is not
+    sealed yet (every record may be of either class)."""
+    if layout is None:
+        return 0
+    end = 0
+    for seal in layout.seals:
+        if not seal.sealed:
+            if seal.announce_offset(partition) is not None or partition in seal.partitions:
+                return None
+            continue
+        offset = seal.seal_offset(partition)
+        if offset is not None:
+            end = max(end, offset)
+    return end
 
 
 @dataclass
@@ -51,6 +72,9 @@ class Route:
     """With a key filter: whether records without a key are applied (the partition's owner)."""
     sharers: tuple[int, ...] = ()
     """A shared task: every processor sharing the partition by key range (empty: whole)."""
+    filter_until: int | None = None
+    """With a key filter: records at or beyond this offset are all the processor's and
+    pass unfiltered (None: every record is filtered)."""
 
     @property
     def position(self) -> int:
@@ -85,3 +109,31 @@ class Route:
             layout,
             epoch_stamp(layout),
         )
+
+    @classmethod
+    def for_slot(
+        cls,
+        proc: ProcessorState,
+        handlers: list[HandlerSpec],
+        partition: Position,
+        group_position: int,
+        layout: TopicLayout | None,
+        *,
+        key_filter: KeyFilter | None,
+        sharers: tuple[int, ...],
+        p0: int,
+        p: int,
+    ) -> Route:
+        """The route of one assigned slot: a shared task applies only the processor's key
+        range of the partition (keyless records going to the lowest sharer); a whole
+        partition whose history holds keys of a wider class filters by the processor's
+        keys up to the end of that history."""
+        route = cls.build(proc, handlers, partition, group_position, layout)
+        if sharers:
+            route.key_filter, route.sharers, route.null_keys = key_filter, sharers, proc.id == sharers[0]
+            return route
+        until = mixed_history_end(layout, partition[1])
+        if until is None or route.position < until:
+            route.key_filter = KeyFilter(bucket_modulus(proc.id, p0, p), frozenset({proc.id}))
+            route.filter_until = until
+        return route

@@ -311,3 +311,16 @@ def test_single_partition_shared_by_many_processors(p: int) -> None:
         return
     assert shares == {q: KeyFilter(bucket_modulus(q, 1, p), frozenset({q})) for q in range(p)}
     assert sorted(assign_partitions({"t": (1, 1)}, 1, p)) == list(range(p))
+
+
+def test_members_host_the_sharers_of_a_partition_together_when_balance_allows() -> None:
+    # 2 partitions, job 2 -> 5 processors: partition 0's keys are on 0, 2 and 4, partition 1's on 1 and 3
+    sharers = {0: [], 1: []}
+    for part in range(2):
+        sharers[part] = sorted(processors_for_partition(part, 2, 2, 2, 5))
+    assert sharers == {0: [0, 2, 4], 1: [1, 3]}
+    together = [sharers[0], sharers[1]]
+    assert assign_processors_to_members({"a": [0], "b": [1]}, 5, together) == {"a": [0, 2, 4], "b": [1, 3]}
+    assert assign_processors_to_members({"a": [0], "b": [1]}, 5) == {"a": [0, 2, 3], "b": [1, 4]}
+    # balance first: one partition, four sharers, two members: two each
+    assert assign_processors_to_members({"a": [], "b": []}, 4, [[0, 1, 2, 3]]) == {"a": [0, 1], "b": [2, 3]}

@@ -228,3 +228,25 @@ def test_sharers_of_a_partition_each_admit_their_keys_from_their_own_position() 
     parity = {o: key_hash(keys[o]) % 2 for o in range(5, 12) if o != 9}
     assert got[0] == ([o for o in range(5, 12) if o == 9 or parity.get(o) == 0], 12)
     assert got[1] == ([o for o in range(8, 12) if parity.get(o) == 1], 12)
+
+
+def test_a_whole_partition_read_from_before_its_split_applies_only_its_processors_keys() -> None:
+    """orders: 1 -> 2 partitions, job 1 -> 2 processors: processor 0 owns partition 0 whole,
+    but below the seal (10) partition 0 also held the keys that are processor 1's now.
+    Restarted from an old checkpoint (5), it must not apply those; from 10 on, it filters nothing."""
+    from assignors.murmur2 import key_hash
+    from streamkit.runtime.routes import mixed_history_end
+
+    layout = expanded()
+    assert mixed_history_end(layout, 0) == 10 and mixed_history_end(layout, 1) == 0 and mixed_history_end(None, 0) == 0
+    admission, _, old = make(layout, position=5)
+    route = Route.for_slot(
+        old.proc, old.handlers, ("orders", 0), 0, layout, key_filter=None, sharers=(), p0=1, p=2
+    )  # fmt: skip
+    admission.routes[TP] = [route]
+    keys = [f"k{i}".encode() for i in range(14)]
+    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o]) for o in range(5, 14)])
+    assert offsets(out.deliver) == [o for o in range(5, 14) if o >= 10 or key_hash(keys[o]) % 2 == 0]
+    route.position = out.next_position
+    beyond = Route.for_slot(old.proc, old.handlers, ("orders", 0), 0, layout, key_filter=None, sharers=(), p0=1, p=2)
+    assert beyond.key_filter is None  # its position (14) is past the mixed history

@@ -5,6 +5,7 @@ beyond the partition count under load."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from streamkit.kafkaio import KafkaIO
@@ -23,15 +24,15 @@ async def _start(job: ScaleJob, io: KafkaIO, workers: int) -> None:
     await job.wait_growth(io, 600)
 
 
-def _run_shared(job: ScaleJob, workers: int) -> tuple[list, str]:
-    """Run the job under load to the end; the producers' reports and what `status` showed."""
+def _run(job: ScaleJob, workers: int, during: Callable[[KafkaIO], Awaitable[None]] | None = None) -> list:
+    """Start the job under load, run ``during``, finish (the producers' reports)."""
     reports: list = []
-    shown: list[str] = []
 
     async def scenario() -> None:
         async with KafkaIO(job.broker) as io:
             await _start(job, io, workers)
-            shown.append(await asyncio.to_thread(job.status))
+            if during is not None:
+                await during(io)
             reports.extend(await job.finish(io))
         job.stop_workers()
 
@@ -39,6 +40,17 @@ def _run_shared(job: ScaleJob, workers: int) -> tuple[list, str]:
         asyncio.run(scenario())
     finally:
         job.cleanup()
+    return reports
+
+
+def _run_shared(job: ScaleJob, workers: int) -> tuple[list, str]:
+    """Run the job under load to the end; the producers' reports and what `status` showed."""
+    shown: list[str] = []
+
+    async def look(io: KafkaIO) -> None:
+        shown.append(await asyncio.to_thread(job.status))
+
+    reports = _run(job, workers, look)
     assert [w.returncode for w in job.workers] == [0] * workers
     return reports, shown[0]
 
@@ -77,22 +89,28 @@ def test_one_partition_four_processors_over_two_workers(broker: str, tmp_path: P
 def test_scale_beyond_the_partitions_under_load(broker: str, tmp_path: Path) -> None:
     """2 partitions, 2 -> 5 processors with `streamkit scale` while producers write."""
     job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
-    reports: list = []
     scaled: list = []
 
-    async def scenario() -> None:
-        async with KafkaIO(job.broker) as io:
-            await _start(job, io, workers=2)
-            result = await asyncio.to_thread(job.scale, "--processors", "5")
-            scaled.append(result)
-            assert result.returncode == 0, result.stdout + result.stderr
-            reports.extend(await job.finish(io))
-        job.stop_workers()
+    async def scale(io: KafkaIO) -> None:
+        scaled.append(await asyncio.to_thread(job.scale, "--processors", "5"))
+        assert scaled[0].returncode == 0, scaled[0].stdout + scaled[0].stderr
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        job.cleanup()
+    reports = _run(job, 2, scale)
     assert [w.returncode for w in job.workers] == [0, 0]
     assert "5 processors" in scaled[0].stdout.splitlines()[-1], scaled[0].stdout
     job.verify(reports, 5, counts=(2, 3, 4, 5))
+
+
+def test_a_sharer_killed_under_load_loses_nothing(broker: str, tmp_path: Path) -> None:
+    """1 partition shared by 2 processors on 2 workers; one worker is SIGKILLed under load
+    and a new one started: the survivor takes its processor over from its store."""
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=1)
+
+    async def kill_and_replace(io: KafkaIO) -> None:
+        job.kill9(job.workers[0].pid)
+        await job.wait_growth(io, 300)  # the survivor hosts both sharers now
+        job.start_worker()
+
+    reports = _run(job, 2, kill_and_replace)
+    assert [w.returncode for w in job.workers] == [-9, 0, 0]
+    job.verify(reports, 2, counts=(2,))
