@@ -4,8 +4,9 @@
 
 One input partition holds ``--records`` records over ``--keys`` keys (written by the
 streamkit producer). Each case runs the `benchmarks/sharing_app.py` job in fresh
-`streamkit worker` processes and times the group's committed offset from its first
-move to the end of the partition (for a shared partition, the lowest sharer's):
+`streamkit worker` processes until the group's committed offset reaches the end of the
+partition (for a shared partition, the lowest sharer's); records/s is the partition's
+records over the time from the first record any worker applied to the last:
 
 - CPU-bound (``--burn-us`` of CPU per record): one processor in one worker, vs two
   processors sharing the partition by key range in two workers (one per core; goal:
@@ -29,6 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -49,7 +51,10 @@ async def run_case(bootstrap: str, topic: str, n: int, processors: int, burn_us:
     from streamkit.kafkaio import KafkaIO
 
     app = f"sharing-{uuid.uuid4().hex[:8]}"
+    times = work / f"{app}-times"
+    times.mkdir()
     env = dict(os.environ, SK_BENCH_APP=app, SK_BENCH_TOPIC=topic, SK_BENCH_BURN_US=str(burn_us),
+               SK_BENCH_TIMES=str(times),
                STREAMKIT_BROKER=bootstrap, STREAMKIT_STATE_DIR=str(work / app), STREAMKIT_PROCESSORS=str(processors),
                STREAMKIT_SESSION_TIMEOUT_MS="2000", STREAMKIT_HEARTBEAT_INTERVAL_MS="200",
                PYTHONPATH=str(ROOT))  # fmt: skip
@@ -59,25 +64,21 @@ async def run_case(bootstrap: str, topic: str, n: int, processors: int, burn_us:
     ]
     try:
         async with KafkaIO(bootstrap) as io:
-            first: tuple[float, int] | None = None
             deadline = time.monotonic() + 600
-            while True:
-                done = (await io.committed(f"streamkit-{app}", topic, [0])).get(0) or 0
-                now = time.monotonic()
-                if first is None and done > 0:
-                    first = (now, done)
-                if done >= n:
-                    break
-                if now > deadline or any(w.poll() is not None for w in workers):
+            while ((await io.committed(f"streamkit-{app}", topic, [0])).get(0) or 0) < n:
+                if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                     raise SystemExit(f"case {processors} processors failed: see {work}")
-                await asyncio.sleep(0.05)
-        assert first is not None
-        return (n - first[1]) / max(now - first[0], 1e-9)
+                await asyncio.sleep(0.1)
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)
         for w in workers:
             w.wait(60)
+    seen = [orjson.loads(f.read_bytes()) for f in sorted(times.iterdir())]
+    applied = sum(s["records"] for s in seen)
+    if applied != n:
+        raise SystemExit(f"case {processors} processors applied {applied} records, not {n}")
+    return n / (max(s["last"] for s in seen) - min(s["first"] for s in seen))
 
 
 async def main(a: argparse.Namespace) -> None:

@@ -1,11 +1,16 @@
 """The job of `benchmarks.sharing`: a count and a sum per key, with a handler that burns
-``SK_BENCH_BURN_US`` microseconds of CPU per record (0: as cheap as it gets)."""
+``SK_BENCH_BURN_US`` microseconds of CPU per record (0: as cheap as it gets). Each
+worker notes when it applied its first and last record."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 import streamkit
 
@@ -14,6 +19,14 @@ BURN = int(os.environ.get("SK_BENCH_BURN_US", "0")) / 1e6
 app = streamkit.App(os.environ.get("SK_BENCH_APP", "sharing-bench"), commit_interval=1.0)
 source = app.topic(os.environ.get("SK_BENCH_TOPIC", "sharing-in"))
 totals = app.table("totals", default=lambda: [0, 0])
+seen = {"first": 0.0, "last": 0.0, "records": 0}
+"""When this worker applied its first and last record (written to SK_BENCH_TIMES at exit)."""
+
+
+@atexit.register
+def _write_times() -> None:
+    if out := os.environ.get("SK_BENCH_TIMES"):
+        (Path(out) / f"{os.getpid()}.json").write_bytes(orjson.dumps(seen))
 
 
 @app.processor(source)
@@ -22,5 +35,10 @@ def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         until = time.perf_counter() + BURN
         while time.perf_counter() < until:
             pass
+    now = time.time()
+    if not seen["first"]:
+        seen["first"] = now
+    seen["last"] = now
+    seen["records"] += 1
     count_sum = totals[key]
     totals[key] = [count_sum[0] + 1, count_sum[1] + value["amount"]]

@@ -23,7 +23,7 @@ from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.rebuild import plan_rebuild, rebuild, rebuild_unfinished
+from streamkit.runtime.rebuild import RebuildPlan, plan_left_history, plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
 from streamkit.runtime.scaling import bootstrap_step, delete_retired_stores, open_for_count, staging_path
 from streamkit.runtime.services import Services
@@ -250,6 +250,12 @@ class GroupMember:
                     except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                         self.fatal = exc
                         return
+                left = plan_left_history(
+                    pid, assignment.p0, assignment.p, proc.positions, {(t, q) for t, q, _ in slots},
+                    {t: registry.get(t) for t in self.app.handlers}, progress.position,
+                )  # fmt: skip
+                if left.targets:
+                    await self._rebuild(proc, generation, left)
                 for topic, part, key_filter in slots:
                     sharers = assignment.sharers.get((topic, part), ()) if key_filter is not None else ()
                     group_pos = progress.position(topic, part, pid if sharers else None)
@@ -310,24 +316,24 @@ class GroupMember:
         io, registry = self.services.io, self.services.registry
         return {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
 
-    async def _rebuild(self, proc: ProcessorState, generation: int) -> None:
+    async def _rebuild(self, proc: ProcessorState, generation: int, left: RebuildPlan | None = None) -> None:
         """Bring a processor whose store is behind the group (new on this machine, or an
         old copy) up to where the group is: from the whole history of its keys, without
-        output (``rebuild``)."""
+        output (``rebuild``). With ``left``: read what it still lacks of partitions it no
+        longer consumes (``plan_left_history``), with output where the group had not
+        handled them."""
         started = time.monotonic()
         io, registry = self.services.io, self.services.registry
-        topics = await self._input_topics()
-        p0 = self.services.p0
         progress = self.services.progress
-        plan = await plan_rebuild(io, proc.id, p0, self.job_p, topics, lambda t, q: progress.position(t, q, proc.id))
-        log.info(
-            "%s: processor %d is behind the group here: rebuilding it from %d partitions (up to %d records) "
-            "without output",
-            self.name,
-            proc.id,
-            len(plan.targets),
-            plan.records,
-        )
+        if left is None:
+            topics = await self._input_topics()
+            where = lambda t, q: progress.position(t, q, proc.id)  # noqa: E731
+            plan = await plan_rebuild(io, proc.id, self.services.p0, self.job_p, topics, where)
+            what = "is behind the group here: rebuilding it from %d partitions (up to %d records) without output"
+        else:  # no checkpoint before the end: a restart reads it again (a rebuild would emit nothing)
+            plan = left
+            what = "still has keys in %d partitions it no longer reads (up to %d records): reading them first"
+        log.info("%s: processor %d " + what, self.name, proc.id, len(plan.targets), plan.records)
         read = await rebuild(
             io=io,
             registry=registry,
@@ -337,8 +343,9 @@ class GroupMember:
             dispatcher=self.dispatcher,
             stamp=lambda: (self.layout_epochs, generation),
             group=self.app.group_id,
-            checkpoint_every=self.app.settings.commit_every,
+            checkpoint_every=self.app.settings.commit_every if left is None else 1 << 62,
             extra={"p": self.job_p},
+            before_checkpoint=self._send_output,
         )
         log.info(
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
@@ -360,6 +367,10 @@ class GroupMember:
             checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
             report=report, by=self.name,
         )  # fmt: skip
+
+    async def _send_output(self) -> None:
+        await self.dispatcher.send_output()
+        await self.services.output.flush()
 
     async def _regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.routes import Route
+from streamkit.runtime.routes import Route, mixed_history_end
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class RebuildPlan:
     """Per partition of S2: read offsets below this."""
     owned: set[TopicPartition] = field(default_factory=set)
     """S1: the partitions the processor consumes."""
+    output_from: dict[TopicPartition, int] = field(default_factory=dict)
+    """Per partition, where the group stopped handling the processor's keys: records from
+    here on are applied with output (absent: none, the group handled everything)."""
     keyless: set[TopicPartition] = field(default_factory=set)
     """The partitions of S1 whose keyless records are its own (whole ones, and shared
     ones where it is the lowest sharer)."""
@@ -115,6 +118,37 @@ async def plan_rebuild(
                 plan.targets[tp] = min(group_position(topic, part), ends[part])
             else:
                 plan.targets[tp] = ends[part]
+    return plan
+
+
+def plan_left_history(
+    processor: int,
+    p0: int,
+    p: int,
+    positions: Mapping[tuple[str, int], int],
+    owned: set[tuple[str, int]],
+    layouts: Mapping[str, TopicLayout | None],
+    handled: Callable[[str, int, int], int],
+) -> RebuildPlan:
+    """What a processor must still read of partitions it no longer consumes: one it
+    shared until a topic expansion split it (the partition is whole for another processor
+    now) holds, below its seal, records of this processor's keys that it may not have
+    applied yet. They are read up to the seal with its key filter, before its own
+    partitions deliver anything (per-key order), with output from where the group
+    stopped handling its keys (``handled(topic, partition, processor)``)."""
+    plan = RebuildPlan(processor, KeyFilter(bucket_modulus(processor, p0, p), frozenset({processor})))
+    for (topic, part), pos in sorted(positions.items()):
+        layout = layouts.get(topic)
+        if (topic, part) in owned or layout is None:
+            continue
+        end = mixed_history_end(layout, part)
+        if end is None or pos >= end:
+            continue
+        high = {topic: high_water(layout)}
+        if part in processor_key_sources(processor, {topic: (layout.n0, layout.active)}, p0, p, high_water=high)[topic]:
+            tp = TopicPartition(topic, part)
+            plan.targets[tp] = end
+            plan.output_from[tp] = handled(topic, part, processor)
     return plan
 
 
@@ -185,6 +219,7 @@ async def rebuild(
     checkpoint_interval: float | None = None,
     max_rate: float | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
+    before_checkpoint: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
     """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
 
@@ -192,14 +227,17 @@ async def rebuild(
     ``extra`` goes into them, every ``checkpoint_every`` records or ``checkpoint_interval``
     seconds. ``lock``: taken around each batch applied and each checkpoint (a rebuild
     running beside the member's own loop: a bootstrap). ``max_rate``: records/s at most.
-    ``on_checkpoint(read)`` is called after each checkpoint before the last.
+    ``on_checkpoint(read)`` is called after each checkpoint before the last;
+    ``before_checkpoint()`` before each (the output of ``plan.output_from`` records is
+    acknowledged before their positions are written).
     """
     await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
     admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}")
     for tp, target in plan.targets.items():
-        route = Route.build(proc, handlers[tp.topic], (tp.topic, tp.partition), target, registry.get(tp.topic))
+        handled = plan.output_from.get(tp, target)
+        route = Route.build(proc, handlers[tp.topic], (tp.topic, tp.partition), handled, registry.get(tp.topic))
         route.key_filter = plan.key_filter
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)
@@ -242,6 +280,8 @@ async def rebuild(
         due = checkpoint_interval is not None and time.monotonic() - last_checkpoint >= checkpoint_interval
         if since_checkpoint >= checkpoint_every or (due and since_checkpoint):
             async with guard:
+                if before_checkpoint is not None:
+                    await before_checkpoint()
                 _checkpoint(proc, stamp, extra, done=False)
             since_checkpoint, last_checkpoint = 0, time.monotonic()
             if on_checkpoint is not None:
@@ -257,6 +297,8 @@ async def rebuild(
         else:
             await asyncio.sleep(0.01)
     async with guard:
+        if before_checkpoint is not None:
+            await before_checkpoint()
         _checkpoint(proc, stamp, extra, done=True)
     return read
 

@@ -13,9 +13,9 @@ from streamkit.layout.protocol import LayoutCoordinator
 from tests.runtime.scale_job import ScaleJob
 
 
-async def _start(job: ScaleJob, io: KafkaIO, workers: int) -> None:
+async def _start(job: ScaleJob, io: KafkaIO, workers: int, capacity: int | None = None) -> None:
     async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
-        await co.create(job.topic, job.partitions, capacity=job.partitions)
+        await co.create(job.topic, job.partitions, capacity=capacity or job.partitions)
     await io.create_topic(job.out, 2)
     for _ in range(workers):
         job.start_worker()
@@ -24,13 +24,15 @@ async def _start(job: ScaleJob, io: KafkaIO, workers: int) -> None:
     await job.wait_growth(io, 600)
 
 
-def _run(job: ScaleJob, workers: int, during: Callable[[KafkaIO], Awaitable[None]] | None = None) -> list:
+def _run(
+    job: ScaleJob, workers: int, during: Callable[[KafkaIO], Awaitable[None]] | None = None, capacity: int | None = None
+) -> list:
     """Start the job under load, run ``during``, finish (the producers' reports)."""
     reports: list = []
 
     async def scenario() -> None:
         async with KafkaIO(job.broker) as io:
-            await _start(job, io, workers)
+            await _start(job, io, workers, capacity)
             if during is not None:
                 await during(io)
             reports.extend(await job.finish(io))
@@ -113,4 +115,23 @@ def test_a_sharer_killed_under_load_loses_nothing(broker: str, tmp_path: Path) -
 
     reports = _run(job, 2, kill_and_replace)
     assert [w.returncode for w in job.workers] == [-9, 0, 0]
+    job.verify(reports, 2, counts=(2,))
+
+
+def test_a_shared_partition_split_by_a_topic_expansion_under_load(broker: str, tmp_path: Path) -> None:
+    """1 partition shared by 2 processors, then the topic grows to 2 (and 3) partitions:
+    the new partitions wait for the shared parent's group position (its lowest sharer)
+    to pass the seal, and each processor ends up owning whole partitions."""
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=3)
+    job.partitions = 1  # created with 1 active partition, room for 3
+
+    async def expand(io: KafkaIO) -> None:
+        job.partitions = 3
+        async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
+            for n in (2, 3):
+                await co.expand(job.topic, n)
+                await job.wait_growth(io, 300)
+
+    reports = _run(job, 2, expand, capacity=3)
+    assert [w.returncode for w in job.workers] == [0, 0]
     job.verify(reports, 2, counts=(2,))
