@@ -12,7 +12,9 @@ records over the time from the first record any worker applied to the last:
   processors sharing the partition by key range in two workers (one per core; goal:
   at least 1.6x);
 - skip before decode (no burn): one processor owning every key, vs two sharers, each
-  reading the whole partition and skipping the other's half before decoding values.
+  reading the whole partition and skipping the other's half before decoding values;
+- I/O-bound (an async handler awaiting 5 ms per record, ``--io-records`` records):
+  key-level concurrency 1 vs ``--concurrency`` (goal: at least 50x).
 
 Printed: records/s per case and the ratios, from the same run.
 """
@@ -46,7 +48,16 @@ async def produce(bootstrap: str, topic: str, n: int, keys: int) -> None:
         await p.flush()
 
 
-async def run_case(bootstrap: str, topic: str, n: int, processors: int, burn_us: int, work: Path) -> float:
+async def run_case(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    processors: int,
+    burn_us: int,
+    work: Path,
+    sleep_ms: float = 0,
+    concurrency: int = 1,
+) -> float:
     """records/s of a fresh job of ``processors`` processors, one worker each."""
     from streamkit.kafkaio import KafkaIO
 
@@ -54,7 +65,7 @@ async def run_case(bootstrap: str, topic: str, n: int, processors: int, burn_us:
     times = work / f"{app}-times"
     times.mkdir()
     env = dict(os.environ, SK_BENCH_APP=app, SK_BENCH_TOPIC=topic, SK_BENCH_BURN_US=str(burn_us),
-               SK_BENCH_TIMES=str(times),
+               SK_BENCH_TIMES=str(times), SK_BENCH_SLEEP_MS=str(sleep_ms), SK_BENCH_CONCURRENCY=str(concurrency),
                STREAMKIT_BROKER=bootstrap, STREAMKIT_STATE_DIR=str(work / app), STREAMKIT_PROCESSORS=str(processors),
                STREAMKIT_SESSION_TIMEOUT_MS="2000", STREAMKIT_HEARTBEAT_INTERVAL_MS="200",
                PYTHONPATH=str(ROOT))  # fmt: skip
@@ -96,6 +107,12 @@ async def main(a: argparse.Namespace) -> None:
         cpu_2 = await run_case(bootstrap, topic, a.records, 2, a.burn_us, work)
         cheap_1 = await run_case(bootstrap, topic, a.records, 1, 0, work)
         cheap_2 = await run_case(bootstrap, topic, a.records, 2, 0, work)
+        io_topic = f"sharing-io-{uuid.uuid4().hex[:8]}"
+        async with KafkaIO(bootstrap) as io:
+            await io.create_topic(io_topic, 1)
+        await produce(bootstrap, io_topic, a.io_records, a.keys)
+        io_1 = await run_case(bootstrap, io_topic, a.io_records, 1, 0, work, sleep_ms=5, concurrency=1)
+        io_n = await run_case(bootstrap, io_topic, a.io_records, 1, 0, work, sleep_ms=5, concurrency=a.concurrency)
     table = Table(title=f"shared tasks: 1 partition, {a.records:,} records, {a.keys:,} keys")
     for col in ("case", "records/s", "ratio"):
         table.add_column(col, justify="left" if col == "case" else "right")
@@ -105,6 +122,8 @@ async def main(a: argparse.Namespace) -> None:
     table.add_row(
         "cheap handler: 2 sharers, each skipping half before decoding", f"{cheap_2:,.0f}", f"{cheap_2 / cheap_1:.2f}x"
     )
+    table.add_row(f"I/O-bound (awaits 5 ms/record, {a.io_records:,} records): concurrency 1", f"{io_1:,.0f}", "1.00x")
+    table.add_row(f"I/O-bound: concurrency {a.concurrency} (keys in order)", f"{io_n:,.0f}", f"{io_n / io_1:.1f}x")
     console.print(table)
     console.print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
@@ -115,4 +134,6 @@ if __name__ == "__main__":
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--keys", type=int, default=1_000)
     ap.add_argument("--burn-us", type=int, default=50, help="CPU microseconds per record in the CPU-bound cases")
+    ap.add_argument("--io-records", type=int, default=3_000, help="records of the I/O-bound cases")
+    ap.add_argument("--concurrency", type=int, default=100, help="key-level concurrency of the I/O-bound case")
     asyncio.run(main(ap.parse_args()))

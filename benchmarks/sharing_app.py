@@ -1,9 +1,12 @@
 """The job of `benchmarks.sharing`: a count and a sum per key, with a handler that burns
-``SK_BENCH_BURN_US`` microseconds of CPU per record (0: as cheap as it gets). Each
-worker notes when it applied its first and last record."""
+``SK_BENCH_BURN_US`` microseconds of CPU per record (0: as cheap as it gets), or an
+async one that awaits ``SK_BENCH_SLEEP_MS`` per record with ``SK_BENCH_CONCURRENCY``
+records of different keys at once. Each worker notes when it applied its first and last
+record."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import time
@@ -15,6 +18,8 @@ import orjson
 import streamkit
 
 BURN = int(os.environ.get("SK_BENCH_BURN_US", "0")) / 1e6
+SLEEP = float(os.environ.get("SK_BENCH_SLEEP_MS", "0")) / 1e3
+CONCURRENCY = int(os.environ.get("SK_BENCH_CONCURRENCY", "1"))
 
 app = streamkit.App(os.environ.get("SK_BENCH_APP", "sharing-bench"), commit_interval=1.0)
 source = app.topic(os.environ.get("SK_BENCH_TOPIC", "sharing-in"))
@@ -42,3 +47,14 @@ def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     seen["records"] += 1
     count_sum = totals[key]
     totals[key] = [count_sum[0] + 1, count_sum[1] + value["amount"]]
+
+
+if SLEEP:  # I/O-bound: the handler awaits SLEEP seconds per record, up to CONCURRENCY at once
+
+    @app.processor(source, concurrency=CONCURRENCY)
+    async def count_slowly(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+        await asyncio.sleep(SLEEP)
+        count(key, value, ctx)
+
+else:
+    app.processor(source)(count)

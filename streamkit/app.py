@@ -28,6 +28,8 @@ class HandlerSpec:
     topic: Topic
     fn: Callable[..., Any]
     is_async: bool
+    concurrency: int = 1
+    """Records of different keys this async handler may run at once (1: one at a time)."""
 
     @property
     def name(self) -> str:
@@ -98,13 +100,31 @@ class App:
         self.tables[name] = table
         return table
 
-    def processor(self, topic: Topic | str) -> Callable[[F], F]:
-        """Decorate `fn(key, value, ctx)` (sync or async) to handle every record of `topic`."""
+    def processor(self, topic: Topic | str, *, concurrency: int = 1) -> Callable[[F], F]:
+        """Decorate `fn(key, value, ctx)` (sync or async) to handle every record of `topic`.
+
+        ``concurrency=N`` (async handlers): up to N records of different keys run at once,
+        each key's records one after the other in offset order (records finish out of
+        offset order; checkpoints record what finished, see `docs/design.md`)."""
         t = self._resolve_topic(topic)
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"@app.processor({t.name!r}): concurrency must be an integer >= 1, got {concurrency!r}")
 
         def register(fn: F) -> F:
             _check_arity(fn, 3, "@app.processor handler", "(key, value, ctx)")
-            self.handlers.setdefault(t.name, []).append(HandlerSpec(t, fn, inspect.iscoroutinefunction(fn)))
+            is_async = inspect.iscoroutinefunction(fn)
+            if concurrency > 1 and not is_async:
+                raise ValueError(
+                    f"@app.processor({t.name!r}, concurrency={concurrency}): {fn.__qualname__} is not async; "
+                    "only async handlers can run concurrently"
+                )
+            specs = self.handlers.setdefault(t.name, [])
+            if specs and concurrency != specs[0].concurrency:
+                raise ValueError(
+                    f"@app.processor({t.name!r}): every handler of a topic needs the same concurrency "
+                    f"({specs[0].name} has {specs[0].concurrency}, {fn.__qualname__} {concurrency})"
+                )
+            specs.append(HandlerSpec(t, fn, is_async, concurrency))
             return fn
 
         return register

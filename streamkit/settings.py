@@ -28,6 +28,12 @@ class Settings(BaseSettings):
         100, ge=1, description="consecutive handler failures after which the worker logs loudly"
     )
     store_open_timeout: float = Field(30.0, gt=0, description="seconds to wait for a store lock")
+    max_ic_ranges: int = Field(
+        10_000,
+        ge=1,
+        description="key-level concurrency: records handed over and not finished per partition at most "
+        "(each can leave an IC range in a checkpoint); beyond it the worker waits for them before fetching more",
+    )
     bootstrap_rate: float | None = Field(
         None, gt=0, description="records/s at most that a joining processor replays (None: as fast as it can)"
     )

@@ -113,8 +113,10 @@ def status(
     statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
 
     owners: dict[tuple[str, int], set[int]] = {}
+    ic: Counter[str] = Counter()
     for s in statuses:
         if s.alive and not s.stale:
+            ic.update(s.ic_ranges)
             for pid, hosted in s.processors.items():
                 for t, p in hosted:
                     owners.setdefault((t, p), set()).add(pid)
@@ -136,7 +138,7 @@ def status(
             (s.last_error or "")[:60],
         )
     parts = Table(title="partitions")
-    for col in ("topic", "partition", "processor", "keys", "committed", "high watermark", "lag"):
+    for col in ("topic", "partition", "processor", "keys", "committed", "IC ranges", "high watermark", "lag"):
         parts.add_column(col, justify="left" if col in ("topic", "keys") else "right")
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
@@ -146,6 +148,7 @@ def status(
             ", ".join(map(str, sorted(owners.get((topic, partition), ())))) or "-",
             key_ranges(job, shapes.get(topic), partition),
             "-" if com is None else str(com),
+            str(ic[f"{topic}/{partition}"]),
             str(hw),
             str(lag),
         )

@@ -17,7 +17,9 @@ Per partition batch, in this order:
    is stale: stop before it (the member re-reads the layout and gates again). One
    stamped older and lying beyond a later seal is a late record of a fenced producer:
    reported as an ordering violation, never applied silently.
-5. Records below the route's rebuild point were handled by the group before this
+5. Records inside the IC ranges of the processor's last checkpoint were applied before
+   a restart (key-level concurrency finishes records out of offset order): skipped.
+6. Records below the route's rebuild point were handled by the group before this
    processor got the partition: they are applied without output.
 
 Both 3 and 4 cost nothing when the topic has no pending change and records carry the
@@ -41,6 +43,7 @@ from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import PRODUCER_HEADER, classify_record, record_epoch, violation_record
+from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,8 @@ class Admission:
         self.gated = False
         """Some partition is held by its gate: re-gate often (the group's positions move)."""
         self.holes_refetched = 0
+        self.amended = 0
+        """Records skipped because a checkpoint's IC ranges say they were applied."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
         """(topic, partition, seconds gated) of every gate that opened."""
@@ -119,7 +124,7 @@ class Admission:
 
     # -- per batch ----------------------------------------------------------------------
     def admit(self, tp: TopicPartition, fetched: list[Any]) -> list[tuple[Route, Admitted]]:
-        """Steps 1-5 of the module docstring for one partition's records, per route
+        """Steps 1-6 of the module docstring for one partition's records, per route
         (none: nothing to do, e.g. fetched before a rebalance took the partition away)."""
         if not fetched:
             return []
@@ -143,6 +148,14 @@ class Admission:
                 return None
         checked = records
         records, stop_at, late = self._gate_and_check(tp, route, records)
+        ahead = route.proc.ahead.get(route.position_key)
+        if ahead and records:  # gap amending: applied before a restart, beyond the stable offset
+            keep, amended = skip_applied([r.offset for r in records], ahead)
+            if amended:
+                records = [records[i] for i in keep]
+                self.amended += amended
+                log.info("%s: %s[%d]: skipped %d records applied before a restart (IC ranges of the last checkpoint)",
+                         self.name, tp.topic, tp.partition, amended)  # fmt: skip
         until = route.filter_until
         if route.key_filter is not None and records and (until is None or records[0].offset < until):
             # a shared task, or a partition's history from before a split: this processor's keys only
@@ -265,7 +278,7 @@ class Admission:
             mine = {tp.partition: routes for tp, routes in self.routes.items() if tp.topic == topic}
             if layout is None:
                 continue
-            local = {p: min(r.position for r in routes) for p, routes in mine.items()}
+            local = {p: min(r.stable for r in routes) for p, routes in mine.items()}
             group = dict(group_positions(topic))
             for p, pos in local.items():
                 group[p] = pos if history else max(group.get(p, 0), pos)

@@ -4,7 +4,8 @@
    partitions, the member is a zombie (paused through a rebalance) and its checkpoint
    is rejected: nothing of it is written (`ZombieCheckpointError`).
 1. Output and dead letters of every handled record are acknowledged by the broker.
-2. Each processor writes its state changes and its input positions, stamped with the
+2. Each processor writes its state changes and its input positions (per partition the
+   stable offset and the IC ranges applied beyond it, `icranges`), stamped with the
    layout epochs and the group generation, in one atomic store batch (the checkpoint).
    A stamp older than the store's is refused (`ZombieError`). After a crash, reopening
    gives exactly the state of having applied every record before those positions once.
@@ -34,6 +35,7 @@ from aiokafka.structs import OffsetAndMetadata
 from stores.base import Checkpoint
 from streamkit.errors import StreamkitError
 from streamkit.layout.epochs import check_stamp
+from streamkit.runtime import icranges
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
 
@@ -96,16 +98,21 @@ async def checkpoint(
     epochs = dict(layout_epochs)
     for proc in processors:
         if proc.uncommitted or proc.positions != proc.loaded.positions or dict(extra or {}) != proc.loaded.extra:
+            stable, ranges = proc.stable()
             new = Checkpoint(
-                positions=dict(proc.positions), layout_epochs=epochs, generation=generation, extra=dict(extra or {})
+                positions=stable, layout_epochs=epochs, generation=generation, ic_ranges=ranges, extra=dict(extra or {})
             )
             check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
             proc.commit(new)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
+    ic: dict[tuple[str, int, int], tuple[int, str]] = {}
     for slot in slots:
-        pos = slot.proc.positions.get((slot.tp.topic, slot.tp.partition))
+        key = (slot.tp.topic, slot.tp.partition)
+        pos = slot.proc.loaded.positions.get(key)  # the stable offset
+        if pos is not None and (applied := slot.proc.loaded.ic_ranges.get(key)):
+            ic[(*key, slot.proc.id)] = (pos, icranges.encode(pos, applied))
         if pos is not None and pos > slot.committed:
             committed[(slot.tp, slot.proc.id)] = pos
             if slot.sharers:
@@ -113,9 +120,9 @@ async def checkpoint(
             else:
                 whole[(slot.tp.topic, slot.tp.partition)] = pos
     t3 = time.monotonic()
-    if not committed:
+    if not committed and not ic:
         return committed
-    await progress.record(member, generation, epochs, whole, shares)
+    await progress.record(member, generation, epochs, whole, shares, ic)
     t4 = time.monotonic()
     meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
     offsets = {

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 Failure = tuple[Any, str, BaseException, str]  # (record, reason, exception, handler name)
 
+RUN_BUDGET = 0.05
+"""Seconds a key-concurrent route runs its queued records per call before the member
+fetches again (queued records of busy keys wait; other keys' records keep coming)."""
+
 
 class Dispatcher:
     """Applies admitted records of one group member to its processors' state."""
@@ -55,11 +59,47 @@ class Dispatcher:
                     await self._run(admitted.rebuild, route, rebuilding=True)
                 finally:
                     self.outbox.suppress = False
-            if admitted.deliver:
+            if admitted.deliver and route.scheduler is not None:
+                route.scheduler.submit(admitted.deliver)
+                await self.run_queued(route)
+            elif admitted.deliver:
                 await self._run(admitted.deliver, route, rebuilding=False)
         for rec, report in admitted.late:
             await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
         self.handled += admitted.consumed
+
+    async def run_queued(self, route: Route) -> None:
+        """Run a key-concurrent route's queued records for a while (``keyorder``); returns
+        with none running, the others still queued and pending."""
+        scheduler = route.scheduler
+        assert scheduler is not None
+        proc, kl, vl = route.proc, route.key_loads, route.value_loads
+        self.binder.bind(proc.caches)
+        failures: list[Failure] = []
+        ran = 0
+
+        async def handle(rec: Any) -> None:
+            nonlocal ran
+            ran += 1
+            try:
+                k = kl(rec.key) if rec.key is not None else None
+                v = vl(rec.value) if rec.value is not None else None
+            except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
+                failures.append((rec, _decode_reason(rec, kl), exc, ""))
+                return
+            ctx = Context(self.outbox)  # one per record: handlers of other keys run meanwhile
+            ctx._rec, ctx.processor = rec, proc.id
+            for spec in route.handlers:
+                try:
+                    await spec.fn(k, v, ctx)
+                except Exception as exc:  # noqa: BLE001 - user code
+                    failures.append((rec, "handler", exc, spec.name))
+
+        await scheduler.run(handle, RUN_BUDGET)
+        if failures:
+            await self._failed(failures, ran * len(route.handlers), rebuilding=False)
+        elif ran:
+            self.consecutive_failures = 0
 
     async def send_output(self) -> None:
         """Hand what the handlers sent to the producer (acknowledged at the checkpoint)."""

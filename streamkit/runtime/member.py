@@ -262,6 +262,7 @@ class GroupMember:
                     route = Route.for_slot(
                         proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic),
                         key_filter=key_filter, sharers=sharers, p0=assignment.p0, p=assignment.p,
+                        max_pending=settings.max_ic_ranges,
                     )  # fmt: skip
                     self.admission.add(TopicPartition(topic, part), route)
                     if sharers:
@@ -390,12 +391,13 @@ class GroupMember:
         while not self._stopping:
             self.awaiting_records = True
             try:
-                batch = await consumer.getmany(timeout_ms=100 if self.admission.gated else 200)
+                queued = [r for _, r in self.admission if r.scheduler is not None and r.scheduler.queued]
+                batch = await consumer.getmany(timeout_ms=0 if queued else 100 if self.admission.gated else 200)
             finally:
                 self.awaiting_records = False
             if self.fatal is not None:
                 raise self.fatal
-            if batch:
+            if batch or queued:
                 async with lock:
                     await self._handle(batch)
             now = time.monotonic()
@@ -416,9 +418,12 @@ class GroupMember:
         for tp, fetched in batch.items():
             for route, records in self.admission.admit(tp, fetched):
                 await self.dispatcher.apply(route, records)
-                route.position = records.next_position
+                route.position = records.next_position  # key-concurrent: what is not finished is pending
                 route.proc.uncommitted += records.consumed
                 self._since_checkpoint += records.consumed
+        for _, route in self.admission:  # key-concurrent routes' records of busy keys
+            if route.scheduler is not None and route.scheduler.queued:
+                await self.dispatcher.run_queued(route)
         await self.dispatcher.send_output()
         stale = self.admission.take_stale_epochs()
         if stale:

@@ -17,6 +17,7 @@ from pathlib import Path
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CachedTable, commit_cached
 from stores.rocksdb import RocksDBStore
+from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,25 @@ class ProcessorState:
         self.loaded = loaded
         # next offset to process per (topic, partition); starts at what the store holds
         self.positions: dict[Position, int] = dict(loaded.positions)
+        self.ahead: dict[Position, list[Range]] = {k: list(v) for k, v in loaded.ic_ranges.items() if v}
+        """IC ranges of the last checkpoint the positions have not reached: applied already."""
+        self.pending: dict[Position, set[int]] = {}
+        """Offsets below the positions handed to handlers and not finished (key-level concurrency)."""
         self.uncommitted = 0
+
+    def stable(self) -> tuple[dict[Position, int], dict[Position, list[Range]]]:
+        """What a checkpoint records now: per partition the stable offset (everything below
+        is applied) and the IC ranges (applied beyond it; ``icranges``)."""
+        positions: dict[Position, int] = {}
+        ranges: dict[Position, list[Range]] = {}
+        for key, cursor in self.positions.items():
+            ahead = self.ahead.get(key)
+            if ahead:
+                ahead = self.ahead[key] = compact(ahead, cursor)
+            positions[key], found = snapshot(self.pending.get(key, ()), cursor, ahead or ())
+            if found:
+                ranges[key] = found
+        return positions, ranges
 
     @classmethod
     async def open(cls, pid: int, path: Path, tables: Mapping[str, Table], timeout: float) -> ProcessorState:

@@ -12,7 +12,8 @@ is the zombie, and its checkpoint is rejected (see `checkpointing`).
 
 Records (topic `__streamkit_progress`, one partition, key = group):
     {"group", "member", "gen", "epochs": {topic: epoch}, "parts": [[topic, partition, offset|null]],
-     "shares": [[topic, partition, processor, offset|null, [sharers]]]}
+     "shares": [[topic, partition, processor, offset|null, [sharers]]],
+     "ic": [[topic, partition, processor, stable offset, IC ranges (icranges.encode)]]}
 `offset` null is a fence: "generation `gen` owns this partition now" (written when an
 assignment arrives, before the member knows its positions).
 
@@ -34,6 +35,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from streamkit.kafkaio import KafkaIO
+from streamkit.runtime import icranges
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class ProgressLog:
     _state: dict[TP, _Owner] = field(default_factory=dict)
     _offset: int = 0
     rejected: list[Rejected] = field(default_factory=list)
+    _ic: dict[Share, tuple[int, str]] = field(default_factory=dict)
 
     async def start(self) -> None:
         await self.io.create_topic(PROGRESS_TOPIC, 1, configs={"retention.ms": "-1", "retention.bytes": "-1"})
@@ -107,6 +110,16 @@ class ProgressLog:
             if offset is not None:
                 cur.shares[int(pid)] = max(cur.shares.get(int(pid), 0), int(offset))
             cur.settle()
+        for topic, part, pid, base, text in d.get("ic", ()):
+            cur = self._state.get((topic, part))
+            if cur is None or gen >= cur.generation:
+                self._ic[(topic, part, int(pid))] = (int(base), text)
+
+    def ic_ranges(self, topic: str, partition: int, processor: int) -> list[tuple[int, int]]:
+        """The IC ranges a processor last recorded for a partition (applied beyond its
+        stable offset then)."""
+        found = self._ic.get((topic, partition, processor))
+        return icranges.decode(*found) if found else []
 
     def _admit(self, d: Mapping[str, Any], tp: TP, gen: int) -> _Owner | None | Literal[False]:
         """The partition's state if a record of generation ``gen`` may update it (None:
@@ -149,12 +162,14 @@ class ProgressLog:
         epochs: Mapping[str, int],
         parts: Mapping[TP, int | None],
         shares: Mapping[Share, tuple[int | None, tuple[int, ...]]] | None = None,
+        ic: Mapping[Share, tuple[int, str]] | None = None,
     ) -> None:
         """Append a commit (or a fence, for offsets None) and wait until it is stored.
 
         ``shares``: per (topic, partition, processor) of a shared partition, the
-        sharer's offset (or None) and every sharer of the partition."""
-        if not parts and not shares:
+        sharer's offset (or None) and every sharer of the partition. ``ic``: per (topic,
+        partition, processor), its stable offset and its IC ranges beyond it (``icranges.encode``)."""
+        if not parts and not shares and not ic:
             return
         body: dict[str, Any] = {
             "group": self.group,
@@ -165,5 +180,7 @@ class ProgressLog:
         }
         if shares:
             body["shares"] = [[t, p, pid, o, list(of)] for (t, p, pid), (o, of) in sorted(shares.items())]
+        if ic:
+            body["ic"] = [[t, p, pid, base, text] for (t, p, pid), (base, text) in sorted(ic.items())]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)

@@ -313,5 +313,11 @@ def _checkpoint(
     epochs, generation = stamp()
     marks = dict(extra or {}) | ({} if done else {REBUILD_MARK: True})
     proc.commit(
-        Checkpoint(positions=dict(proc.positions), layout_epochs=dict(epochs), generation=generation, extra=marks)
+        Checkpoint(
+            positions=proc.stable()[0],
+            layout_epochs=dict(epochs),
+            generation=generation,
+            ic_ranges=proc.stable()[1],
+            extra=marks,
+        )
     )

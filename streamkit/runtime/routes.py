@@ -13,6 +13,7 @@ from assignors.placement import KeyFilter
 from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
+from streamkit.runtime.keyorder import KeyScheduler
 from streamkit.runtime.processor import Position, ProcessorState
 
 
@@ -72,6 +73,8 @@ class Route:
     """With a key filter: whether records without a key are applied (the partition's owner)."""
     sharers: tuple[int, ...] = ()
     """A shared task: every processor sharing the partition by key range (empty: whole)."""
+    scheduler: KeyScheduler | None = None
+    """Key-level concurrency (live routes of handlers with ``concurrency`` > 1)."""
     filter_until: int | None = None
     """With a key filter: records at or beyond this offset are all the processor's and
     pass unfiltered (None: every record is filtered)."""
@@ -84,6 +87,13 @@ class Route:
     @position.setter
     def position(self, offset: int) -> None:
         self.proc.positions[self.position_key] = offset
+
+    @property
+    def stable(self) -> int:
+        """Every record below this offset is applied: the position, or the lowest record a
+        key-concurrent route handed over and has not finished."""
+        pending = self.scheduler.pending if self.scheduler is not None else None
+        return min(pending) if pending else self.position
 
     @classmethod
     def build(
@@ -123,12 +133,16 @@ class Route:
         sharers: tuple[int, ...],
         p0: int,
         p: int,
+        max_pending: int = 10_000,
     ) -> Route:
         """The route of one assigned slot: a shared task applies only the processor's key
         range of the partition (keyless records going to the lowest sharer); a whole
         partition whose history holds keys of a wider class filters by the processor's
         keys up to the end of that history."""
         route = cls.build(proc, handlers, partition, group_position, layout)
+        if handlers[0].concurrency > 1:
+            route.scheduler = KeyScheduler(handlers[0].concurrency, max_pending)
+            proc.pending[partition] = route.scheduler.pending
         if sharers:
             route.key_filter, route.sharers, route.null_keys = key_filter, sharers, proc.id == sharers[0]
             return route

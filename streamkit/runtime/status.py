@@ -19,6 +19,7 @@ import orjson
 
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.output import Output
+from streamkit.runtime.processor import ProcessorState
 
 STATUS_TOPIC = "__streamkit_status"
 STALE_AFTER = 15.0
@@ -39,6 +40,8 @@ class WorkerStatus:
     last_error: str | None = None
     joining: dict[int, dict[str, int]] = field(default_factory=dict)
     """Processors bootstrapping to join the job: {id: {"t2", "t1", "lag", "replayed"}}."""
+    ic_ranges: dict[str, int] = field(default_factory=dict)
+    """IC ranges in the hosted processors' last checkpoints, per "topic/partition"."""
 
     @property
     def stale(self) -> bool:
@@ -57,6 +60,7 @@ def snapshot(
     consecutive_failures: int,
     output: Output,
     joining: Mapping[int, Mapping[str, int]] | None = None,
+    processors: Iterable[ProcessorState] = (),
     alive: bool = True,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
@@ -74,7 +78,18 @@ def snapshot(
         consecutive_failures=consecutive_failures,
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
+        ic_ranges=ic_counts(processors),
     )
+
+
+def ic_counts(processors: Iterable[ProcessorState]) -> dict[str, int]:
+    """How many IC ranges the processors' last checkpoints hold, per "topic/partition"."""
+    out: dict[str, int] = {}
+    for proc in processors:
+        for (topic, part), ranges in proc.loaded.ic_ranges.items():
+            if ranges:
+                out[f"{topic}/{part}"] = out.get(f"{topic}/{part}", 0) + len(ranges)
+    return out
 
 
 async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:

@@ -1,27 +1,42 @@
 """The job of the processor scaling test: per key, per producer, count and last seq, and
-one output record per input record (to the topic named by SK_TEST_OUT)."""
+one output record per input record (to the topic named by SK_TEST_OUT).
+
+With SK_TEST_CONCURRENCY=N the handler is async and key-concurrent: it awaits 1 ms per
+record, 200 ms for the slow keys k0..k3 (whose records queue up behind each other while
+other keys' records finish: checkpoints then carry IC ranges)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import streamkit
 
+SLOW_KEYS = {"k0", "k1", "k2", "k3"}
 
-def make_app(name: str, topic: str, out: str) -> streamkit.App:
+
+def make_app(name: str, topic: str, out: str, concurrency: int = 1) -> streamkit.App:
     app = streamkit.App(name, commit_interval=0.3)
     source = app.topic(topic)
     # key -> {producer: [count, last seq, disorder]}
     seen = app.table("seen", default=dict)
 
-    @app.processor(source)
-    def track(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+    def apply(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         state = seen[key]
         count, last, disorder = state.get(value["p"], (0, -1, 0))
         state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
         seen[key] = state
         ctx.send(out, key, {"p": value["p"], "seq": value["seq"], "processor": ctx.processor})
+
+    if concurrency == 1:
+        app.processor(source)(apply)
+        return app
+
+    @app.processor(source, concurrency=concurrency)
+    async def track(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+        await asyncio.sleep(0.2 if key in SLOW_KEYS else 0.001)
+        apply(key, value, ctx)
 
     return app
 
@@ -30,4 +45,5 @@ app = make_app(
     os.environ.get("SK_TEST_APP", "scale"),
     os.environ.get("SK_TEST_TOPIC", "scale-input"),
     os.environ.get("SK_TEST_OUT", "scale-output"),
+    int(os.environ.get("SK_TEST_CONCURRENCY", "1")),
 )

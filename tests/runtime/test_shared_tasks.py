@@ -1,6 +1,7 @@
-"""Shared tasks with real processes on the real broker: jobs with more processors than
-partitions (each processor owning a key range of a partition), and `streamkit scale`
-beyond the partition count under load."""
+"""Shared tasks and key-level concurrency with real processes on the real broker: jobs
+with more processors than partitions (each processor owning a key range of a
+partition), `streamkit scale` beyond the partition count under load, and key-concurrent
+handlers killed with IC ranges in their checkpoints."""
 
 from __future__ import annotations
 
@@ -135,3 +136,41 @@ def test_a_shared_partition_split_by_a_topic_expansion_under_load(broker: str, t
     reports = _run(job, 2, expand, capacity=3)
     assert [w.returncode for w in job.workers] == [0, 0]
     job.verify(reports, 2, counts=(2,))
+
+
+def test_key_concurrent_processing_killed_again_and_again_applies_every_record_once(
+    broker: str, tmp_path: Path
+) -> None:
+    """An async handler with concurrency 20 (slow keys queue up, others finish past them:
+    checkpoints carry IC ranges), 2 workers on 2 partitions under load; the worker of
+    processor 0 is SIGKILLed and replaced until two kills have left IC ranges in its
+    store. Every record is applied exactly once, in order per key, and the restarts are
+    shown to skip the records inside the ranges."""
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
+    job.env["SK_TEST_CONCURRENCY"] = "20"
+    with_ranges: list[int] = []
+
+    async def kill_repeatedly(io: KafkaIO) -> None:
+        from stores.rocksdb import RocksDBStore
+
+        for _ in range(8):
+            statuses = await job.statuses(io)
+            victim = next((s.pid for s in statuses if s.processors.get(0)), None)
+            if victim is None:
+                await job.wait_growth(io, 100)
+                continue
+            job.kill9(victim)
+            with RocksDBStore.open(str(job.tmp / "state" / job.app / "processor-0"), ["seen"]) as store:
+                ranges = sum(len(r) for r in store.checkpoint().ic_ranges.values())
+            if ranges:
+                with_ranges.append(ranges)
+            job.start_worker()
+            await job.wait_growth(io, 300)
+            if len(with_ranges) >= 2:
+                return
+
+    reports = _run(job, 2, kill_repeatedly)
+    assert len(with_ranges) >= 2, with_ranges
+    job.verify(reports, 2, counts=(2,))
+    skipped = [int(line.split("skipped ")[1].split()[0]) for line in job.logs().splitlines() if "IC ranges" in line]
+    assert sum(skipped) > 0, "no restart skipped a record inside an IC range"
