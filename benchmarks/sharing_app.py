@@ -34,7 +34,6 @@ def _write_times() -> None:
         (Path(out) / f"{os.getpid()}.json").write_bytes(orjson.dumps(seen))
 
 
-@app.processor(source)
 def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     if BURN:
         until = time.perf_counter() + BURN
