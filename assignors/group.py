@@ -119,6 +119,26 @@ class ProcessorAssignment:
         return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers)
 
 
+def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[PartitionSlot]]:
+    """Every processor's (topic, partition, key filter) slots for a job of ``p`` processors."""
+    slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
+    for topic, shape in shapes.items():
+        for part in shape.draining:  # a draining partition's keys keep their processor
+            for pid, key_filter in processors_for_partition(part, shape.n0, part + 1, p0, p).items():
+                slots.setdefault(pid, []).append((topic, part, key_filter))
+    return slots
+
+
+def sharers_of(slots: Mapping[int, list[PartitionSlot]]) -> dict[tuple[str, int], tuple[int, ...]]:
+    """Per shared partition, every processor sharing it (ascending)."""
+    sharers: dict[tuple[str, int], list[int]] = {}
+    for pid, pid_slots in sorted(slots.items()):
+        for t, part, key_filter in pid_slots:
+            if key_filter is not None:
+                sharers.setdefault((t, part), []).append(pid)
+    return {tp: tuple(pids) for tp, pids in sharers.items()}
+
+
 class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
     """One instance per consumer: `info` is sent on join, `assignment` is set on sync."""
 
@@ -162,17 +182,9 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
-        slots = assign_partitions({t: (s.n0, s.active) for t, s in shapes.items()}, p0, p)
-        for topic, shape in shapes.items():
-            for part in shape.draining:  # a draining partition's keys keep their processor
-                for pid, key_filter in processors_for_partition(part, shape.n0, part + 1, p0, p).items():
-                    slots.setdefault(pid, []).append((topic, part, key_filter))
-        sharers: dict[tuple[str, int], list[int]] = {}
-        for pid, pid_slots in sorted(slots.items()):
-            for t, part, key_filter in pid_slots:
-                if key_filter is not None:
-                    sharers.setdefault((t, part), []).append(pid)
-        together = [pids for _, pids in sorted(sharers.items())]
+        slots = processor_slots(shapes, p0, p)
+        sharers = sharers_of(slots)
+        together = [list(pids) for _, pids in sorted(sharers.items())]
         hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p, together)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, pids in hosting.items():
@@ -183,7 +195,7 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 for t, part, key_filter in pid_slots:
                     by_topic.setdefault(t, set()).add(part)
                     if key_filter is not None:
-                        mine[(t, part)] = tuple(sharers[(t, part)])
+                        mine[(t, part)] = sharers[(t, part)]
             user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, mine)
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()

@@ -110,6 +110,14 @@ class Admission:
     def add(self, tp: TopicPartition, route: Route) -> None:
         self.routes.setdefault(tp, []).append(route)
 
+    def remove(self, routes: list[Route]) -> None:
+        """Drop these routes (a partition without any left is no longer routed)."""
+        gone = {id(r) for r in routes}
+        for tp in list(self.routes):
+            self.routes[tp] = [r for r in self.routes[tp] if id(r) not in gone]
+            if not self.routes[tp]:
+                del self.routes[tp]
+
     def fetch_position(self, tp: TopicPartition) -> int:
         """Where the consumer reads ``tp`` from: the lowest position of its routes."""
         return min(r.position for r in self.routes[tp])

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from assignors.group import MemberInfo, StreamkitAssignor, TopicShape
+from assignors.group import MemberInfo, PartitionSlot, StreamkitAssignor, TopicShape, processor_slots, sharers_of
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.layout.model import PartitionMode, TopicLayout
@@ -25,7 +26,13 @@ from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import RebuildPlan, plan_left_history, plan_rebuild, rebuild, rebuild_unfinished
 from streamkit.runtime.routes import Route
-from streamkit.runtime.scaling import bootstrap_step, delete_retired_stores, open_for_count, staging_path
+from streamkit.runtime.scaling import (
+    bootstrap_step,
+    delete_retired_stores,
+    open_for_count,
+    purge_moved_keys,
+    staging_path,
+)
 from streamkit.runtime.services import Services
 
 log = logging.getLogger(__name__)
@@ -128,11 +135,16 @@ class GroupMember:
         of a scale change starts its bootstrap beside the processor it comes from, with no
         rebalance."""
         info = self.assignor.info
-        if job.p != info.p:
+        if job.p == info.p + 1 and self.assigned_generation >= 0:
+            # one growth step: only the splitting processor's partitions move, and its host
+            # hands them over in place (or asks for a rebalance itself if it cannot)
+            info.p = job.p
+        elif job.p != info.p:
             info.p = job.p
             log.info("%s: job epoch %d has %d processors: rebalancing", self.name, job.epoch, job.p)
             self.consumer._coordinator.request_rejoin()
-        elif job.bootstrap is not None and self.assigned_generation >= 0:
+            return
+        if job.bootstrap is not None and self.assigned_generation >= 0:
             task = asyncio.create_task(self._host_joining_locked(job, self.assigned_generation))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -256,22 +268,7 @@ class GroupMember:
                 )  # fmt: skip
                 if left.targets:
                     await self._rebuild(proc, generation, left)
-                for topic, part, key_filter in slots:
-                    sharers = assignment.sharers.get((topic, part), ()) if key_filter is not None else ()
-                    group_pos = progress.position(topic, part, pid if sharers else None)
-                    route = Route.for_slot(
-                        proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic),
-                        key_filter=key_filter, sharers=sharers, p0=assignment.p0, p=assignment.p,
-                        max_pending=settings.max_ic_ranges,
-                    )  # fmt: skip
-                    self.admission.add(TopicPartition(topic, part), route)
-                    if sharers:
-                        shared_starts[(topic, part, pid)] = (route.position, sharers)
-                    else:
-                        starts[(topic, part)] = route.position
-                    if group_pos > route.position:
-                        log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
-                                 self.name, pid, topic, part, route.position, group_pos)  # fmt: skip
+                self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts, shared_starts)
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
             await progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
@@ -311,6 +308,81 @@ class GroupMember:
                     )
                     self.consumer._coordinator.request_rejoin()
                     break
+
+    def _add_routes(
+        self,
+        proc: ProcessorState,
+        slots: list[PartitionSlot],
+        sharers_of: Mapping[tuple[str, int], tuple[int, ...]],
+        p0: int,
+        p: int,
+        starts: dict[tuple[str, int], int | None],
+        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]],
+    ) -> None:
+        """Route ``proc``'s slots (the consumer is sought afterwards); note where each starts."""
+        progress, registry = self.services.progress, self.services.registry
+        for topic, part, key_filter in slots:
+            sharers = sharers_of.get((topic, part), ()) if key_filter is not None else ()
+            group_pos = progress.position(topic, part, proc.id if sharers else None)
+            route = Route.for_slot(
+                proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic),
+                key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.app.settings.max_ic_ranges,
+            )  # fmt: skip
+            self.admission.add(TopicPartition(topic, part), route)
+            if sharers:
+                shared_starts[(topic, part, proc.id)] = (route.position, sharers)
+            else:
+                starts[(topic, part)] = route.position
+            if group_pos > route.position:
+                log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
+                         self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
+
+    async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
+        """A growth step whose splitting processor is hosted here, beside the joined one:
+        move the joined processor's partitions from the splitting one to it inside this
+        member, with no group rebalance (the member keeps fetching the same partitions).
+        The splitting processor checkpoints first (its positions are T1); the joined one
+        replays from its bootstrap's positions to T1 without output and goes on with output.
+        False if it cannot be done here (the member lost the processor, or a partition of
+        theirs is shared with a processor elsewhere): the caller asks for a rebalance.
+        Call with the lock held."""
+        await self._checkpoint()  # a zombie's is refused: it lets go of everything
+        old = self.processors.get(split)
+        if generation != self.assigned_generation or old is None:
+            return False
+        shapes = {
+            t: shape_of(lay) if lay is not None else TopicShape(n, n)
+            for t, (lay, n) in (await self._input_topics()).items()
+        }
+        slots = processor_slots(shapes, job.p0, job.p)
+        sharers = sharers_of(slots)
+        moving = [(tp, r) for tp, r in self.admission if r.proc is old]
+        if any(not set(sharers.get((t, q), ())) <= {split, joined.id} for pid in (split, joined.id)
+               for t, q, _ in slots.get(pid, ())):  # fmt: skip
+            return False
+        await self.dispatcher.fire(self.app.keys_revoked_callbacks, {old: [tp for tp, _ in moving]})
+        self.admission.remove([r for _, r in moving])
+        old.rewind()  # what its routes had not finished goes back to the checkpoint: refetched
+        self._joining.pop(joined.id, None)
+        self.joining.pop(joined.id, None)
+        self.processors[joined.id] = joined
+        self.job_p = self.assignor.info.p = job.p
+        self.assignor.info.hosted = sorted(self.processors)
+        purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
+        starts: dict[tuple[str, int], int | None] = {}
+        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
+        for proc in (old, joined):
+            self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts)
+        for tp, _ in moving:
+            self.consumer.seek(tp, self.admission.fetch_position(tp))
+        await self.services.progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
+        await self.dispatcher.fire(
+            self.app.keys_assigned_callbacks, by_processor((tp, r) for tp, r in self.admission if r.proc is joined)
+        )
+        await self._regate()
+        log.info("%s: processor %d took over its partitions from processor %d in place (no rebalance); "
+                 "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip
+        return True
 
     async def _input_topics(self) -> dict[str, tuple[TopicLayout | None, int]]:
         """Per input topic: its layout (None: a plain topic) and physical partition count."""
@@ -360,7 +432,7 @@ class GroupMember:
             self.joining[proc.id] = progress
             self.services.beat()  # status shows it now, not at the next heartbeat
 
-        await bootstrap_step(
+        stepped = await bootstrap_step(
             proc, job=self.services.jobs.job, step=step, io=self.services.io, registry=self.services.registry,
             progress=self.services.progress, handlers=self.app.handlers, topics=self._input_topics,
             dispatcher=self.dispatcher, lock=self.services.lock, stamp=lambda: (self.layout_epochs, generation),
@@ -368,6 +440,19 @@ class GroupMember:
             checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
             report=report, by=self.name,
         )  # fmt: skip
+        if stepped is None:
+            return
+        async with self.services.lock:
+            try:
+                done = not step.staging and await self._hand_over_in_place(proc, step.beside, stepped, generation)
+            except Exception:  # noqa: BLE001 - the rebalance below hands over from the stores
+                log.exception("%s: the handover of processor %d in place failed", self.name, proc.id)
+                self._close_all()
+                done = False
+            if not done:
+                log.info("%s: job epoch %d has %d processors: rebalancing", self.name, stepped.epoch, stepped.p)
+                self.assignor.info.p = stepped.p
+                self.consumer._coordinator.request_rejoin()
 
     async def _send_output(self) -> None:
         await self.dispatcher.send_output()

@@ -42,6 +42,13 @@ class ProcessorState:
         """Offsets below the positions handed to handlers and not finished (key-level concurrency)."""
         self.uncommitted = 0
 
+    def rewind(self) -> None:
+        """Forget progress beyond the last checkpoint (call right after one): positions and
+        IC ranges as checkpointed, nothing pending."""
+        self.positions = dict(self.loaded.positions)
+        self.ahead = {k: list(v) for k, v in self.loaded.ic_ranges.items() if v}
+        self.pending.clear()
+
     def stable(self) -> tuple[dict[Position, int], dict[Position, list[Range]]]:
         """What a checkpoint records now: per partition the stable offset (everything below
         is applied) and the IC ranges (applied beyond it; ``icranges``)."""

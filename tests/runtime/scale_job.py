@@ -204,7 +204,8 @@ class ScaleJob:
                     assert key not in state, f"{key} is in two processors' stores"
                     assert lh_bucket(key_hash(k), self.p0, processors) == pid, f"{key} left in processor {pid}"
                     state[key] = orjson.loads(v)
-        assert state == expected
+        wrong = {k: (state.get(k), want) for k, want in expected.items() if state.get(k) != want}
+        assert state == expected, f"{len(wrong)} keys differ (state, expected), e.g. {list(wrong.items())[:3]}"
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:
