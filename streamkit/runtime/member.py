@@ -346,7 +346,6 @@ class GroupMember:
         False if it cannot be done here (the member lost the processor, or a partition of
         theirs is shared with a processor elsewhere): the caller asks for a rebalance.
         Call with the lock held."""
-        await self._checkpoint()  # a zombie's is refused: it lets go of everything
         old = self.processors.get(split)
         if generation != self.assigned_generation or old is None:
             return False
@@ -356,12 +355,15 @@ class GroupMember:
         }
         slots = processor_slots(shapes, job.p0, job.p)
         sharers = sharers_of(slots)
-        moving = [(tp, r) for tp, r in self.admission if r.proc is old]
         if any(not set(sharers.get((t, q), ())) <= {split, joined.id} for pid in (split, joined.id)
                for t, q, _ in slots.get(pid, ())):  # fmt: skip
             return False
-        await self.dispatcher.fire(self.app.keys_revoked_callbacks, {old: [tp for tp, _ in moving]})
-        self.admission.remove([r for _, r in moving])
+        moving = [tp for tp, r in self.admission if r.proc is old]
+        await self.dispatcher.fire(self.app.keys_revoked_callbacks, {old: moving})
+        await self._checkpoint()  # its positions are T1; a zombie's is refused and it lets go of everything
+        if generation != self.assigned_generation or self.processors.get(split) is not old:
+            return False
+        self.admission.remove([r for _, r in self.admission if r.proc is old])
         old.rewind()  # what its routes had not finished goes back to the checkpoint: refetched
         self._joining.pop(joined.id, None)
         self.joining.pop(joined.id, None)
@@ -373,7 +375,7 @@ class GroupMember:
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
         for proc in (old, joined):
             self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts)
-        for tp, _ in moving:
+        for tp in moving:
             self.consumer.seek(tp, self.admission.fetch_position(tp))
         await self.services.progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
         await self.dispatcher.fire(
