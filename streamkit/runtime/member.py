@@ -264,7 +264,7 @@ class GroupMember:
                         return
                 left = plan_left_history(
                     pid, assignment.p0, assignment.p, proc.positions, {(t, q) for t, q, _ in slots},
-                    {t: registry.get(t) for t in self.app.handlers}, progress.position,
+                    {t: registry.get(t) for t in self.app.handlers},
                 )  # fmt: skip
                 if left.targets:
                     await self._rebuild(proc, generation, left)

@@ -128,14 +128,14 @@ def plan_left_history(
     positions: Mapping[tuple[str, int], int],
     owned: set[tuple[str, int]],
     layouts: Mapping[str, TopicLayout | None],
-    handled: Callable[[str, int, int], int],
 ) -> RebuildPlan:
     """What a processor must still read of partitions it no longer consumes: one it
     shared until a topic expansion split it (the partition is whole for another processor
     now) holds, below its seal, records of this processor's keys that it may not have
     applied yet. They are read up to the seal with its key filter, before its own
-    partitions deliver anything (per-key order), with output from where the group
-    stopped handling its keys (``handled(topic, partition, processor)``)."""
+    partitions deliver anything (per-key order), with output from its own position there
+    (below it, its checkpoints flushed the output; the group's position of the partition
+    is the new owner's now, and says nothing of this processor's keys)."""
     plan = RebuildPlan(processor, KeyFilter(bucket_modulus(processor, p0, p), frozenset({processor})))
     for (topic, part), pos in sorted(positions.items()):
         layout = layouts.get(topic)
@@ -148,7 +148,7 @@ def plan_left_history(
         if part in processor_key_sources(processor, {topic: (layout.n0, layout.active)}, p0, p, high_water=high)[topic]:
             tp = TopicPartition(topic, part)
             plan.targets[tp] = end
-            plan.output_from[tp] = handled(topic, part, processor)
+            plan.output_from[tp] = pos
     return plan
 
 
