@@ -146,7 +146,7 @@ def test_key_concurrent_processing_killed_again_and_again_applies_every_record_o
 ) -> None:
     """An async handler with concurrency 20 (slow keys queue up, others finish past them:
     checkpoints carry IC ranges), 2 workers on 2 partitions under load; the worker of
-    processor 0 is SIGKILLed and replaced until three kills have left IC ranges in its
+    processor 0 is SIGKILLed and replaced until two kills have left IC ranges in its
     store. Every record is applied exactly once, in order per key, and the restarts are
     shown to skip the records inside the ranges."""
     job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
@@ -173,11 +173,11 @@ def test_key_concurrent_processing_killed_again_and_again_applies_every_record_o
                 with_ranges.append(ranges)
             job.start_worker()
             await job.wait_growth(io, 300)
-            if len(with_ranges) >= 3:
+            if len(with_ranges) >= 2:
                 return
 
     reports = _run(job, 2, kill_repeatedly)
-    assert len(with_ranges) >= 3, with_ranges
+    assert len(with_ranges) >= 2, with_ranges
     job.verify(reports, 2, counts=(2,))
     skipped = [int(line.split("skipped ")[1].split()[0]) for line in job.logs().splitlines() if "IC ranges" in line]
     assert sum(skipped) > 0, "no restart skipped a record inside an IC range"

@@ -51,7 +51,13 @@ def test_a_paused_processor_is_fenced_and_its_checkpoint_rejected(broker: str, t
         zombie = job.start_worker()
         job.start_worker()
         wait_until_committed(job, PARTITIONS, 5_000)
-        recs = asyncio.run(progress_records(broker, f"streamkit-{job.app}"))
+        deadline = time.monotonic() + 60  # the other worker may have joined first, alone
+        while True:
+            recs = asyncio.run(progress_records(broker, f"streamkit-{job.app}"))
+            if any(str(zombie.pid) in r["member"] for r in recs):
+                break
+            assert time.monotonic() < deadline, "the worker to pause was never assigned anything"
+            time.sleep(0.1)
         member = next(r["member"] for r in recs if str(zombie.pid) in r["member"])
         mine = [r for r in recs if r["member"] == member]
         generation = max(r["gen"] for r in mine)
