@@ -96,12 +96,19 @@ async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:
     """The newest heartbeat of each worker of ``app_name``."""
     latest: dict[str, WorkerStatus] = {}
     for rec in await io.read_topic(STATUS_TOPIC):
-        if not rec.value:
-            continue
-        d: dict[str, Any] = orjson.loads(rec.value)
-        if d.get("app") != app_name:
-            continue
-        d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
-        d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
-        latest[d["worker"]] = WorkerStatus(**d)
+        status = decode_status(rec.value, app_name)
+        if status is not None:
+            latest[status.worker] = status
     return sorted(latest.values(), key=lambda s: s.worker)
+
+
+def decode_status(value: bytes | None, app_name: str) -> WorkerStatus | None:
+    """One heartbeat record's status, if it is of ``app_name``."""
+    if not value:
+        return None
+    d: dict[str, Any] = orjson.loads(value)
+    if d.get("app") != app_name:
+        return None
+    d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
+    d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
+    return WorkerStatus(**d)

@@ -21,7 +21,7 @@ from assignors.murmur2 import key_hash
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.jobmeta import JobLayout, read_job
-from streamkit.runtime.status import WorkerStatus, read_statuses
+from streamkit.runtime.status import STATUS_TOPIC, WorkerStatus, decode_status
 from tests.runtime.jobs import ROOT
 
 KEYS = 200
@@ -52,6 +52,8 @@ class ScaleJob:
             PYTHONPATH=str(ROOT),
         )
         self.workers: list[subprocess.Popen[bytes]] = []
+        self._statuses: dict[str, WorkerStatus] = {}
+        self._status_offset = 0
         self.producers: list[subprocess.Popen[bytes]] = []
 
     # -- processes ----------------------------------------------------------------------
@@ -132,7 +134,13 @@ class ScaleJob:
         return job
 
     async def statuses(self, io: KafkaIO) -> list[WorkerStatus]:
-        return [s for s in await read_statuses(io, self.app) if s.alive and not s.stale]
+        """The live workers' newest heartbeats, read on from where the last call stopped (the
+        status topic holds every test's heartbeats: reading it whole each poll is slow)."""
+        records, self._status_offset = await io.read(STATUS_TOPIC, 0, self._status_offset)
+        for rec in records:
+            if (status := decode_status(rec.value, self.app)) is not None:
+                self._statuses[status.worker] = status
+        return [s for s in self._statuses.values() if s.alive and not s.stale]
 
     async def wait_for(self, io: KafkaIO, what: str, check: Any, timeout: float = 60.0) -> Any:
         deadline = time.monotonic() + timeout
