@@ -312,12 +312,9 @@ def _checkpoint(
 ) -> None:
     epochs, generation = stamp()
     marks = dict(extra or {}) | ({} if done else {REBUILD_MARK: True})
+    positions, ranges = proc.stable()
     proc.commit(
         Checkpoint(
-            positions=proc.stable()[0],
-            layout_epochs=dict(epochs),
-            generation=generation,
-            ic_ranges=proc.stable()[1],
-            extra=marks,
+            positions=positions, layout_epochs=dict(epochs), generation=generation, ic_ranges=ranges, extra=marks
         )
     )
