@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,59 +23,49 @@ from typing import Any
 
 import typer
 
-FORMATS = ("parquet", "json", "csv", "orc", "text", "avro", "delta", "table")
-_EXT = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".json": "json",
-    ".jsonl": "json",
-    ".ndjson": "json",
-    ".csv": "csv",
-    ".orc": "orc",
-    ".avro": "avro",
-}
-
 _LOG4J = """\
 rootLogger.level = {level}
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
 """
 
+# API parameter names in the library's messages -> the flags a CLI user types
+_FLAG_NAMES = (
+    "from_start",
+    "allow_partial",
+    "allow_timers",
+    "allow_skipped",
+    "offset_col",
+    "partition_col",
+    "topic_col",
+    "key_col",
+    "value_col",
+    "timestamp_col",
+    "order_by",
+    "partitioned_by_key",
+    "p0",
+    "broker",
+    "topic",
+)
+_KEEP_LOGS = 5
 
-def parse_source(source: str) -> tuple[str, str]:
-    """``FORMAT:PATH`` or a path -> (format, path or table name)."""
-    fmt, sep, rest = source.partition(":")
-    if sep and fmt.lower() in FORMATS and rest:
-        return fmt.lower(), rest
-    path = Path(source)
-    ext = path.suffix.lower()
-    if ext in _EXT:
-        return _EXT[ext], source
-    if path.is_dir():
-        if (path / "_delta_log").is_dir():
-            return "delta", source
-        for f in sorted(path.rglob("*")):
-            if f.suffix.lower() in _EXT:
-                return _EXT[f.suffix.lower()], source
-    return "parquet", source
 
-
-def load_source(spark: Any, source: str, options: dict[str, str]) -> Any:
-    fmt, where = parse_source(source)
-    if fmt == "table":
-        return spark.table(where)
-    reader = spark.read.format(fmt)
-    if fmt == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true")
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    if fmt != "delta" and not Path(where).exists() and "://" not in where:
-        raise FileNotFoundError(f"--from {source}: no such file or directory")
-    return reader.load(where)
+def cli_message(text: str) -> str:
+    """A library message in the CLI's words: ``from_start=True`` -> ``--from-start``,
+    ``offset_col`` -> ``--offset-col``, ``p0=3`` -> ``--p0 3``, positions -> ``-p``."""
+    for name in _FLAG_NAMES:
+        flag = "--" + name.replace("_", "-")
+        text = re.sub(rf"(?<![\w-]){name}=True\b", flag, text)
+        text = re.sub(rf"(?<![\w-]){name}=(?=\d)", flag + " ", text)
+        text = re.sub(rf"(?<![\w-]){name}=(?!\S)", flag, text)
+        if name not in ("topic", "broker", "p0"):
+            text = re.sub(rf"(?<![\w-]){name}\b", flag, text)
+    return re.sub(r"positions \(?TOPIC:PARTITION=NEXT_OFFSET\)?", "-p TOPIC:PARTITION=NEXT_OFFSET", text)
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -90,13 +80,49 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def _quiet_spark_logs(level: str) -> dict[str, str]:
-    """A log4j2 configuration that keeps Spark's console output to ``level`` and above."""
-    fd, path = tempfile.mkstemp(prefix="streamkit-log4j2-", suffix=".properties")
-    with os.fdopen(fd, "w") as f:
-        f.write(_LOG4J.format(level=level.lower()))
-    opt = f"-Dlog4j.configurationFile=file:{path} -Dlog4j2.configurationFile=file:{path}"
-    return {"spark.driver.extraJavaOptions": opt, "spark.executor.extraJavaOptions": opt}
+class SparkLauncher:
+    """Starts local Spark with everything the JVM prints going to one log file: log4j's
+    output (at ``level``) through a file appender, and the JVM's own stdout/stderr by
+    handing the launched process a log-file descriptor in place of ours."""
+
+    def __init__(self, log_dir: Path, cores: int, conf: dict[str, str], level: str) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for old in sorted(log_dir.glob("spark-*.log"))[:-_KEEP_LOGS]:
+            old.unlink(missing_ok=True)
+        self.log_path = log_dir / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        self.started = False
+        self._cores, self._conf, self._level = cores, dict(conf), level
+        if "spark.driver.extraJavaOptions" not in self._conf:
+            props = log_dir / "log4j2.properties"
+            props.write_text(_LOG4J.format(level=level.lower(), log=self.log_path))
+            opt = f"-Dlog4j.configurationFile=file:{props} -Dlog4j2.configurationFile=file:{props}"
+            self._conf["spark.driver.extraJavaOptions"] = opt
+            self._conf["spark.executor.extraJavaOptions"] = opt
+
+    def __call__(self) -> Any:
+        from streamkit.spark.session import local_session
+
+        self.started = True
+        with open(self.log_path, "ab") as log:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            saved = os.dup(1), os.dup(2)
+            try:
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                return local_session(self._cores, conf=self._conf, log_level=self._level)
+            finally:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+
+    def record(self, exc: BaseException) -> None:
+        """Append a failure's whole text (a Java trace, say) to the log."""
+        import traceback
+
+        with open(self.log_path, "a") as f:
+            f.write("".join(traceback.format_exception(exc)))
 
 
 class _RichReporter:
@@ -215,6 +241,8 @@ def _summary(console: Any, result: Any, jvm_seconds: float, total: float) -> Non
     for topic, offs in sorted(by_topic.items()):
         t.add_row(f"resume ({topic})", f"{len(offs)} partition(s), next offsets {min(offs):,}..{max(offs):,}")
     d = result.details
+    for why, n in (d.get("left_out") or {}).items():
+        t.add_row("[yellow]left out", f"{n:,} {why} (--allow-skipped)")
     if d.get("duplicates") or d.get("null_values"):
         t.add_row("duplicates / nulls", f"{d['duplicates']:,} older rows dropped, {d['null_values']:,} null values")
     tm = result.timings
@@ -224,7 +252,8 @@ def _summary(console: Any, result: Any, jvm_seconds: float, total: float) -> Non
         f"+ build {tm.get('build', 0):.2f}s + publish {tm.get('publish', 0):.3f}s",
     )
     for w in result.warnings:
-        t.add_row("[yellow]warning", escape(w))
+        if not w.startswith("left out:"):
+            t.add_row("[yellow]warning", escape(cli_message(w)))
     console.print(t)
 
 
@@ -248,12 +277,19 @@ def backfill(
     p0: int | None = typer.Option(None, "--p0", min=1, help="the job's initial processor count (default: the app's)"),
     processors: int | None = typer.Option(None, "--processors", min=1, help="current processor count (default p0)"),
     broker: str | None = typer.Option(
-        None, "--broker", "-b", help="check/record p0 in the cluster (default: the app's broker)"
+        None,
+        "--broker",
+        "-b",
+        envvar="STREAMKIT_BROKER",
+        help="the cluster the positions and processor counts are checked against (else STREAMKIT_BROKER)",
     ),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="default: the app's state_dir"),
     allow_partial: bool = typer.Option(False, "--allow-partial", help="leave the app's other tables empty"),
     keep_backup: bool = typer.Option(False, "--keep-backup", help="keep the replaced stores under .backfill/"),
     allow_timers: bool = typer.Option(False, "--allow-timers", help="replay: the app's timers do not change state"),
+    allow_skipped: bool = typer.Option(
+        False, "--allow-skipped", help="leave out rows without a key (or that a handler rejects) and report them"
+    ),
     option: list[str] = typer.Option([], "--option", "-o", help="reader option KEY=VALUE"),
     cores: int = typer.Option(2, "--cores", min=1, help="local Spark cores"),
     spark_conf: list[str] = typer.Option([], "--spark-conf", help="Spark setting KEY=VALUE"),
@@ -268,11 +304,16 @@ def backfill(
 ) -> None:
     """Build the app's stores from history with Spark; its processors resume from Kafka where the history ends.
 
-    No gap and no double count: each store's checkpoint holds the next offset of every partition."""
+    No gap and no double count: every partition the job reads needs its position (-p, the
+    history's --offset-col, or --from-start), checked against the cluster before Spark
+    starts; each store's checkpoint holds them. Spark's output goes to a log file under
+    the state directory (named in any error)."""
     from rich.console import Console
 
     from streamkit.cli import CliError
+    from streamkit.errors import StreamkitError
     from streamkit.loader import load_app
+    from streamkit.spark.inputs import check_exists
 
     t0 = time.perf_counter()
     console = Console(stderr=True)
@@ -286,16 +327,21 @@ def backfill(
     elif len(source) != 1:
         raise CliError("--replay takes one --from (the input records of --topic)")
     app = load_app(app_spec)
+    broker = broker or app.settings.broker
+    if broker is None:
+        raise CliError(
+            "no broker: give --broker or set STREAMKIT_BROKER (positions and the processor count are "
+            "checked against the cluster)"
+        )
     from streamkit.spark._deps import require_spark
 
     require_spark()
     from streamkit.spark import backfill_replay, backfill_state
-    from streamkit.spark.session import local_session
 
     reader_options = _pairs(option, "--option")
     conf = _pairs(spark_conf, "--spark-conf")
-    if "spark.driver.extraJavaOptions" not in conf:
-        conf.update(_quiet_spark_logs(spark_log_level))
+    state_root = Path(state_dir or app.settings.state_dir).absolute()
+    launcher = SparkLauncher(state_root / app.name / "backfill-logs", cores, conf, spark_log_level)
     reporter = _RichReporter(console, progress and not as_json)
     common: dict[str, Any] = dict(
         key_col=key_col,
@@ -309,41 +355,56 @@ def backfill(
         p0=p0,
         processors=processors,
         broker=broker,
-        state_dir=state_dir,
+        state_dir=state_root,
         allow_partial=allow_partial,
+        allow_skipped=allow_skipped,
         keep_backup=keep_backup,
         num_partitions=num_partitions,
         reporter=reporter,
         fail_at=fail_at,
+        reader_options=reader_options,
     )
-    with reporter:
+
+    def jvm() -> Any:
         with reporter.phase("jvm", f"start local Spark ({cores} cores)"):
-            spark = local_session(cores, conf=conf, log_level=spark_log_level)
-        jvm_s = reporter.timings["jvm"]
-        if replay:
-            df = load_source(spark, source[0], reader_options)
-            result = backfill_replay(
-                app,
-                df,
-                spark=spark,
-                topic=topic,
-                order_by=order_by.split(",") if order_by else None,
-                timestamp_col=timestamp_col,
-                tables=table or None,
-                allow_timers=allow_timers,
-                **common,
-            )
-        else:
-            frames = {name: load_source(spark, src, reader_options) for name, src in zip(table, source)}
-            result = backfill_state(
-                app,
-                frames,
-                spark=spark,
-                topic=topic,
-                topic_col=topic_col,
-                partitioned_by_key=partitioned_by_key,
-                **common,
-            )
+            return launcher()
+
+    try:
+        for src in source:
+            check_exists(src)
+        with reporter:
+            if replay:
+                result = backfill_replay(
+                    app,
+                    source[0],
+                    spark=jvm,
+                    topic=topic,
+                    order_by=order_by.split(",") if order_by else None,
+                    timestamp_col=timestamp_col,
+                    tables=table or None,
+                    allow_timers=allow_timers,
+                    **common,
+                )
+            else:
+                result = backfill_state(
+                    app,
+                    dict(zip(table, source)),
+                    spark=jvm,
+                    topic=topic,
+                    topic_col=topic_col,
+                    partitioned_by_key=partitioned_by_key,
+                    **common,
+                )
+    except Exception as exc:
+        where = f" (Spark's output: {launcher.log_path})" if launcher.started else ""
+        if launcher.started:
+            launcher.record(exc)
+        if isinstance(exc, StreamkitError):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CliError(cli_message(first) + where) from None
+        text = str(exc).strip().splitlines()
+        raise CliError(f"{type(exc).__name__}: {text[0] if text else ''}{where}") from None
+    jvm_s = reporter.timings.get("jvm", 0.0)
     total = time.perf_counter() - t0
     if as_json:
         doc = {

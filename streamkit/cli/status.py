@@ -100,9 +100,20 @@ def key_ranges(job: JobLayout | None, shape: tuple[int, int] | None, partition: 
     )
 
 
+def caught_up(offsets: dict[tuple[str, int], tuple[int | None, int]], shapes: dict[str, tuple[int, int]]) -> bool:
+    """Every active partition's committed position has reached its high watermark."""
+    return all((com or 0) >= hw for (topic, p), (com, hw) in offsets.items() if p < shapes.get(topic, (0, p + 1))[1])
+
+
 def status(
     app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
+    wait: float | None = typer.Option(
+        None,
+        "--wait-caught-up",
+        metavar="SECONDS",
+        help="first wait until every active partition is committed up to its high watermark (exit 1 after SECONDS)",
+    ),
 ) -> None:
     """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
     console = Console(width=None if Console().is_terminal else 140)
@@ -111,6 +122,13 @@ def status(
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
     statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
+    deadline = time.monotonic() + (wait or 0)
+    while wait is not None and not caught_up(offsets, shapes):
+        if time.monotonic() > deadline:
+            lag = sum(max(0, hw - (com or 0)) for com, hw in offsets.values())
+            raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
+        time.sleep(0.5)
+        statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
 
     owners: dict[tuple[str, int], set[int]] = {}
     ic: Counter[str] = Counter()

@@ -289,6 +289,8 @@ def _print_describe(info: Any, groups: list[str]) -> None:
         row.append("; ".join(notes.get(p, [])[-2:]))
         t.add_row(*row)
     con.print(t)
+    ends = [f"-p {lay.topic}:{p}={info.high_watermarks[p]}" for p in lay.readable if p in info.high_watermarks]
+    con.print("high watermarks as backfill positions:", " ".join(ends), soft_wrap=True, highlight=False)
     s = Table(title="changes", show_header=True, header_style="bold")
     for col in ("epoch", "change", "active", "partitions", "seal offsets", "fenced", "at"):
         s.add_column(col)

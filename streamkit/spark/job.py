@@ -127,10 +127,20 @@ def _run(
                 wait_s += r.seconds or 0.0
             elif r.kind == "timing" and r.info == "stage_a":
                 fused_a += r.seconds or 0.0
-        if handler_errors or skipped:
+        left_out = dict(plan.left_out)
+        if handler_errors:
+            left_out["rejected by a handler"] = handler_errors
+        if skipped:
+            left_out["undecodable"] = skipped
+        if (handler_errors or skipped) and not plan.allow_skipped:
+            raise BackfillError(
+                f"{handler_errors:,} history row(s) were rejected by a handler and {skipped:,} could not be "
+                f"decoded, e.g. {'; '.join(infos[:3])}; the stores are untouched. Fix the history, or pass "
+                "allow_skipped=True to leave them out (as a worker sends such records to the dead letters)"
+            )
+        if left_out:
             warnings.append(
-                f"{handler_errors} handler error(s) and {skipped} undecodable record(s) were skipped, "
-                "as the worker skips them (dead letters): " + "; ".join(infos[:3])
+                "left out: " + ", ".join(f"{n:,} {why}" for why, n in left_out.items()) + " (allow_skipped)"
             )
 
         positions = _final_positions(plan, max_off)
@@ -169,7 +179,7 @@ def _run(
         tables=sorted(plan.tables),
         p0=plan.p0,
         processors=plan.p,
-        rows_read=rows_read,
+        rows_read=plan.rows_in or rows_read,
         keys_written=keys_written,
         stores_published=len(published),
         store_paths=[str(p) for p in published],
@@ -182,6 +192,7 @@ def _run(
             "null_values": nulls,
             "handler_errors": handler_errors,
             "skipped_decode": skipped,
+            "left_out": left_out,
             "buckets": plan.p * plan.subs,
             "spark_partitions": plan.num_partitions,
         },

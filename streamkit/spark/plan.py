@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,8 @@ from streamkit.spark._deps import require
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+    from streamkit.spark.preflight import ClusterView
 
 
 @dataclass
@@ -43,6 +45,13 @@ class _Plan:
     verify_unique: bool = False  # fused mode 1: check that no key was written twice
     first: int = 0
     """The first processor whose store is built (those below belong to a running job)."""
+    cluster: ClusterView | None = None
+    allow_skipped: bool = False
+    """Rows left out (no key, rejected by a handler, undecodable) do not fail the run."""
+    rows_in: int = 0
+    """Rows in the input (all tables), left-out ones included."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Why -> how many rows the stores do not reflect."""
 
 
 def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
@@ -79,64 +88,46 @@ def _resolve_app(app: App | str) -> tuple[App, str | None]:
     return app, _find_ref(app)
 
 
-def _counts(app: App, p0: int | None, processors: int | None, broker: str | None) -> tuple[int, int, int, list[str]]:
+def _counts(
+    app: App, p0: int | None, processors: int | None, view: ClusterView | None
+) -> tuple[int, int, int, list[str]]:
     """The job's initial processor count p0, the count p the stores are built for, and the
     first processor to build, checked against (and recorded in) the cluster when a broker
     is known: placement of every key depends on p0, so a backfill made for one p0 must
-    never be opened by a job running another. A job recorded with fewer processors than
-    p keeps its processors' stores: only those of the processors that do not exist yet
-    are built (``streamkit scale`` bootstraps them from there)."""
+    never be opened by a job running another. p0 defaults as a worker's first start does
+    (the app's ``processors``, else the first input topic's initial partition count). A
+    job recorded with fewer processors than p keeps its processors' stores: only those of
+    the processors that do not exist yet are built (``streamkit scale`` bootstraps them
+    from there)."""
     notes: list[str] = []
     running: int | None = None
-    bootstrap = broker or app.settings.broker
     configured = p0 if p0 is not None else app.processor_count
-    if bootstrap is None:
+    if view is None:
         if configured is None:
             raise ConfigError(
                 f"app {app.name!r} does not fix its processor count (processors=None: decided at first "
-                "start); pass p0= (CLI: --p0) with the job's initial processor count, or broker= to read it"
+                "start); pass p0= with the job's initial processor count, or broker= to read it"
             )
         notes.append(
             f"p0={configured} was not checked against the cluster (no broker given): start the job with "
             f"processors={configured}"
         )
         p0 = configured
-    else:
-        import asyncio
-
-        from streamkit.errors import JobMismatchError
-        from streamkit.kafkaio import KafkaIO
-        from streamkit.runtime.jobmeta import JobLayout, read_job, resolve_job
-
-        async def recorded() -> JobLayout | None:
-            async with KafkaIO(bootstrap) as io:
-                return await read_job(io, app.name)
-
-        async def resolve(configured: int) -> JobLayout:
-            async with KafkaIO(bootstrap) as io:
-                return await resolve_job(io, app.name, configured, configured)
-
-        try:
-            if configured is None:
-                job = asyncio.run(recorded())
-                if job is None:
-                    raise ConfigError(
-                        f"job {app.name!r} has not started yet and does not fix its processor count; "
-                        "pass p0= (CLI: --p0)"
-                    )
-            else:
-                # records p0 for a job that has not started yet: its workers must then agree
-                job = asyncio.run(resolve(configured))
-            p0, running = job.p0, job.p
-        except JobMismatchError as exc:
-            message = str(exc).split(". The initial")[0].replace("this worker is configured with", "this backfill uses")
-            raise ConfigError(f"{message}; a backfill must use the job's initial processor count") from None
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - unreachable broker etc.: one line
+    elif view.job_p0 is not None:
+        if configured is not None and configured != view.job_p0:
             raise ConfigError(
-                f"cannot check the job's processor count at {bootstrap}: {type(exc).__name__}: {exc}"
-            ) from None
+                f"job {app.name!r} was created with {view.job_p0} processors; this backfill uses "
+                f"p0={configured}: a backfill must use the job's initial processor count"
+            )
+        p0, running = view.job_p0, view.job_p
+    else:
+        first_topic = view.topics[app.input_topics[0]]
+        p0 = configured if configured is not None else first_topic.n0
+        if configured is None:
+            notes.append(
+                f"p0={p0}: the initial partition count of {first_topic.topic} (the job had not started; "
+                "its workers will use the same)"
+            )
     p = processors if processors is not None else p0
     if p0 < 1 or p < p0:
         raise ConfigError(f"processor counts must satisfy 1 <= p0 <= processors, got p0={p0}, processors={p}")
@@ -150,6 +141,83 @@ def _counts(app: App, p0: int | None, processors: int | None, broker: str | None
     return int(p0), int(p), first, notes
 
 
+def _record_job(view: ClusterView, app: App, p0: int) -> None:
+    """Write the job's first record (as its first worker would) if it has none: its
+    workers must then agree with the p0 the stores were built for."""
+    if view.job_p0 is not None:
+        return
+    import asyncio
+
+    from streamkit.kafkaio import KafkaIO
+    from streamkit.runtime.jobmeta import resolve_job
+
+    async def record() -> None:
+        async with KafkaIO(view.bootstrap) as io:
+            job = await resolve_job(io, app.name, p0, p0, tuple(app.input_topics))
+        if job.p0 != p0:  # a worker started meanwhile with another count
+            raise ConfigError(f"job {app.name!r} was just started with {job.p0} processors, not p0={p0}: run again")
+
+    asyncio.run(record())
+
+
+@dataclass
+class _Prepared:
+    """What the checks before Spark decided."""
+
+    p0: int
+    p: int
+    first: int
+    notes: list[str]
+    positions: dict[tuple[str, int], int]
+    cluster: ClusterView | None
+    layout_epochs: dict[str, int]
+    topic_partitions: dict[str, tuple[int, int]]
+
+
+def _prepare(
+    app: App,
+    *,
+    topics: Sequence[str],
+    positions: Any,
+    from_start: bool,
+    derive: bool,
+    p0: int | None,
+    processors: int | None,
+    broker: str | None,
+    state_dir: Path,
+    layout_epochs: Mapping[str, int] | None,
+    topic_partitions: Mapping[str, int | tuple[int, int]] | None,
+) -> _Prepared:
+    """The checks that need no Spark, in order, before anything is written: positions
+    given at all, the cluster's view of them (when a broker is known), the processor
+    counts, the live stores free; then the job's first record."""
+    from streamkit.spark.positions import _layouts, parse_positions
+    from streamkit.spark.preflight import check_given_positions, read_cluster
+    from streamkit.spark.staging import check_stores_free
+
+    given = parse_positions(positions)
+    if not given and not derive and not from_start:
+        raise ConfigError(
+            "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or the history's offset column "
+            "(offset_col + partition_col), or from_start=True if none of the history is in Kafka"
+        )
+    bootstrap = broker or app.settings.broker
+    view = read_cluster(bootstrap, app.name, app.input_topics) if bootstrap else None
+    p0_, p, first, notes = _counts(app, p0, processors, view)
+    epochs = dict(layout_epochs or {})
+    layouts = _layouts(topic_partitions)
+    if view is not None:
+        given = check_given_positions(given, view, topics, from_start=from_start, derive=derive)
+        epochs = {**view.layout_epochs(), **epochs}
+        layouts = {**{t: v for t, v in view.topic_partitions().items() if t in topics}, **layouts}
+    else:
+        notes.append("positions were not checked against a cluster (no broker given)")
+    check_stores_free(state_dir / app.name, range(first, p), below=first)
+    if view is not None:
+        _record_job(view, app, p0_)
+    return _Prepared(p0_, p, first, notes, given, view, epochs, layouts)
+
+
 def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:
     if isinstance(value_col, str):
         if "," in value_col:
@@ -159,11 +227,37 @@ def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:
     return F.struct(*[F.col(c) for c in value_col])
 
 
-def _check_columns(df: DataFrame, names: Sequence[str | None], what: str) -> None:
-    have = set(df.columns)
-    missing = [n for n in names if n is not None and n not in have]
-    if missing:
-        raise ConfigError(f"{what}: column(s) {missing} not found; the DataFrame has {sorted(have)}")
+def _check_columns(history: Any, wanted: Mapping[str, list[str]], what: str) -> None:
+    """Refuse a history (a source string or a DataFrame) without the columns the
+    parameters name; a Parquet source is checked from its footer, without Spark."""
+    from streamkit.spark.inputs import column_errors, history_columns
+
+    have = history_columns(history)
+    if have is None:
+        return  # known once Spark reads it
+    errors = column_errors(have, wanted, what)
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
+def _keyless_rows(df: DataFrame, key_col: str, what: str, allow: bool) -> tuple[int, int]:
+    """(rows, rows without a key) of ``df``, one scan of the key column; rows without a
+    key cannot be placed on a processor (Kafka spreads them), so they are refused with
+    samples unless ``allow`` (then they are left out and reported)."""
+    F = require("pyspark.sql.functions")
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.count(F.col(key_col)).alias("keyed")).collect()[0]
+    rows, keyless = int(row["n"]), int(row["n"]) - int(row["keyed"])
+    if keyless and not allow:
+        samples = [
+            {k: v for k, v in r.asDict().items() if k != key_col}
+            for r in df.where(F.col(key_col).isNull()).limit(3).collect()
+        ]
+        raise ConfigError(
+            f"{what}: {keyless:,} of {rows:,} rows have no key (column {key_col!r} is null), e.g. "
+            f"{'; '.join(str(s)[:200] for s in samples)}; they cannot be placed on a processor. Fix the history, "
+            "or pass allow_skipped=True to leave them out"
+        )
+    return rows, keyless
 
 
 def _common_checks(app: App, tables: Sequence[str], mode: str, allow_partial: bool) -> None:
@@ -175,17 +269,20 @@ def _common_checks(app: App, tables: Sequence[str], mode: str, allow_partial: bo
         if others:
             raise ConfigError(
                 f"app {app.name!r} also has table(s) {others}, which this backfill would leave empty while "
-                "the processors resume after the history; backfill them too, or pass allow_partial=True "
-                "(CLI: --allow-partial)"
+                "the processors resume after the history; backfill them too, or pass allow_partial=True"
             )
 
 
-def _spark(spark: SparkSession | None) -> SparkSession:
+def _spark(spark: SparkSession | Callable[[], SparkSession] | None) -> SparkSession:
+    """The session to run in: given, made by a given factory (the CLI's, whose JVM output
+    goes to a log file), or a :func:`~streamkit.spark.session.local_session`."""
     require("pyspark")
     require("pyarrow")
     from streamkit.spark.session import check_session, local_session
 
     if spark is None:
         return local_session()
+    if callable(spark):
+        return spark()
     check_session(spark)
     return spark

@@ -100,23 +100,21 @@ def _stamp(
 
 
 def _final_positions(plan: _Plan, max_off: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-    derived = {k: v + 1 for k, v in max_off.items()}
-    positions = dict(plan.positions)
-    for (topic, part), nxt in derived.items():
-        given = positions.get((topic, part))
-        if given is None:
-            positions[(topic, part)] = nxt
-        elif nxt > given:
-            raise BackfillError(
-                f"the history holds {topic}[{part}] offset {nxt - 1}, but processors are to resume at "
-                f"{given}: records {given}..{nxt - 1} would be counted twice; fix the positions"
-            )
-    unknown = sorted({t for t, _ in positions} - set(plan.app.input_topics))
+    """The positions stamped into the stores (:func:`.preflight.check_final_positions`)."""
+    from streamkit.spark.preflight import check_final_positions
+
+    unknown = sorted({t for t, _ in [*plan.positions, *max_off]} - set(plan.app.input_topics))
     if unknown:
         raise BackfillError(
             f"positions name topic(s) {unknown} that app {plan.app.name!r} does not consume "
             f"(its input topics: {plan.app.input_topics})"
         )
+    try:
+        positions = check_final_positions(
+            plan.positions, max_off, plan.cluster, plan.topics, from_start=plan.from_start
+        )
+    except ConfigError as exc:
+        raise BackfillError(str(exc)) from None
     if not plan.from_start:
         covered = {t for t, _ in positions}
         missing = [t for t in plan.topics if t not in covered]

@@ -4,7 +4,7 @@ own handlers (:func:`backfill_replay`)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,18 +13,19 @@ from streamkit.app import App
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
+from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _counts,
+    _keyless_rows,
     _layout,
     _Plan,
+    _prepare,
     _resolve_app,
     _spark,
     _value_expr,
 )
-from streamkit.spark.positions import _layouts, parse_positions
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import _timed
 from streamkit.spark.staging import Staging
@@ -37,9 +38,10 @@ __all__ = ["backfill_replay"]
 
 def backfill_replay(
     app: App | str,
-    df: DataFrame,
+    df: DataFrame | str,
     *,
-    spark: SparkSession | None = None,
+    spark: SparkSession | Callable[[], SparkSession] | None = None,
+    reader_options: Mapping[str, str] | None = None,
     topic: str | None = None,
     key_col: str = "key",
     value_col: str | Sequence[str] = "value",
@@ -63,10 +65,15 @@ def backfill_replay(
     num_partitions: int | None = None,
     subs: int | None = None,
     keep_backup: bool = False,
+    allow_skipped: bool = False,
     reporter: Reporter | None = None,
     fail_at: str | None = None,
 ) -> BackfillResult:
     """Mode 2: run the app's own handlers of ``topic`` over historical records.
+
+    ``df`` may be a source string, checked and read as in :func:`backfill_state`. Rows
+    left out (no key, a handler raised, undecodable) fail the run with samples unless
+    ``allow_skipped``; then the result counts them in ``details["left_out"]``.
 
     ``df`` has one row per input record: key and value (decoded forms, encoded with
     the topic's serdes, or the record's bytes with ``key_encoded`` / ``value_encoded``),
@@ -95,7 +102,7 @@ def backfill_replay(
     if not allow_partial and len(inputs) > 1:
         raise ConfigError(
             f"app {app_obj.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "
-            "does not include; pass allow_partial=True (CLI: --allow-partial) if their state may start empty"
+            "does not include; pass allow_partial=True if their state may start empty"
         )
     stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
     if stateful_timers and not allow_timers:
@@ -103,20 +110,45 @@ def backfill_replay(
         raise ConfigError(
             f"app {app_obj.name!r} has per-processor timers ({timer_names}) that run with its tables bound; the replay "
             "runs handlers only and cannot reproduce what timers do to state. Pass allow_timers=True "
-            "(CLI: --allow-timers) if they do not change table state"
+            "if they do not change table state"
         )
     if order_by is None:
         if offset_col is None:
             raise ConfigError("give order_by (the ordering column(s) of each key's records) or offset_col")
         order_by = [offset_col]
     order = [order_by] if isinstance(order_by, str) else list(order_by)
-    _check_columns(df, [key_col, *order, timestamp_col, partition_col, offset_col], "history")
     if offset_col is not None and partition_col is None:
         raise ConfigError("offset_col needs partition_col (offsets are per partition)")
     if any(app_obj.tables[n].window is not None for n in names) and timestamp_col is None:
         raise ConfigError("a windowed table needs the records' timestamps: give timestamp_col")
-    p0_, p, first, notes = _counts(app_obj, p0, processors, broker)
+    wanted = wanted_columns(
+        key_col=key_col,
+        value_col=value_col,
+        order_by=order,
+        timestamp_col=timestamp_col,
+        partition_col=partition_col,
+        offset_col=offset_col,
+    )
+    _check_columns(df, wanted, "the history")
+    state_root = Path(state_dir or app_obj.settings.state_dir).absolute()
+    prep = _prepare(
+        app_obj,
+        topics=[topic],
+        positions=positions,
+        from_start=from_start,
+        derive=offset_col is not None,
+        p0=p0,
+        processors=processors,
+        broker=broker,
+        state_dir=state_root,
+        layout_epochs=layout_epochs,
+        topic_partitions=topic_partitions,
+    )
+    p0_, p = prep.p0, prep.p
     spark = _spark(spark)
+    if isinstance(df, str):
+        df = load_source(spark, df, reader_options)
+    _check_columns(df, wanted, "the history")
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
         app=app_obj,
@@ -126,24 +158,25 @@ def backfill_replay(
         p=p,
         subs=subs_,
         num_partitions=nparts,
-        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        positions=parse_positions(positions),
+        state_dir=state_root,
+        positions=prep.positions,
         derive_positions=offset_col is not None,
         topics=[topic],
-        layout_epochs=dict(layout_epochs or {}),
+        layout_epochs=prep.layout_epochs,
         allow_partial=allow_partial,
         from_start=from_start,
         fail_at=fail_at,
         keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions),
-        notes=notes,
-        first=first,
+        topic_partitions=prep.topic_partitions,
+        notes=prep.notes,
+        first=prep.first,
+        cluster=prep.cluster,
+        allow_skipped=allow_skipped,
     )
-    if not plan.positions and offset_col is None and not from_start:
-        raise ConfigError(
-            "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or the offset column of the "
-            "history (offset_col + partition_col), or from_start=True if none of the history is in Kafka"
-        )
+    plan.rows_in, keyless = _keyless_rows(df, key_col, "the history", allow_skipped)
+    if keyless:
+        plan.left_out["rows without a key"] = keyless
+        df = df.where(F.col(key_col).isNotNull())
     sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
     if timestamp_col:
         sel.append(F.col(timestamp_col).alias("ts"))

@@ -56,7 +56,8 @@ def local_session(
 
     ``max_task_failures`` > 1 makes local mode retry failed tasks (``local[N,F]``),
     which is what a cluster does. If a session already exists it is returned as is
-    (after :func:`check_session`).
+    (after :func:`check_session`). Either way the ``streamkit`` data source is
+    registered (``spark.read.format("streamkit")``).
     """
     require("pyarrow")
     pyspark_sql = require("pyspark.sql")
@@ -64,6 +65,7 @@ def local_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         check_session(active)
+        _register_source(active)
         return active
     exe = sys.executable
     os.environ["PYSPARK_PYTHON"] = exe
@@ -94,7 +96,15 @@ def local_session(
         builder = builder.config(k, str(v))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    _register_source(spark)
     return spark
+
+
+def _register_source(spark: SparkSession) -> None:
+    """``spark.read.format("streamkit")`` works in every session the bridge hands out."""
+    from streamkit.spark.source import register
+
+    register(spark)
 
 
 def check_session(spark: SparkSession) -> list[str]:

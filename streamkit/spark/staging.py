@@ -69,6 +69,7 @@ __all__ = [
     "InjectedFailure",
     "Staging",
     "check_fail",
+    "check_stores_free",
     "live_store_dirs",
     "lock_store",
     "recover",
@@ -161,6 +162,23 @@ def lock_store(path: Path) -> _Flock:
         return _Flock(path / LOCK_FILE)
     except _Held as held:
         raise StoreLockedError(str(path), held.pid) from None
+
+
+def check_stores_free(app_dir: Path, procs: Iterable[int], below: int = 0) -> None:
+    """Fail fast (before any work) if a running processor holds a live store that a
+    backfill replaces (``procs``) or removes (any other, except those ``< below``)."""
+    dirs = live_store_dirs(app_dir)
+    others = {path for p, path in dirs.items() if p >= below}
+    paths = {dirs.get(p, app_dir / f"processor-{p}") for p in procs} | others
+    for path in sorted(paths):
+        if path.exists():
+            try:
+                lock_store(path).release()
+            except StoreLockedError as exc:
+                raise BackfillRefused(
+                    f"store {exc.path} is held by a running processor (pid {exc.pid}); "
+                    "stop the app's workers before backfilling"
+                ) from None
 
 
 # --------------------------------------------------------------------------- moves
@@ -335,20 +353,7 @@ class Staging:
                 self.sst_dir(p, t).mkdir(parents=True, exist_ok=True)
 
     def check_live_unlocked(self, procs: Iterable[int], below: int = 0) -> None:
-        """Fail fast (before any work) if a running processor holds a live store that the
-        backfill replaces (``procs``) or removes (any other, except those ``< below``)."""
-        dirs = live_store_dirs(self.app_dir)
-        others = {path for p, path in dirs.items() if p >= below}
-        paths = {dirs.get(p, self.app_dir / f"processor-{p}") for p in procs} | others
-        for path in sorted(paths):
-            if path.exists():
-                try:
-                    lock_store(path).release()
-                except StoreLockedError as exc:
-                    raise BackfillRefused(
-                        f"store {exc.path} is held by a running processor (pid {exc.pid}); "
-                        "stop the app's workers before backfilling"
-                    ) from None
+        check_stores_free(self.app_dir, procs, below)
 
     # -- stores -------------------------------------------------------------------------
     def staged_store(self, proc: int) -> Path:

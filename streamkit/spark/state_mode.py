@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,18 +12,19 @@ from streamkit.app import App
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
+from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _counts,
+    _keyless_rows,
     _layout,
     _Plan,
+    _prepare,
     _resolve_app,
     _spark,
     _value_expr,
 )
-from streamkit.spark.positions import _layouts, parse_positions
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import _timed
 from streamkit.spark.staging import Staging
@@ -36,9 +37,10 @@ __all__ = ["backfill_state", "backfill_table"]
 
 def backfill_state(
     app: App | str,
-    tables: Mapping[str, DataFrame],
+    tables: Mapping[str, DataFrame | str],
     *,
-    spark: SparkSession | None = None,
+    spark: SparkSession | Callable[[], SparkSession] | None = None,
+    reader_options: Mapping[str, str] | None = None,
     key_col: str = "key",
     value_col: str | Sequence[str] = "value",
     key_encoded: bool = False,
@@ -60,10 +62,18 @@ def backfill_state(
     subs: int | None = None,
     partitioned_by_key: bool = False,
     keep_backup: bool = False,
+    allow_skipped: bool = False,
     reporter: Reporter | None = None,
     fail_at: str | None = None,
 ) -> BackfillResult:
     """Mode 1: write the stores from DataFrames of final state, ``{table: df}``.
+
+    A table's history may also be a source string (``parquet:PATH``, ``table:NAME``, a
+    path: :mod:`.inputs`), read with ``reader_options``; a Parquet source's columns are
+    checked before Spark starts. Everything that needs no Spark is checked first
+    (arguments, columns, positions against the cluster, processor counts, whether a
+    worker holds the stores: :func:`._prepare`); rows without a key are refused unless
+    ``allow_skipped`` (then left out and counted in ``details["left_out"]``).
 
     Each DataFrame holds ``(key, value)`` rows (``value_col`` may name several columns,
     which become a struct / JSON object). Keys and values are encoded with the table's
@@ -97,7 +107,30 @@ def backfill_state(
         if len(inputs) != 1:
             raise ConfigError(f"offset_col needs topic= or topic_col (app consumes {inputs})")
         topic = inputs[0]
-    p0_, p, first, notes = _counts(app_obj, p0, processors, broker)
+    wanted = wanted_columns(
+        key_col=key_col if isinstance(key_col, str) else None,
+        value_col=value_col,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        offset_col=offset_col,
+    )
+    for name in names:
+        _check_columns(tables[name], wanted, f"the history of table {name!r}")
+    state_root = Path(state_dir or app_obj.settings.state_dir).absolute()
+    prep = _prepare(
+        app_obj,
+        topics=app_obj.input_topics,
+        positions=positions,
+        from_start=from_start,
+        derive=offset_col is not None,
+        p0=p0,
+        processors=processors,
+        broker=broker,
+        state_dir=state_root,
+        layout_epochs=layout_epochs,
+        topic_partitions=topic_partitions,
+    )
+    p0_, p = prep.p0, prep.p
     spark = _spark(spark)
     subs_, nparts = _layout(spark, p, num_partitions, subs)
     plan = _Plan(
@@ -108,29 +141,31 @@ def backfill_state(
         p=p,
         subs=subs_,
         num_partitions=nparts,
-        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        positions=parse_positions(positions),
+        state_dir=state_root,
+        positions=prep.positions,
         derive_positions=offset_col is not None,
         topics=app_obj.input_topics,
-        layout_epochs=dict(layout_epochs or {}),
+        layout_epochs=prep.layout_epochs,
         allow_partial=allow_partial,
         from_start=from_start,
         fail_at=fail_at,
         keep_backup=keep_backup,
-        topic_partitions=_layouts(topic_partitions),
-        notes=notes,
-        first=first,
+        topic_partitions=prep.topic_partitions,
+        notes=prep.notes,
+        first=prep.first,
+        cluster=prep.cluster,
+        allow_skipped=allow_skipped,
     )
-    if not plan.positions and offset_col is None and not from_start:
-        raise ConfigError(
-            "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or an offset column of the "
-            "history (offset_col + partition_col), or from_start=True if none of the history is in Kafka"
-        )
     normalized: list[DataFrame] = []
     for name in names:
-        df = tables[name]
-        cols = [c for c in (key_col if isinstance(key_col, str) else None, topic_col, partition_col, offset_col)]
-        _check_columns(df, cols, f"table {name!r}")
+        source = tables[name]
+        df = load_source(spark, source, reader_options) if isinstance(source, str) else source
+        _check_columns(df, wanted, f"the history of table {name!r}")
+        rows, keyless = _keyless_rows(df, key_col, f"the history of table {name!r}", allow_skipped)
+        plan.rows_in += rows
+        if keyless:
+            plan.left_out["rows without a key"] = plan.left_out.get("rows without a key", 0) + keyless
+            df = df.where(F.col(key_col).isNotNull())
         sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
         if topic_col:
             sel.append(F.col(topic_col).cast("string").alias("topic"))

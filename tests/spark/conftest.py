@@ -45,3 +45,22 @@ def bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
 
     with EmbeddedBroker() as broker:
         yield broker.bootstrap
+
+
+@pytest.fixture
+def fresh_broker() -> Iterator[str]:
+    """A broker of the test's own (0.5 s to start): topics named as the apps of
+    ``bf_apps`` name them, holding exactly what the test writes."""
+    from streamkit.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+def seed_topic(bootstrap: str, topic: str, partitions: int, events: list[tuple[Any, ...]]) -> None:
+    """Create ``topic`` and write ``events`` ``(key, amount, partition, offset, ...)`` to
+    their partitions in order, so that the log holds the history at its offsets."""
+    from streamkit.testing import create_topic, produce_json
+
+    create_topic(bootstrap, topic, partitions)
+    produce_json(bootstrap, topic, [(e[0], {"amount": e[1]}, e[2]) for e in events])

@@ -253,7 +253,7 @@ def test_refusals_before_any_work(spark: Any, state_dir: Path) -> None:
         backfill_table(bf_apps.counts, "totals", df, state_dir=state_dir)
     with pytest.raises(ConfigError, match="no table 'nope'"):
         backfill_table(bf_apps.counts, "nope", df, from_start=True, state_dir=state_dir)
-    with pytest.raises(ConfigError, match=r"column\(s\) \['k'\] not found"):
+    with pytest.raises(ConfigError, match="key_col: no column 'k'"):
         backfill_table(bf_apps.counts, "totals", df, key_col="k", from_start=True, state_dir=state_dir)
     with pytest.raises(BackfillError, match="does not consume"):
         backfill_table(bf_apps.counts, "totals", df, positions={("typo", 0): 1}, state_dir=state_dir)

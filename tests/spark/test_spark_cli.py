@@ -10,11 +10,12 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-from test_spark_backfill import count_events, final_state, next_positions, read_all
+from conftest import seed_topic
+from test_spark_backfill import PARTS, count_events, final_state, next_positions, read_all
 from typer.testing import CliRunner
 
 from streamkit.cli import app as cli
-from streamkit.cli.backfill import parse_source
+from streamkit.spark.inputs import parse_source
 from streamkit.spark.placement import processor_of
 from streamkit.spark.staging import live_store_dirs
 
@@ -51,10 +52,13 @@ def test_parse_source_forms(tmp_path: Path) -> None:
     assert parse_source(str(tmp_path / "nothing")) == ("parquet", str(tmp_path / "nothing"))
 
 
-def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Path, tmp_path: Path) -> None:
+def test_cli_backfills_both_modes_and_prints_a_summary(
+    spark: Any, state_dir: Path, tmp_path: Path, fresh_broker: str
+) -> None:
     events = count_events(4000, 500, seed=11)
     history = tmp_path / "events.parquet"
     write_events(history, events)
+    seed_topic(fresh_broker, "events", PARTS, events)
     # mode 1: a final-state table computed beforehand (as a lake job would), as Parquet
     import pyspark.sql.functions as F
 
@@ -86,6 +90,8 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
             "partition",
             "--state-dir",
             str(state_dir),
+            "--broker",
+            fresh_broker,
             "--json",
         ]
     )
@@ -117,6 +123,8 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
             "ts",
             "--state-dir",
             str(state_dir),
+            "--broker",
+            fresh_broker,
             "--no-progress",
         ]
     )
@@ -131,7 +139,7 @@ def test_cli_backfills_both_modes_and_prints_a_summary(spark: Any, state_dir: Pa
         assert all(processor_of(k, 3, 3) == proc for k in tables["totals"])
 
 
-def test_cli_errors_are_one_line(spark: Any, state_dir: Path, tmp_path: Path) -> None:
+def test_cli_errors_are_one_line(spark: Any, state_dir: Path, tmp_path: Path, fresh_broker: str) -> None:
     res = run(["backfill", "bf_apps:counts", "--table", "totals"])
     assert res.exit_code != 0 and "--from" in str(res.exception)
     res = run(
@@ -145,6 +153,8 @@ def test_cli_errors_are_one_line(spark: Any, state_dir: Path, tmp_path: Path) ->
             "--from-start",
             "--state-dir",
             str(state_dir),
+            "--broker",
+            fresh_broker,
         ]
     )
     assert res.exit_code != 0 and "no such file" in str(res.exception)
@@ -163,9 +173,12 @@ def test_cli_errors_are_one_line(spark: Any, state_dir: Path, tmp_path: Path) ->
             "amount",
             "--state-dir",
             str(state_dir),
+            "--broker",
+            fresh_broker,
         ]
     )
     assert res.exit_code != 0 and "no resume positions" in str(res.exception)
+    assert "-p TOPIC:PARTITION=NEXT_OFFSET" in str(res.exception) and "--from-start" in str(res.exception)
     assert live_store_dirs(state_dir / "bf-counts") == {}
     # the installed console script prints errors as one line
     import subprocess
