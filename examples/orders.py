@@ -2,7 +2,7 @@
 
 Run it (against a broker, e.g. `streamkit broker` in another terminal):
 
-    STREAMKIT_BROKER=127.0.0.1:9092 streamkit worker examples.orders:app --processors 2
+    STREAMKIT_BROKER=127.0.0.1:9092 streamkit worker examples.orders:app --members 2
     STREAMKIT_BROKER=127.0.0.1:9092 python -m examples.order_producer --orders 10000
 
 `python -m examples.demo` does all of it on the embedded broker and checks the result.

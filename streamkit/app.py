@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stores.serde import serde_for
-from streamkit.settings import Settings
+from streamkit.settings import load_settings
 from streamkit.tables import Table, WindowedTable
 from streamkit.topics import Topic
 from streamkit.windows import Tumbling
@@ -61,7 +61,7 @@ class App:
         self.name = name
         if broker is not None:
             settings["broker"] = broker
-        self.settings = Settings(**settings)  # unset fields fall back to STREAMKIT_* variables
+        self.settings = load_settings(name, settings)  # unset fields fall back to STREAMKIT_* variables
         self.topics: dict[str, Topic] = {}
         self.tables: dict[str, Table] = {}
         self.handlers: dict[str, list[HandlerSpec]] = {}

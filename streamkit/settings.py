@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,3 +39,29 @@ class Settings(BaseSettings):
     bootstrap_rate: float | None = Field(
         None, gt=0, description="records/s at most that a joining processor replays (None: as fast as it can)"
     )
+
+
+def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
+    """``Settings(**given)``, with a validation failure as one line naming each setting,
+    where its value came from (an ``App(...)`` argument or a ``STREAMKIT_*`` variable)
+    and the value."""
+    from pydantic import ValidationError
+
+    from streamkit.errors import ConfigError
+
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(x) for x in err["loc"]) or "?"
+            env = f"STREAMKIT_{field.upper()}"
+            if field in given:
+                where = f"App({app_name!r}, {field}=...)"
+            elif env in os.environ:
+                where = f"environment variable {env}"
+            else:
+                where = "setting"
+            value = err.get("input")
+            problems.append(f"{where}: {field}={value!r}: {err['msg']}")
+        raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None

@@ -26,7 +26,9 @@ COMMANDS: list[str] = ["broker", "worker", "status", "topics", "scale", "backfil
 
 app = typer.Typer(
     name="streamkit",
-    help="streamkit: stateful stream processing on Kafka with live partition and processor scaling.",
+    help="streamkit: stateful stream processing on Kafka with live partition and processor scaling.\n\n"
+    "The broker, for every command: --broker, else the app's (App(broker=...)) or STREAMKIT_BROKER, else "
+    "one line saying so; the worker starts an embedded broker only with --embedded-broker.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -37,8 +39,18 @@ class CliError(Exception):
     """An error to show the user as one line (no traceback)."""
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"streamkit {version('streamkit')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version_: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
+) -> None:
     """streamkit command line."""
 
 

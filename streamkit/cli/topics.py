@@ -36,8 +36,14 @@ app = typer.Typer(
 )
 
 BrokerOpt = typer.Option(
-    "127.0.0.1:9092", "--broker", "-b", envvar="STREAMKIT_BROKER", help="bootstrap address of the cluster"
+    None, "--broker", "-b", envvar="STREAMKIT_BROKER", help="bootstrap address of the cluster (else STREAMKIT_BROKER)"
 )
+
+
+def _broker(broker: str | None) -> str:
+    if not broker:
+        raise CliError("no broker: give --broker or set STREAMKIT_BROKER")
+    return broker
 
 
 def register(root: typer.Typer) -> None:
@@ -54,14 +60,14 @@ def _run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise CliError(str(exc)) from None
 
 
-def _coordinator(broker: str, ack_timeout: float | None = None, rf: int = 1) -> Any:
+def _coordinator(broker: str | None, ack_timeout: float | None = None, rf: int = 1) -> Any:
     from rich.console import Console
 
     from streamkit.layout.protocol import DEFAULT_ACK_TIMEOUT, LayoutCoordinator
 
     err = Console(stderr=True)
     return LayoutCoordinator(
-        broker,
+        _broker(broker),
         ack_timeout=ack_timeout or DEFAULT_ACK_TIMEOUT,
         replication_factor=rf,
         progress=lambda msg: err.print(f"[dim]{msg}[/dim]"),
@@ -77,7 +83,7 @@ def create(
         True, "--ordered-delivery/--no-ordered-delivery", help="gate consumers across layout changes"
     ),
     replication_factor: int = typer.Option(1, "--replication-factor", "-r", min=1),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Create a topic (if missing) and its layout; adopt an existing topic without one."""
 
@@ -94,7 +100,7 @@ def expand(
     topic: str = typer.Argument(...),
     partitions: int = typer.Option(..., "--partitions", "-p", min=1, help="new active partition count"),
     ack_timeout: float | None = typer.Option(None, "--ack-timeout", help="seconds to wait for producers' acks"),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Grow the active partition count; new partitions are delivered after their parents' seals."""
 
@@ -114,7 +120,7 @@ def shrink(
         300.0, "--delay", "-d", min=0, help="seconds the removed partitions stay readable (draining) at least"
     ),
     ack_timeout: float | None = typer.Option(None, "--ack-timeout", help="seconds to wait for producers' acks"),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Reduce the active partition count; removed partitions drain (ReadOnly), then are given up."""
 
@@ -137,7 +143,7 @@ def _report(verb: str, topic: str, res: Any) -> None:
 
 
 @app.command()
-def resume(topic: str = typer.Argument(...), broker: str = BrokerOpt) -> None:
+def resume(topic: str = typer.Argument(...), broker: str | None = BrokerOpt) -> None:
     """Finish a change whose coordinator stopped between announcement and seal."""
 
     async def go() -> Any:
@@ -153,7 +159,7 @@ def finish_drain(
     partition: list[int] = typer.Option(None, "--partition", "-P", help="only these draining partitions"),
     group: list[str] = typer.Option(None, "--group", "-g", help="give up a partition once these groups drained it"),
     force: bool = typer.Option(False, "--force", help="give up the named (or all) draining partitions now"),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Give up draining partitions (ReadOnly -> None): due, drained by --group, or --force."""
 
@@ -174,7 +180,7 @@ def finish_drain(
 def ordered_delivery(
     topic: str = typer.Argument(...),
     state: str = typer.Argument(..., help="on or off"),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Turn ordered delivery across layout changes on or off for a topic."""
     if state not in ("on", "off"):
@@ -189,11 +195,12 @@ def ordered_delivery(
 
 
 @app.command()
-def check(topic: str = typer.Argument(...), broker: str = BrokerOpt) -> None:
+def check(topic: str = typer.Argument(...), broker: str | None = BrokerOpt) -> None:
     """Scan a topic for late records (producers that missed a change) by their epochs."""
     from streamkit.layout.check import check_topic
 
-    rep = _run(lambda: check_topic(broker, topic))
+    bootstrap = _broker(broker)
+    rep = _run(lambda: check_topic(bootstrap, topic))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(rep.counts.items())) or "no records"
     typer.echo(f"{topic} (epoch {rep.epoch}): {counts}; harmless late {rep.late_harmless}")
     for v in rep.violations[:50]:
@@ -210,7 +217,7 @@ def describe(
     topic: str = typer.Argument(...),
     group: list[str] = typer.Option(None, "--group", "-g", help="also show these groups' positions and gates"),
     as_json: bool = typer.Option(False, "--json", help="print the layout as JSON"),
-    broker: str = BrokerOpt,
+    broker: str | None = BrokerOpt,
 ) -> None:
     """Show a topic's layout: partitions, modes, epoch, seals, physical vs active."""
 

@@ -11,17 +11,38 @@ from streamkit.loader import load_app
 
 def worker(
     app_spec: str = typer.Argument(..., metavar="MODULE:APP", help="the App to run, e.g. examples.orders:app"),
-    processors: int = typer.Option(1, "--processors", "-k", min=1, help="group members in this process"),
-    broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
+    members: int = typer.Option(
+        1, "--members", "-m", min=1, help="consumer group members in this process (each hosts some processors)"
+    ),
+    renamed: int | None = typer.Option(None, "--processors", "-k", hidden=True),
+    broker: str | None = typer.Option(
+        None, "--broker", "-b", help="bootstrap address (else the app's broker or STREAMKIT_BROKER)"
+    ),
+    embedded: bool = typer.Option(False, "--embedded-broker", help="start an embedded broker for this worker"),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
-    """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out)."""
+    """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out).
+
+    The job's processor count is the app's (App(processors=...)) and changes with
+    `streamkit scale`; --members only says how many group members this process runs."""
+    from streamkit.cli import CliError
+
+    if renamed is not None:
+        raise CliError(
+            "worker --processors is now --members (group members in this process); the job's processor "
+            "count is App(processors=...) and changes with streamkit scale"
+        )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     app = load_app(app_spec)
+    bootstrap = broker or app.settings.broker
+    if bootstrap is None and not embedded:
+        raise CliError(
+            "no broker: give --broker or set STREAMKIT_BROKER (or --embedded-broker to start one for this worker)"
+        )
     from streamkit.runtime.worker import run_worker
 
-    run_worker(app, processors, broker)
+    run_worker(app, members, bootstrap)
 
 
 def register(cli: typer.Typer) -> None:

@@ -61,6 +61,7 @@ class Worker:
             self.bootstrap = self._embedded.bootstrap
             log.warning("no broker given: started an embedded broker at %s", self.bootstrap)
         else:
+            log.info("connecting to broker %s (retrying for up to 10 s)", self.bootstrap)
             await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)  # BrokerError: one line
         bootstrap = self.bootstrap
         io = self._io = await KafkaIO(bootstrap, client_id=self.client_id).start()

@@ -54,7 +54,7 @@ class Job:
                 "streamkit.cli",
                 "worker",
                 "tests.runtime.job_app:app",
-                "--processors",
+                "--members",
                 str(members),
                 "--log-level",
                 "WARNING",

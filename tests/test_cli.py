@@ -1,0 +1,61 @@
+"""The command line tells the truth: one broker rule, one line per mistake, a version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "streamkit.cli", *args],
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_version() -> None:
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"streamkit {version('streamkit')}"
+
+
+def test_every_command_needs_a_broker_the_same_way() -> None:
+    assert "no broker: give --broker or set STREAMKIT_BROKER" in one_error_line(cli("topics", "describe", "orders"))
+    err = one_error_line(cli("worker", "examples.orders:app"))
+    assert "no broker: give --broker or set STREAMKIT_BROKER" in err and "--embedded-broker" in err
+    for command in ("status", "scale"):
+        args = (command, "examples.orders:app") + (("--processors", "3") if command == "scale" else ())
+        assert "--broker" in one_error_line(cli(*args)) and "STREAMKIT_BROKER" in one_error_line(cli(*args))
+    assert "STREAMKIT_BROKER" in cli("--help").stdout
+
+
+def test_worker_members_are_not_the_jobs_processors() -> None:
+    err = one_error_line(cli("worker", "examples.orders:app", "--processors", "2", STREAMKIT_BROKER="127.0.0.1:1"))
+    assert "--members" in err and "streamkit scale" in err
+
+
+def test_a_bad_setting_is_one_line_naming_it_its_source_and_value() -> None:
+    err = one_error_line(cli("status", "examples.orders:app", STREAMKIT_PROCESSORS="abc"))
+    assert "environment variable STREAMKIT_PROCESSORS: processors='abc'" in err
+
+
+def test_an_unreachable_broker_says_it_retries_then_one_line() -> None:
+    proc = cli("worker", "examples.orders:app", "--log-level", "INFO", STREAMKIT_BROKER="127.0.0.1:1")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "connecting to broker 127.0.0.1:1 (retrying" in lines[0], proc.stderr
+    assert lines[-1] == "error: no Kafka broker answers at 127.0.0.1:1 (connection refused)"
