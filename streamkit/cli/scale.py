@@ -109,7 +109,9 @@ async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeou
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
         await _check_history(io, app, job.p0, job.p, n, shapes)
-        change = JobLayout(app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics))
+        change = JobLayout(
+            app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics), job.incarnation
+        )
         started = await publish_job(io, change)
         console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
         if wait:

@@ -34,7 +34,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from stores.base import Checkpoint
 from streamkit.errors import StreamkitError
-from streamkit.layout.epochs import check_stamp
+from streamkit.layout.epochs import ZombieError, check_stamp
 from streamkit.runtime import icranges
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
@@ -96,14 +96,21 @@ async def checkpoint(
     await flush_output()
     t2 = time.monotonic()
     epochs = dict(layout_epochs)
+    writes: list[tuple[ProcessorState, Checkpoint]] = []
     for proc in processors:
-        if proc.uncommitted or proc.positions != proc.loaded.positions or dict(extra or {}) != proc.loaded.extra:
+        marks = proc.checkpoint_extra(extra or {})
+        if proc.uncommitted or proc.positions != proc.loaded.positions or marks != proc.loaded.extra:
             stable, ranges = proc.stable()
             new = Checkpoint(
-                positions=stable, layout_epochs=epochs, generation=generation, ic_ranges=ranges, extra=dict(extra or {})
+                positions=stable, layout_epochs=epochs, generation=generation, ic_ranges=ranges, extra=marks
             )
-            check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
-            proc.commit(new)
+            try:  # every stamp is checked before any store is written: all or none
+                check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
+            except ZombieError as exc:  # a newer generation wrote the store: fenced, like step 0
+                raise ZombieCheckpointError(str(exc)) from None
+            writes.append((proc, new))
+    for proc, new in writes:
+        proc.commit(new)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

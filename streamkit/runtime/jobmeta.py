@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -56,6 +57,10 @@ class JobLayout:
     by: str = ""
     topics: tuple[str, ...] = ()
     """The job's input topics (what `status` and operators read of it)."""
+    incarnation: str = ""
+    """Created at the job's first start; every store checkpoint carries it, so that local
+    state from another cluster (or from before a reset) is recognised ("": a record
+    written before incarnations existed)."""
 
     @property
     def joining(self) -> int | None:
@@ -85,7 +90,7 @@ class JobLayout:
     def to_json(self) -> bytes:
         body: dict[str, Any] = {
             "processors": self.p0, "p": self.p, "epoch": self.epoch, "target": self.target,
-            "by": self.by, "ts": time.time(), "topics": list(self.topics),
+            "by": self.by, "ts": time.time(), "topics": list(self.topics), "incarnation": self.incarnation,
         }  # fmt: skip
         return orjson.dumps(body)
 
@@ -94,7 +99,10 @@ class JobLayout:
         d = orjson.loads(data)
         p0 = int(d["processors"])
         topics = tuple(d.get("topics", ()))
-        return cls(app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")), topics)
+        return cls(
+            app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")), topics,
+            str(d.get("incarnation", "")),
+        )  # fmt: skip
 
     def stepped(self, by: str) -> JobLayout:
         """The next epoch: one step towards the target (a joining processor is active, or a
@@ -121,7 +129,9 @@ def newest_jobs(records: Iterable[FetchedRecord]) -> dict[str, JobLayout]:
     """Per app, the first record of the highest epoch among ``records`` of the jobs log."""
     newest: dict[str, JobLayout] = {}
     for rec in records:
-        if rec.key and rec.value:
+        if rec.key and not rec.value:  # a reset: the job starts over
+            newest.pop(rec.key.decode(), None)
+        elif rec.key and rec.value:
             name = rec.key.decode()
             job = JobLayout.from_json(name, rec.value)
             if name not in newest or job.epoch > newest[name].epoch:
@@ -159,6 +169,20 @@ async def publish_job(io: KafkaIO, job: JobLayout) -> JobLayout:
     return newest
 
 
+async def forget_job(io: KafkaIO, app_name: str) -> bool:
+    """Remove the job's record (a tombstone in the jobs log): the next start is a first
+    start, with a new incarnation. False if there was none."""
+    if await read_job(io, app_name) is None:
+        return False
+    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(JOBS_TOPIC, key=app_name.encode(), value=None, partition=0)
+    finally:
+        await producer.stop()
+    return True
+
+
 async def recorded_processor_count(io: KafkaIO, app_name: str) -> int | None:
     """The job's recorded p0 (None: the job never started, or no job ever did)."""
     job = await read_job(io, app_name)
@@ -175,7 +199,8 @@ async def resolve_job(
         claim = configured if configured is not None else default
         await io.create_topic(JOBS_TOPIC, 1)
         try:
-            job = await publish_job(io, JobLayout(app_name, claim, claim, 1, None, by="first start", topics=topics))
+            first = JobLayout(app_name, claim, claim, 1, None, "first start", topics, uuid.uuid4().hex[:12])
+            job = await publish_job(io, first)
         except ConcurrentJobChangeError:  # another worker's first start won
             job = await read_job(io, app_name)
             assert job is not None

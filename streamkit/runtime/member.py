@@ -165,7 +165,8 @@ class GroupMember:
         path = self.app.store_path(step.pid, self.app.settings.state_dir)
         proc = await open_for_count(
             step.pid, staging_path(path) if step.staging else path, self.app.tables, job.p0, step.count,
-            timeout=self.app.settings.store_open_timeout, log_as=self.name,
+            timeout=self.app.settings.store_open_timeout, log_as=self.name, incarnation=job.incarnation,
+            app=self.app.name,
         )  # fmt: skip
         self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
         self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
@@ -247,6 +248,7 @@ class GroupMember:
                 proc = await open_for_count(
                     pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
                     timeout=settings.store_open_timeout, log_as=self.name,
+                    incarnation=self.services.jobs.job.incarnation, app=self.app.name,
                 )  # fmt: skip
                 self.processors[pid] = proc
                 for topic, epoch in proc.loaded.layout_epochs.items():

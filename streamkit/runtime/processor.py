@@ -13,10 +13,12 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CachedTable, commit_cached
 from stores.rocksdb import RocksDBStore
+from streamkit.errors import StreamkitError
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.tables import Table
 
@@ -25,10 +27,29 @@ log = logging.getLogger(__name__)
 Position = tuple[str, int]
 
 
+INCARNATION = "incarnation"
+"""The key of a checkpoint's ``extra`` naming the job incarnation its positions belong to."""
+
+
+class StaleStoreError(StreamkitError):
+    """A local store belongs to another incarnation of the job (another cluster, or the
+    job was reset): its positions mean nothing here."""
+
+
+def stale_store_message(path: Path | str, app: str, stored: str, current: str) -> str:
+    return (
+        f"store {path} belongs to another incarnation of job {app!r} (store: {stored}, cluster: {current}): "
+        f"the cluster is a new one or the job was reset; discard the local stores with "
+        f"`streamkit reset MODULE:APP` (or use another state_dir)"
+    )
+
+
 class ProcessorState:
-    def __init__(self, pid: int, store: RocksDBStore, tables: Mapping[str, Table]) -> None:
+    def __init__(self, pid: int, store: RocksDBStore, tables: Mapping[str, Table], incarnation: str = "") -> None:
         self.id = pid
         self.store = store
+        self.incarnation = incarnation
+        """Stamped into every checkpoint ("": none known)."""
         self.caches = {
             name: CachedTable(store, name, table.store_key_serde, table.value_serde) for name, table in tables.items()
         }
@@ -64,24 +85,36 @@ class ProcessorState:
         return positions, ranges
 
     @classmethod
-    async def open(cls, pid: int, path: Path, tables: Mapping[str, Table], timeout: float) -> ProcessorState:
+    async def open(
+        cls, pid: int, path: Path, tables: Mapping[str, Table], timeout: float, incarnation: str = "", app: str = ""
+    ) -> ProcessorState:
         """Open the processor's store at `path`, waiting up to `timeout` for a previous host
-        to let go of it."""
+        to let go of it; refuse a store of another incarnation of the job
+        (:class:`StaleStoreError`)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
             try:
                 store = RocksDBStore.open(str(path), sorted(tables))
-                return cls(pid, store, tables)
+                stored = str(store.checkpoint().extra.get(INCARNATION, ""))
+                if incarnation and stored and stored != incarnation:
+                    store.close()
+                    raise StaleStoreError(stale_store_message(path, app, stored, incarnation))
+                return cls(pid, store, tables, incarnation)
             except StoreLockedError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
+    def checkpoint_extra(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """``extra`` as this processor's checkpoints carry it (with the job's incarnation)."""
+        return {**extra, INCARNATION: self.incarnation} if self.incarnation else dict(extra)
+
     def commit(self, checkpoint: Checkpoint) -> None:
         """Write cached changes and `checkpoint` in one atomic batch."""
+        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra))
         commit_cached(self.store, self.caches.values(), checkpoint)
         self.loaded = checkpoint
         self.uncommitted = 0
@@ -93,3 +126,24 @@ class ProcessorState:
 
     def close(self) -> None:
         self.store.close()
+
+
+def check_local_stores(app_dir: Path, app: str, incarnation: str) -> None:
+    """Refuse to start on local stores of another incarnation of the job (one line naming
+    the store, both ids and the way out). Stores held by a running worker are its own
+    business; a store without an incarnation (written before they existed) is adopted."""
+    if not incarnation or not app_dir.is_dir():
+        return
+    for path in sorted(app_dir.iterdir()):
+        if not path.is_dir() or not path.name.startswith("processor-"):
+            continue
+        try:
+            store = RocksDBStore.open(str(path), create=False)
+        except StoreLockedError:
+            continue
+        try:
+            stored = str(store.checkpoint().extra.get(INCARNATION, ""))
+        finally:
+            store.close()
+        if stored and stored != incarnation:
+            raise StaleStoreError(stale_store_message(path, app, stored, incarnation))

@@ -92,6 +92,10 @@ class ProgressLog:
         self._offset = max(self._offset, end)
 
     def _apply(self, d: Mapping[str, Any]) -> None:
+        if d.get("reset"):  # `streamkit reset --cluster`: the job starts over
+            self._state.clear()
+            self._ic.clear()
+            return
         gen = int(d["gen"])
         for topic, part, offset in d["parts"]:
             cur = self._admit(d, (topic, part), gen)
@@ -184,3 +188,13 @@ class ProgressLog:
             body["ic"] = [[t, p, pid, base, text] for (t, p, pid), (base, text) in sorted(ic.items())]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)
+
+
+async def forget_progress(io: KafkaIO, group: str) -> None:
+    """Append a reset record for ``group``: readers forget every position before it."""
+    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps({"reset": True}), key=group.encode(), partition=0)
+    finally:
+        await producer.stop()

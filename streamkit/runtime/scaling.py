@@ -150,11 +150,13 @@ async def open_for_count(
     timeout: float,
     log_as: str,
     adopt: bool = False,
+    incarnation: str = "",
+    app: str = "",
 ) -> ProcessorState:
     """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
     processors: a store written for fewer loses the keys that moved away; one written for
     more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
-    proc = await ProcessorState.open(pid, path, tables, timeout)
+    proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app)
     stored = stored_count(proc, p0)
     change = key_set_change(pid, p0, stored, count)
     if change == "grew":
@@ -166,7 +168,7 @@ async def open_for_count(
             done = "emptied, to be rebuilt"
         log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
                  log_as, pid, stored, count, done)  # fmt: skip
-        proc = await ProcessorState.open(pid, path, tables, timeout)
+        proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app)
     elif change == "shrank":
         gone = purge_moved_keys(proc, tables, p0, count)
         log.info("%s: processor %d: %d keys moved to new processors, deleted", log_as, pid, gone)

@@ -21,7 +21,7 @@ from streamkit.producer import Producer
 from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
-from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.processor import ProcessorState, check_local_stores
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
@@ -86,6 +86,9 @@ class Worker:
         job = await resolve_job(
             io, app.name, app.settings.processors, initial[app.input_topics[0]], tuple(app.input_topics)
         )
+        await asyncio.to_thread(
+            check_local_stores, app.store_path(0, app.settings.state_dir).parent, app.name, job.incarnation
+        )
         registry.add_listener(self._on_layout_change)
         registry.watch(0.2)
         progress = ProgressLog(io, self._producer, app.group_id)
@@ -117,7 +120,11 @@ class Worker:
         return [proc for m in self.members for proc in m.serving()]
 
     async def run(self) -> None:
-        services = await self.prepare()
+        try:
+            services = await self.prepare()
+        except BaseException:  # a refused start leaves nothing open (clients, an embedded broker)
+            await self.shutdown(clean=False)
+            raise
         self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
         for m in self.members:
             await m.start()

@@ -152,7 +152,11 @@ def _run(
             )
 
         # -- stores --------------------------------------------------------------------------
-        extra = {"backfill": {"mode": plan.mode, "tables": sorted(plan.tables), "p0": plan.p0, "processors": plan.p}}
+        extra: dict[str, Any] = {
+            "backfill": {"mode": plan.mode, "tables": sorted(plan.tables), "p0": plan.p0, "processors": plan.p}
+        }
+        if plan.incarnation:
+            extra["incarnation"] = plan.incarnation
         all_tables = sorted(app.tables)
         with reporter.phase("build", f"ingest SST files into {plan.p - plan.first} fresh store(s)"):
             for proc in range(plan.first, plan.p):

@@ -52,6 +52,8 @@ class _Plan:
     """Rows in the input (all tables), left-out ones included."""
     left_out: dict[str, int] = field(default_factory=dict)
     """Why -> how many rows the stores do not reflect."""
+    incarnation: str = ""
+    """The job's incarnation in the cluster, stamped into the stores ("": no cluster)."""
 
 
 def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
@@ -141,23 +143,25 @@ def _counts(
     return int(p0), int(p), first, notes
 
 
-def _record_job(view: ClusterView, app: App, p0: int) -> None:
+def _record_job(view: ClusterView, app: App, p0: int) -> str:
     """Write the job's first record (as its first worker would) if it has none: its
-    workers must then agree with the p0 the stores were built for."""
+    workers must then agree with the p0 the stores were built for. Returns the job's
+    incarnation (stamped into the stores)."""
     if view.job_p0 is not None:
-        return
+        return view.job_incarnation
     import asyncio
 
     from streamkit.kafkaio import KafkaIO
     from streamkit.runtime.jobmeta import resolve_job
 
-    async def record() -> None:
+    async def record() -> str:
         async with KafkaIO(view.bootstrap) as io:
             job = await resolve_job(io, app.name, p0, p0, tuple(app.input_topics))
         if job.p0 != p0:  # a worker started meanwhile with another count
             raise ConfigError(f"job {app.name!r} was just started with {job.p0} processors, not p0={p0}: run again")
+        return job.incarnation
 
-    asyncio.run(record())
+    return asyncio.run(record())
 
 
 @dataclass
@@ -172,6 +176,7 @@ class _Prepared:
     cluster: ClusterView | None
     layout_epochs: dict[str, int]
     topic_partitions: dict[str, tuple[int, int]]
+    incarnation: str = ""
 
 
 def _prepare(
@@ -213,9 +218,8 @@ def _prepare(
     else:
         notes.append("positions were not checked against a cluster (no broker given)")
     check_stores_free(state_dir / app.name, range(first, p), below=first)
-    if view is not None:
-        _record_job(view, app, p0_)
-    return _Prepared(p0_, p, first, notes, given, view, epochs, layouts)
+    incarnation = _record_job(view, app, p0_) if view is not None else ""
+    return _Prepared(p0_, p, first, notes, given, view, epochs, layouts, incarnation)
 
 
 def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:

@@ -46,6 +46,7 @@ class ClusterView:
     topics: dict[str, TopicView]
     job_p0: int | None = None
     job_p: int | None = None
+    job_incarnation: str = ""
     notes: list[str] = field(default_factory=list)
 
     def layout_epochs(self) -> dict[str, int]:
@@ -94,7 +95,9 @@ async def _read_cluster(bootstrap: str, app_name: str, topics: list[str]) -> Clu
             hws = await io.high_watermarks(topic, range(physical))
             views[topic] = TopicView(topic, physical, read, dict(hws), n0, active, epoch)
         job = await read_job(io, app_name)
-    return ClusterView(bootstrap, views, job.p0 if job else None, job.p if job else None)
+    if job is None:
+        return ClusterView(bootstrap, views)
+    return ClusterView(bootstrap, views, job.p0, job.p, job.incarnation)
 
 
 def _tp(topic: str, part: int) -> str:

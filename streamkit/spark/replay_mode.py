@@ -172,6 +172,7 @@ def backfill_replay(
         first=prep.first,
         cluster=prep.cluster,
         allow_skipped=allow_skipped,
+        incarnation=prep.incarnation,
     )
     plan.rows_in, keyless = _keyless_rows(df, key_col, "the history", allow_skipped)
     if keyless:

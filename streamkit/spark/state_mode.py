@@ -155,6 +155,7 @@ def backfill_state(
         first=prep.first,
         cluster=prep.cluster,
         allow_skipped=allow_skipped,
+        incarnation=prep.incarnation,
     )
     normalized: list[DataFrame] = []
     for name in names:
