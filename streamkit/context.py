@@ -34,12 +34,15 @@ class Outbox:
 class Context:
     """What a handler knows about the record it handles, and how it sends output."""
 
-    __slots__ = ("_rec", "_outbox", "processor")
+    __slots__ = ("_rec", "_outbox", "processor", "stream_time")
 
     def __init__(self, outbox: Outbox) -> None:
         self._rec: Any = None
         self._outbox = outbox
         self.processor: int = -1
+        self.stream_time: int = -1
+        """The processor's stream time (ms) with this record; -1: not tracked (windows do
+        not close)."""
 
     @property
     def topic(self) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Protocol
 
 from stores.serde import Serde
-from streamkit.windows import Tumbling
+from streamkit.windows import LateRecordError, Tumbling
 
 _MISSING: Any = object()
 
@@ -162,8 +162,18 @@ class WindowedTable(Table):
         return self._stored_key_serde
 
     def _wkey(self, key: Any) -> tuple[Any, int]:
-        ts = self._clock.timestamp
-        return (key, ts - ts % self.window.size_ms)  # type: ignore[union-attr]
+        clock = self._clock
+        ts = clock.timestamp
+        window = self.window
+        assert window is not None
+        start = ts - ts % window.size_ms
+        stream_time = getattr(clock, "stream_time", -1)
+        if stream_time >= 0 and window.closed(start, stream_time):
+            raise LateRecordError(
+                f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
+                f"grace {window.grace:g} s): the record is late"
+            )
+        return (key, start)
 
     def __getitem__(self, key: Any) -> Any:
         return super().__getitem__(self._wkey(key))

@@ -98,6 +98,7 @@ async def checkpoint(
     epochs = dict(layout_epochs)
     writes: list[tuple[ProcessorState, Checkpoint]] = []
     for proc in processors:
+        proc.expire_windows()  # deletions go into this checkpoint's batch
         marks = proc.checkpoint_extra(extra or {})
         if proc.uncommitted or proc.positions != proc.loaded.positions or marks != proc.loaded.extra:
             stable, ranges = proc.stable()

@@ -11,6 +11,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route
 from streamkit.tables import Table
+from streamkit.windows import LateRecordError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,28 @@ RUN_BUDGET = 0.05
 fetches again (queued records of busy keys wait; other keys' records keep coming)."""
 
 
+_RUNNING: ContextVar[Context | None] = ContextVar("streamkit_running_context", default=None)
+"""The context of the record a key-concurrent handler task runs (each task has its own)."""
+
+
+class _Clock:
+    """What windowed tables read the time from: the running key-concurrent record's
+    context inside its task, else the member's shared context."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self, shared: Context) -> None:
+        self._shared = shared
+
+    @property
+    def timestamp(self) -> int:
+        return (_RUNNING.get() or self._shared).timestamp
+
+    @property
+    def stream_time(self) -> int:
+        return (_RUNNING.get() or self._shared).stream_time
+
+
 class Dispatcher:
     """Applies admitted records of one group member to its processors' state."""
 
@@ -40,7 +64,7 @@ class Dispatcher:
         self.output = output
         self.outbox = Outbox()
         self.ctx = Context(self.outbox)
-        self.binder = TableBinder(tables, self.ctx)
+        self.binder = TableBinder(tables, _Clock(self.ctx))
         self.failure_alarm_after = failure_alarm_after
         self.handled = 0
         self.consecutive_failures = 0
@@ -60,6 +84,9 @@ class Dispatcher:
                 finally:
                     self.outbox.suppress = False
             if admitted.deliver and route.scheduler is not None:
+                if proc.windows:  # stream time in offset order, whatever order the keys run in
+                    for rec in admitted.deliver:
+                        proc.stream_at[(rec.topic, rec.partition, rec.offset)] = proc.advance(rec.timestamp)
                 route.scheduler.submit(admitted.deliver)
                 await self.run_queued(route)
             elif admitted.deliver:
@@ -89,9 +116,13 @@ class Dispatcher:
                 return
             ctx = Context(self.outbox)  # one per record: handlers of other keys run meanwhile
             ctx._rec, ctx.processor = rec, proc.id
+            ctx.stream_time = proc.stream_at.pop((rec.topic, rec.partition, rec.offset), -1)
+            _RUNNING.set(ctx)  # this task's own: windowed tables read this record's time
             for spec in route.handlers:
                 try:
                     await spec.fn(k, v, ctx)
+                except LateRecordError as exc:
+                    failures.append((rec, "late", exc, spec.name))
                 except Exception as exc:  # noqa: BLE001 - user code
                     failures.append((rec, "handler", exc, spec.name))
 
@@ -125,9 +156,15 @@ class Dispatcher:
     async def _run(self, records: list[Any], route: Route, rebuilding: bool) -> None:
         kl, vl, ctx = route.key_loads, route.value_loads, self.ctx
         failures: list[Failure] = []
+        proc = route.proc
+        # stream time with each record (windows): fixed once, in offset order, for every handler
+        times = [proc.advance(rec.timestamp) for rec in records] if proc.windows else None
+        ctx.stream_time = -1
         for spec in route.handlers:
             fn, is_async = spec.fn, spec.is_async
-            for rec in records:
+            for j, rec in enumerate(records):
+                if times is not None:
+                    ctx.stream_time = times[j]
                 try:
                     k = rec.key
                     if k is not None:
@@ -143,6 +180,8 @@ class Dispatcher:
                     result = fn(k, v, ctx)
                     if is_async:
                         await result
+                except LateRecordError as exc:
+                    failures.append((rec, "late", exc, spec.name))
                 except Exception as exc:  # noqa: BLE001 - user code
                     failures.append((rec, "handler", exc, spec.name))
         if failures:

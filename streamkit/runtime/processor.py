@@ -29,6 +29,8 @@ Position = tuple[str, int]
 
 INCARNATION = "incarnation"
 """The key of a checkpoint's ``extra`` naming the job incarnation its positions belong to."""
+STREAM_TIME = "stream_time"
+"""The key of a checkpoint's ``extra`` holding the processor's stream time (windows)."""
 
 
 class StaleStoreError(StreamkitError):
@@ -62,6 +64,12 @@ class ProcessorState:
         self.pending: dict[Position, set[int]] = {}
         """Offsets below the positions handed to handlers and not finished (key-level concurrency)."""
         self.uncommitted = 0
+        self.windows = {name: t.window for name, t in tables.items() if t.window is not None}
+        self.stream_time = int(loaded.extra.get(STREAM_TIME, -1)) if self.windows else -1
+        """The largest record timestamp applied (ms; -1: none, or no windowed table)."""
+        self.stream_at: dict[tuple[str, int, int], int] = {}
+        """Stream time of records queued for key-concurrent handlers, fixed in offset order."""
+        self._expiry_mark: dict[str, int] = {}
 
     def rewind(self) -> None:
         """Forget progress beyond the last checkpoint (call right after one): positions and
@@ -69,6 +77,33 @@ class ProcessorState:
         self.positions = dict(self.loaded.positions)
         self.ahead = {k: list(v) for k, v in self.loaded.ic_ranges.items() if v}
         self.pending.clear()
+        if self.windows:
+            self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
+            self.stream_at.clear()
+
+    def advance(self, timestamp_ms: int) -> int:
+        """Stream time with a record of ``timestamp_ms`` applied (-1: not tracked)."""
+        if self.windows and timestamp_ms > self.stream_time:
+            self.stream_time = timestamp_ms
+        return self.stream_time
+
+    def expire_windows(self) -> int:
+        """Delete the windows past their retention (through the caches: part of the next
+        checkpoint's batch). Scans a table only when stream time entered a new window
+        since its last scan. Returns how many were deleted."""
+        deleted = 0
+        for name, window in self.windows.items():
+            mark = self.stream_time // window.size_ms
+            if self.stream_time < 0 or self._expiry_mark.get(name) == mark:
+                continue
+            self._expiry_mark[name] = mark
+            cache = self.caches[name]
+            expired = [k for k in cache.keys() if window.expired(k[1], self.stream_time)]
+            for k in expired:
+                del cache[k]
+            self.uncommitted += len(expired)
+            deleted += len(expired)
+        return deleted
 
     def stable(self) -> tuple[dict[Position, int], dict[Position, list[Range]]]:
         """What a checkpoint records now: per partition the stable offset (everything below
@@ -110,7 +145,12 @@ class ProcessorState:
 
     def checkpoint_extra(self, extra: Mapping[str, Any]) -> dict[str, Any]:
         """``extra`` as this processor's checkpoints carry it (with the job's incarnation)."""
-        return {**extra, INCARNATION: self.incarnation} if self.incarnation else dict(extra)
+        out = dict(extra)
+        if self.incarnation:
+            out[INCARNATION] = self.incarnation
+        if self.windows and self.stream_time >= 0:
+            out[STREAM_TIME] = self.stream_time
+        return out
 
     def commit(self, checkpoint: Checkpoint) -> None:
         """Write cached changes and `checkpoint` in one atomic batch."""

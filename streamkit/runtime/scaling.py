@@ -227,7 +227,8 @@ async def bootstrap_step(
 
         def checkpointed(read: int) -> None:
             t2 = sum(proc.positions.values())
-            report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read})
+            report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read,
+                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
 
         checkpointed(0)
         first: RebuildPlan | None = None
@@ -253,7 +254,8 @@ async def bootstrap_step(
                 await progress.refresh()
             t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
             t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
-            report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed})
+            report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed,
+                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
             if t1 - t2 <= HANDOVER_LAG:
                 break
     except asyncio.CancelledError:

@@ -140,8 +140,8 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
             async def target() -> int | None:
                 statuses = await job.statuses(io)
                 current = await job.job(io)
-                if victim == "bootstrapping":  # once it has checkpointed some progress (T2 > 0)
-                    host = [s.pid for s in statuses if s.joining.get(bootstrapped, {}).get("t2", 0) > 0]
+                if victim == "bootstrapping":  # once it has checkpointed some progress (a T2 > 0 saved)
+                    host = [s.pid for s in statuses if s.joining.get(bootstrapped, {}).get("saved", 0) > 0]
                     return host[0] if host and current.epoch == before.epoch + 1 else None
                 if current.p != counts[1]:
                     return None
