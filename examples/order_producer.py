@@ -12,8 +12,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-from aiokafka import AIOKafkaProducer
+from streamkit.producer import Producer
 
 ITEMS = ("coffee", "tea", "cake", "sandwich", "laptop", "headphones")
 
@@ -50,28 +49,25 @@ def expected_totals(
 
 
 async def produce(bootstrap: str, topic: str, n: int, customers: int, seed: int, start_ms: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
-    await producer.start()
-    try:
-        futures = []
+    """Through streamkit's producer: each order lands where the topic's layout places its
+    customer (a plain Kafka producer would spread them over reserved partitions too)."""
+    async with Producer(bootstrap) as producer:
         for customer, order, ts in generate(n, customers, seed, start_ms):
-            futures.append(
-                await producer.send(topic, key=customer.encode(), value=orjson.dumps(order), timestamp_ms=ts)
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+            await producer.send(topic, customer, order, timestamp_ms=ts)
+        await producer.flush()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--broker", default=os.environ.get("STREAMKIT_BROKER", "127.0.0.1:9092"))
+    parser.add_argument("--broker", default=os.environ.get("STREAMKIT_BROKER"))
     parser.add_argument("--topic", default="orders")
     parser.add_argument("--orders", type=int, default=10_000)
     parser.add_argument("--customers", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--start-ms", type=int, default=1_767_225_600_000)  # 2026-01-01T00:00Z
     a = parser.parse_args()
+    if not a.broker:
+        parser.error("no broker: give --broker or set STREAMKIT_BROKER")
     asyncio.run(produce(a.broker, a.topic, a.orders, a.customers, a.seed, a.start_ms))
     print(f"produced {a.orders} orders for {a.customers} customers to {a.topic}")
 

@@ -22,7 +22,7 @@ import typer
 __all__ = ["COMMANDS", "CliError", "app", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
-COMMANDS: list[str] = ["broker", "worker", "status", "topics", "scale", "backfill", "reset"]
+COMMANDS: list[str] = ["broker", "worker", "status", "topics", "produce", "scale", "backfill", "reset"]
 
 app = typer.Typer(
     name="streamkit",

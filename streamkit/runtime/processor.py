@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -175,8 +176,8 @@ def check_local_stores(app_dir: Path, app: str, incarnation: str) -> None:
     if not incarnation or not app_dir.is_dir():
         return
     for path in sorted(app_dir.iterdir()):
-        if not path.is_dir() or not path.name.startswith("processor-"):
-            continue
+        if not path.is_dir() or re.fullmatch(r"processor-\d+", path.name) is None:
+            continue  # staging stores are checked when a bootstrap opens them
         try:
             store = RocksDBStore.open(str(path), create=False)
         except StoreLockedError:
