@@ -26,12 +26,14 @@ Gathered = tuple[
     Counter[str],
     JobLayout | None,
     dict[str, tuple[int, int]],
+    dict[tuple[str, int], str],
 ]
 
 
 async def _gather(app: App, bootstrap: str) -> Gathered:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
+    modes: dict[tuple[str, int], str] = {}
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
         counts = await io.partition_counts(app.input_topics)
@@ -40,6 +42,10 @@ async def _gather(app: App, bootstrap: str) -> Gathered:
         try:
             await registry.refresh()
             initial = {t: lay.n0 if (lay := registry.get(t)) is not None else n for t, n in counts.items()}
+            for t, n in counts.items():
+                lay = registry.get(t)
+                for p in range(n):
+                    modes[(t, p)] = lay.mode(p).label if lay is not None else "plain"
             active = {t: lay.active if (lay := registry.get(t)) is not None else n for t, n in counts.items()}
         finally:
             await registry.stop()
@@ -57,7 +63,7 @@ async def _gather(app: App, bootstrap: str) -> Gathered:
                 reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
         except TopicNotFoundError:  # no dead letter yet
             pass
-    return statuses, offsets, reasons, job, {t: (initial[t], active[t]) for t in counts}
+    return statuses, offsets, reasons, job, {t: (initial[t], active[t]) for t in counts}, modes
 
 
 def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
@@ -121,14 +127,14 @@ def status(
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
+    statuses, offsets, reasons, job, shapes, modes = asyncio.run(_gather(app, bootstrap))
     deadline = time.monotonic() + (wait or 0)
     while wait is not None and not caught_up(offsets, shapes):
         if time.monotonic() > deadline:
             lag = sum(max(0, hw - (com or 0)) for com, hw in offsets.values())
             raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
         time.sleep(0.5)
-        statuses, offsets, reasons, job, shapes = asyncio.run(_gather(app, bootstrap))
+        statuses, offsets, reasons, job, shapes, modes = asyncio.run(_gather(app, bootstrap))
 
     owners: dict[tuple[str, int], set[int]] = {}
     ic: Counter[str] = Counter()
@@ -155,14 +161,15 @@ def status(
             fail,
             (s.last_error or "")[:60],
         )
-    parts = Table(title="partitions")
-    for col in ("topic", "partition", "processor", "keys", "committed", "IC ranges", "high watermark", "lag"):
-        parts.add_column(col, justify="left" if col in ("topic", "keys") else "right")
+    parts = Table(title=f"partitions (consumer group {app.group_id})")
+    for col in ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag"):
+        parts.add_column(col, justify="left" if col in ("topic", "mode", "keys") else "right")
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
         parts.add_row(
             topic,
             str(partition),
+            modes.get((topic, partition), "?"),
             ", ".join(map(str, sorted(owners.get((topic, partition), ())))) or "-",
             key_ranges(job, shapes.get(topic), partition),
             "-" if com is None else str(com),

@@ -120,7 +120,7 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     job = ScaleJob(broker, tmp_path)
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
         # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
-        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "150" if direction == "grow" else "1500"
+        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "300" if direction == "grow" else "1500"
     # grow: processor 2 joins, taking keys of 0; shrink: 2 retires, its keys go back to 0
     bootstrapped, old_owner, new_owner = (2, 0, 2) if direction == "grow" else (0, 2, 0)
     counts = (2, 3) if direction == "grow" else (3, 2)
@@ -140,8 +140,8 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
             async def target() -> int | None:
                 statuses = await job.statuses(io)
                 current = await job.job(io)
-                if victim == "bootstrapping":  # once it has checkpointed some progress (a T2 > 0 saved)
-                    host = [s.pid for s in statuses if s.joining.get(bootstrapped, {}).get("saved", 0) > 0]
+                if victim == "bootstrapping":  # once it has checkpointed some progress (T2 > 0)
+                    host = [s.pid for s in statuses if s.joining.get(bootstrapped, {}).get("t2", 0) > 0]
                     return host[0] if host and current.epoch == before.epoch + 1 else None
                 if current.p != counts[1]:
                     return None

@@ -43,6 +43,7 @@ def test_readme_backfill_guide_gives_the_totals_of_the_whole_history(tmp_path: P
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert "-p purchases:0=" in run.stdout  # describe prints the ends as positions
+    assert "consumer group streamkit-purchases" in run.stdout and "ReadWrite" in run.stdout  # status
     assert "rows read" in run.stdout and "30,000" in run.stdout
     # Spark's own output went to the log file, not to the terminal
     logs = list((tmp_path / ".streamkit" / "purchases" / "backfill-logs").glob("spark-*.log"))
