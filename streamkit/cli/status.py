@@ -122,7 +122,7 @@ def status(
     ),
 ) -> None:
     """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
-    console = Console(width=None if Console().is_terminal else 140)
+    console = Console(width=None if Console().is_terminal else 200)
     app = load_app(app_spec)
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
@@ -163,7 +163,7 @@ def status(
         )
     parts = Table(title=f"partitions (consumer group {app.group_id})")
     for col in ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag"):
-        parts.add_column(col, justify="left" if col in ("topic", "mode", "keys") else "right")
+        parts.add_column(col, justify="left" if col in ("topic", "mode", "keys") else "right", no_wrap=col == "keys")
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
         parts.add_row(
