@@ -132,6 +132,8 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
             if direction == "shrink":
                 assert (await asyncio.to_thread(job.scale, "--processors", "3")).returncode == 0
                 await job.wait_growth(io, 300)
+            if victim == "bootstrapping":  # history enough that the bootstrap lasts a while under any load
+                await job.wait_growth(io, 4000)
             before = await job.job(io)
             retiring_host = _hosting(await job.statuses(io), old_owner)
             result = await asyncio.to_thread(job.scale, "--processors", str(counts[1]), "--no-wait")
