@@ -86,15 +86,19 @@ class SparkLauncher:
     handing the launched process a log-file descriptor in place of ours."""
 
     def __init__(self, log_dir: Path, cores: int, conf: dict[str, str], level: str) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for old in sorted(log_dir.glob("spark-*.log"))[:-_KEEP_LOGS]:
-            old.unlink(missing_ok=True)
+        self.log_dir = log_dir
         self.log_path = log_dir / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
         self.started = False
         self._cores, self._conf, self._level = cores, dict(conf), level
+
+    def _prepare_logs(self) -> None:
+        """The log directory (the last few runs' logs) and log4j's configuration."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for old in sorted(self.log_dir.glob("spark-*.log"))[: -_KEEP_LOGS + 1]:
+            old.unlink(missing_ok=True)
         if "spark.driver.extraJavaOptions" not in self._conf:
-            props = log_dir / "log4j2.properties"
-            props.write_text(_LOG4J.format(level=level.lower(), log=self.log_path))
+            props = self.log_dir / "log4j2.properties"
+            props.write_text(_LOG4J.format(level=self._level.lower(), log=self.log_path))
             opt = f"-Dlog4j.configurationFile=file:{props} -Dlog4j2.configurationFile=file:{props}"
             self._conf["spark.driver.extraJavaOptions"] = opt
             self._conf["spark.executor.extraJavaOptions"] = opt
@@ -103,6 +107,7 @@ class SparkLauncher:
         from streamkit.spark.session import local_session
 
         self.started = True
+        self._prepare_logs()
         with open(self.log_path, "ab") as log:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -166,8 +166,13 @@ def _record_job(view: ClusterView, app: App, p0: int) -> str:
 
 @dataclass
 class _Prepared:
-    """What the checks before Spark decided."""
+    """What the checks before Spark decided, for the app and topics they checked."""
 
+    app: App
+    topics: list[str]
+    state_dir: Path
+    from_start: bool
+    derive: bool
     p0: int
     p: int
     first: int
@@ -177,6 +182,46 @@ class _Prepared:
     layout_epochs: dict[str, int]
     topic_partitions: dict[str, tuple[int, int]]
     incarnation: str = ""
+
+    def plan(
+        self,
+        spark: SparkSession,
+        *,
+        mode: str,
+        tables: list[str],
+        num_partitions: int | None,
+        subs: int | None,
+        allow_partial: bool,
+        allow_skipped: bool,
+        fail_at: str | None,
+        keep_backup: bool,
+    ) -> _Plan:
+        """The plan the driver runs, laid out over ``spark``'s parallelism."""
+        subs_, nparts = _layout(spark, self.p, num_partitions, subs)
+        return _Plan(
+            app=self.app,
+            mode=mode,
+            tables=tables,
+            p0=self.p0,
+            p=self.p,
+            subs=subs_,
+            num_partitions=nparts,
+            state_dir=self.state_dir,
+            positions=self.positions,
+            derive_positions=self.derive,
+            topics=self.topics,
+            layout_epochs=self.layout_epochs,
+            allow_partial=allow_partial,
+            from_start=self.from_start,
+            fail_at=fail_at,
+            keep_backup=keep_backup,
+            topic_partitions=self.topic_partitions,
+            notes=self.notes,
+            first=self.first,
+            cluster=self.cluster,
+            allow_skipped=allow_skipped,
+            incarnation=self.incarnation,
+        )
 
 
 def _prepare(
@@ -219,7 +264,22 @@ def _prepare(
         notes.append("positions were not checked against a cluster (no broker given)")
     check_stores_free(state_dir / app.name, range(first, p), below=first)
     incarnation = _record_job(view, app, p0_) if view is not None else ""
-    return _Prepared(p0_, p, first, notes, given, view, epochs, layouts, incarnation)
+    return _Prepared(
+        app,
+        list(topics),
+        state_dir,
+        from_start,
+        derive,
+        p0_,
+        p,
+        first,
+        notes,
+        given,
+        view,
+        epochs,
+        layouts,
+        incarnation,
+    )
 
 
 def _value_expr(F: Any, value_col: str | Sequence[str]) -> Column:
@@ -242,6 +302,18 @@ def _check_columns(history: Any, wanted: Mapping[str, list[str]], what: str) -> 
     errors = column_errors(have, wanted, what)
     if errors:
         raise ConfigError("; ".join(errors))
+
+
+def _drop_keyless(plan: _Plan, df: DataFrame, key_col: str, what: str) -> DataFrame:
+    """``df`` without its rows that have no key, counted into ``plan`` (refused unless the
+    plan allows skipped rows: :func:`_keyless_rows`)."""
+    F = require("pyspark.sql.functions")
+    rows, keyless = _keyless_rows(df, key_col, what, plan.allow_skipped)
+    plan.rows_in += rows
+    if not keyless:
+        return df
+    plan.left_out["rows without a key"] = plan.left_out.get("rows without a key", 0) + keyless
+    return df.where(F.col(key_col).isNotNull())
 
 
 def _keyless_rows(df: DataFrame, key_col: str, what: str, allow: bool) -> tuple[int, int]:

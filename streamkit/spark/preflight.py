@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from streamkit.errors import ConfigError
 
@@ -47,7 +47,6 @@ class ClusterView:
     job_p0: int | None = None
     job_p: int | None = None
     job_incarnation: str = ""
-    notes: list[str] = field(default_factory=list)
 
     def layout_epochs(self) -> dict[str, int]:
         return {t: v.epoch for t, v in self.topics.items() if v.epoch is not None}

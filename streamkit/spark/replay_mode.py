@@ -18,9 +18,7 @@ from streamkit.spark.job import _run
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _keyless_rows,
-    _layout,
-    _Plan,
+    _drop_keyless,
     _prepare,
     _resolve_app,
     _spark,
@@ -130,7 +128,6 @@ def backfill_replay(
         offset_col=offset_col,
     )
     _check_columns(df, wanted, "the history")
-    state_root = Path(state_dir or app_obj.settings.state_dir).absolute()
     prep = _prepare(
         app_obj,
         topics=[topic],
@@ -140,44 +137,19 @@ def backfill_replay(
         p0=p0,
         processors=processors,
         broker=broker,
-        state_dir=state_root,
+        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
         layout_epochs=layout_epochs,
         topic_partitions=topic_partitions,
     )
-    p0_, p = prep.p0, prep.p
     spark = _spark(spark)
     if isinstance(df, str):
         df = load_source(spark, df, reader_options)
     _check_columns(df, wanted, "the history")
-    subs_, nparts = _layout(spark, p, num_partitions, subs)
-    plan = _Plan(
-        app=app_obj,
-        mode="replay",
-        tables=names,
-        p0=p0_,
-        p=p,
-        subs=subs_,
-        num_partitions=nparts,
-        state_dir=state_root,
-        positions=prep.positions,
-        derive_positions=offset_col is not None,
-        topics=[topic],
-        layout_epochs=prep.layout_epochs,
-        allow_partial=allow_partial,
-        from_start=from_start,
-        fail_at=fail_at,
-        keep_backup=keep_backup,
-        topic_partitions=prep.topic_partitions,
-        notes=prep.notes,
-        first=prep.first,
-        cluster=prep.cluster,
-        allow_skipped=allow_skipped,
-        incarnation=prep.incarnation,
-    )
-    plan.rows_in, keyless = _keyless_rows(df, key_col, "the history", allow_skipped)
-    if keyless:
-        plan.left_out["rows without a key"] = keyless
-        df = df.where(F.col(key_col).isNotNull())
+    plan = prep.plan(
+        spark, mode="replay", tables=names, num_partitions=num_partitions, subs=subs, allow_partial=allow_partial,
+        allow_skipped=allow_skipped, fail_at=fail_at, keep_backup=keep_backup,
+    )  # fmt: skip
+    df = _drop_keyless(plan, df, key_col, "the history")
     sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
     if timestamp_col:
         sel.append(F.col(timestamp_col).alias("ts"))
@@ -204,8 +176,8 @@ def backfill_replay(
     def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
         spec = tasks.Spec(
             mode="replay",
-            p0=p0_,
-            p=p,
+            p0=plan.p0,
+            p=plan.p,
             subs=subs,
             sst_root=str(staging.sst_root),
             large_binary=large,

@@ -17,9 +17,7 @@ from streamkit.spark.job import _run
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _keyless_rows,
-    _layout,
-    _Plan,
+    _drop_keyless,
     _prepare,
     _resolve_app,
     _spark,
@@ -116,7 +114,6 @@ def backfill_state(
     )
     for name in names:
         _check_columns(tables[name], wanted, f"the history of table {name!r}")
-    state_root = Path(state_dir or app_obj.settings.state_dir).absolute()
     prep = _prepare(
         app_obj,
         topics=app_obj.input_topics,
@@ -126,47 +123,21 @@ def backfill_state(
         p0=p0,
         processors=processors,
         broker=broker,
-        state_dir=state_root,
+        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
         layout_epochs=layout_epochs,
         topic_partitions=topic_partitions,
     )
-    p0_, p = prep.p0, prep.p
     spark = _spark(spark)
-    subs_, nparts = _layout(spark, p, num_partitions, subs)
-    plan = _Plan(
-        app=app_obj,
-        mode="state",
-        tables=names,
-        p0=p0_,
-        p=p,
-        subs=subs_,
-        num_partitions=nparts,
-        state_dir=state_root,
-        positions=prep.positions,
-        derive_positions=offset_col is not None,
-        topics=app_obj.input_topics,
-        layout_epochs=prep.layout_epochs,
-        allow_partial=allow_partial,
-        from_start=from_start,
-        fail_at=fail_at,
-        keep_backup=keep_backup,
-        topic_partitions=prep.topic_partitions,
-        notes=prep.notes,
-        first=prep.first,
-        cluster=prep.cluster,
-        allow_skipped=allow_skipped,
-        incarnation=prep.incarnation,
-    )
+    plan = prep.plan(
+        spark, mode="state", tables=names, num_partitions=num_partitions, subs=subs, allow_partial=allow_partial,
+        allow_skipped=allow_skipped, fail_at=fail_at, keep_backup=keep_backup,
+    )  # fmt: skip
     normalized: list[DataFrame] = []
     for name in names:
         source = tables[name]
         df = load_source(spark, source, reader_options) if isinstance(source, str) else source
         _check_columns(df, wanted, f"the history of table {name!r}")
-        rows, keyless = _keyless_rows(df, key_col, f"the history of table {name!r}", allow_skipped)
-        plan.rows_in += rows
-        if keyless:
-            plan.left_out["rows without a key"] = plan.left_out.get("rows without a key", 0) + keyless
-            df = df.where(F.col(key_col).isNotNull())
+        df = _drop_keyless(plan, df, key_col, f"the history of table {name!r}")
         sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
         if topic_col:
             sel.append(F.col(topic_col).cast("string").alias("topic"))
@@ -184,8 +155,8 @@ def backfill_state(
     def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
         spec = tasks.Spec(
             mode="state",
-            p0=p0_,
-            p=p,
+            p0=plan.p0,
+            p=plan.p,
             subs=subs,
             sst_root=str(staging.sst_root),
             large_binary=large,
