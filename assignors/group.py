@@ -26,6 +26,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from assignors.linear_hashing import nearest_ancestor_below
 from assignors.placement import (
     KeyFilter,
     assign_partitions,
@@ -47,6 +48,8 @@ class TopicShape:
     active: int
     draining: tuple[int, ...] = ()
     epoch: int = 0
+    swept: tuple[int, ...] = ()
+    """Partitions no layout reads (mode None): read only to forward strays from them."""
 
 
 @dataclass
@@ -65,7 +68,9 @@ class MemberInfo:
                 "p0": self.p0,
                 "p": self.p,
                 "hosted": self.hosted,
-                "layouts": {t: [s.n0, s.active, list(s.draining), s.epoch] for t, s in self.layouts.items()},
+                "layouts": {
+                    t: [s.n0, s.active, list(s.draining), s.epoch, list(s.swept)] for t, s in self.layouts.items()
+                },
             }
         )
 
@@ -74,7 +79,10 @@ class MemberInfo:
         if not data:
             return None
         d = orjson.loads(data)
-        layouts = {t: TopicShape(v[0], v[1], tuple(v[2]), v[3]) for t, v in d.get("layouts", {}).items()}
+        layouts = {
+            t: TopicShape(v[0], v[1], tuple(v[2]), v[3], tuple(v[4]) if len(v) > 4 else ())
+            for t, v in d.get("layouts", {}).items()
+        }
         return cls(d["p0"], d["p"], list(d["hosted"]), layouts)
 
 
@@ -89,6 +97,8 @@ class ProcessorAssignment:
     epochs: dict[str, int] = field(default_factory=dict)
     sharers: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     """Per shared partition of this member's processors: every processor sharing it."""
+    sweeps: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    """Per processor of this member: the partitions it reads only to forward strays."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -104,6 +114,7 @@ class ProcessorAssignment:
                     for pid, slots in self.processors.items()
                 },
                 "sharers": [[t, part, list(pids)] for (t, part), pids in sorted(self.sharers.items())],
+                "sweeps": {str(pid): [[t, part] for t, part in tps] for pid, tps in self.sweeps.items()},
             }
         )
 
@@ -116,7 +127,8 @@ class ProcessorAssignment:
                 (t, part, None if f is None else KeyFilter(f[0], frozenset(f[1]))) for t, part, f in slots
             ]
         sharers = {(t, part): tuple(pids) for t, part, pids in d.get("sharers", ())}
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers)
+        sweeps = {int(pid): [(t, part) for t, part in tps] for pid, tps in d.get("sweeps", {}).items()}
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps)
 
 
 def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[PartitionSlot]]:
@@ -127,6 +139,19 @@ def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[i
             for pid, key_filter in processors_for_partition(part, shape.n0, part + 1, p0, p).items():
                 slots.setdefault(pid, []).append((topic, part, key_filter))
     return slots
+
+
+def sweep_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[tuple[str, int]]]:
+    """Per processor, the partitions no layout reads that it sweeps for strays: each goes
+    to the (lowest) processor owning the keys of its nearest active ancestor, which
+    also owns the partition once an expansion activates it (unless it is shared)."""
+    sweeps: dict[int, list[tuple[str, int]]] = {}
+    for topic, shape in sorted(shapes.items()):
+        for part in shape.swept:
+            home = nearest_ancestor_below(part, shape.n0, shape.active)
+            pid = min(processors_for_partition(home, shape.n0, shape.active, p0, p))
+            sweeps.setdefault(pid, []).append((topic, part))
+    return sweeps
 
 
 def sharers_of(slots: Mapping[int, list[PartitionSlot]]) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -183,6 +208,7 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
         slots = processor_slots(shapes, p0, p)
+        sweeps = sweep_slots(shapes, p0, p)
         sharers = sharers_of(slots)
         together = [list(pids) for _, pids in sorted(sharers.items())]
         hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p, together)
@@ -196,7 +222,10 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                     by_topic.setdefault(t, set()).add(part)
                     if key_filter is not None:
                         mine[(t, part)] = sharers[(t, part)]
-            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, mine)
+            swept = {pid: sweeps[pid] for pid in pids if pid in sweeps}
+            for t, part in (tp for tps in swept.values() for tp in tps):
+                by_topic.setdefault(t, set()).add(part)
+            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, mine, swept)
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

@@ -2,11 +2,15 @@
 
     python -m benchmarks.gating [--records 1000000] [--rate 20000] [--runs 2]
 
-1. Steady state. Two topics with layouts (4 active partitions, room for 8), one with
-   ordered delivery on, one off, each holding the same N records written by the
-   streamkit producer (so every record carries its epoch stamp and the consumer checks
-   it). The streamkit count+sum job (benchmarks.contenders.streamkit_app) consumes each,
-   alternating on/off `--runs` times; records/s first to last record, median per mode.
+1. Steady state. Topics with layouts of 4 active partitions, each holding the same N
+   records. "on" and "off": room for 8 partitions, ordered delivery on or off, records
+   written by the streamkit producer (every record carries its epoch stamp and the
+   consumer checks it). "no stray check": no reserved partitions, where a plain
+   producer places keys like the layout, so the consumer never looks for strays. The
+   "unstamped" pair: records of a plain producer (in place), with room for 8 (every key
+   hashed to check its placement) and without. The streamkit count+sum job
+   (benchmarks.contenders.streamkit_app) consumes each, cycling through the modes
+   `--runs` times; records/s first to last record, median per mode.
 2. Under load. A producer process writes at `--rate` records/s while a worker (in this
    process) consumes; the topic expands 4 -> 6 -> 8. For every partition created, the
    time it was gated (from assignment until the group passed its parent's seal) is
@@ -78,25 +82,51 @@ def run_job(bootstrap: str, topic: str, n: int, workdir: str) -> dict[str, Any]:
     return r
 
 
+STEADY_MODES = {
+    # mode: (ordered delivery, physical partitions, stamped by streamkit's producer)
+    "on": (True, 8, True),
+    "off": (False, 8, True),
+    "no stray check": (True, 4, True),
+    "unstamped, checked": (True, 8, False),
+    "unstamped, no check": (True, 4, False),
+}
+
+
+async def produce_plain(bootstrap: str, topic: str, n: int, keys: int) -> None:
+    """A plain Kafka producer writing where linear hashing over 4 partitions places each key
+    (so nothing is a stray, but the consumer must hash every key to know it)."""
+    from assignors.linear_hashing import partition_for_key
+    from streamkit.testing import aproduce_json
+
+    chunk = 100_000
+    for start in range(0, n, chunk):
+        await aproduce_json(
+            bootstrap, topic,
+            [(k, {"amount": i % 100, "seq": i}, partition_for_key(k, 4, 4))
+             for i in range(start, min(n, start + chunk)) for k in (b"key-%d" % (i % keys),)],
+        )  # fmt: skip
+
+
 async def steady(bootstrap: str, n: int, runs: int, console: Console) -> dict[str, list[float]]:
     from streamkit.layout.protocol import LayoutCoordinator
 
     topics = {}
     async with LayoutCoordinator(bootstrap) as coord:
-        for mode, ordered in (("on", True), ("off", False)):
-            topics[mode] = f"gating-{mode}-{uuid.uuid4().hex[:6]}"
-            await coord.create(topics[mode], 4, capacity=8, ordered_delivery=ordered)
+        for mode, (ordered, physical, stamped) in STEADY_MODES.items():
+            topics[mode] = f"gating-{mode.replace(' ', '').replace(',', '-')}-{uuid.uuid4().hex[:6]}"
+            await coord.create(topics[mode], 4, capacity=physical, ordered_delivery=ordered)
             t0 = time.monotonic()
-            await produce(bootstrap, topics[mode], n, 10_000)
-            console.print(f"produced {n} stamped records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
-    rates: dict[str, list[float]] = {"on": [], "off": []}
+            await (produce if stamped else produce_plain)(bootstrap, topics[mode], n, 10_000)
+            what = "stamped" if stamped else "unstamped"
+            console.print(f"produced {n} {what} records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
+    rates: dict[str, list[float]] = {mode: [] for mode in STEADY_MODES}
     for _ in range(runs):
-        for mode in ("on", "off"):
+        for mode in STEADY_MODES:
             with tempfile.TemporaryDirectory() as wd:
                 r = run_job(bootstrap, topics[mode], n, wd)
             assert r["check"]["count"] == n, r
             rates[mode].append(r["rate"])
-            console.print(f"ordered delivery {mode}: {r['rate']:,.0f} records/s")
+            console.print(f"{mode}: {r['rate']:,.0f} records/s")
     return rates
 
 
@@ -176,14 +206,24 @@ def main() -> None:
     with EmbeddedBroker() as broker:
         rates = asyncio.run(steady(broker.bootstrap, a.records, a.runs, console))
         waits = asyncio.run(under_load(broker.bootstrap, a.rate, console))
-    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
-    table = Table(title=f"ordered delivery, steady state ({a.records:,} records, median of {a.runs})")
-    for col in ("mode", "records/s", "runs"):
+    med = {mode: statistics.median(r) for mode, r in rates.items()}
+    table = Table(title=f"steady state ({a.records:,} records, 4 active partitions, median of {a.runs})")
+    for col in ("mode", "ordered delivery", "physical", "input", "records/s", "runs"):
         table.add_column(col)
-    table.add_row("on", f"{on:,.0f}", ", ".join(f"{r:,.0f}" for r in rates["on"]))
-    table.add_row("off", f"{off:,.0f}", ", ".join(f"{r:,.0f}" for r in rates["off"]))
+    for mode, (ordered, physical, stamped) in STEADY_MODES.items():
+        table.add_row(
+            mode, "on" if ordered else "off", str(physical), "stamped" if stamped else "plain producer",
+            f"{med[mode]:,.0f}", ", ".join(f"{r:,.0f}" for r in rates[mode]),
+        )  # fmt: skip
     console.print(table)
-    console.print(f"on/off = {on / off:.3f} ({(1 - on / off) * 100:+.1f}% cost; target under 5%)")
+
+    def cost(mode: str, base: str, what: str) -> None:
+        ratio = med[mode] / med[base]
+        console.print(f"{what}: {mode} / {base} = {ratio:.3f} ({(1 - ratio) * 100:+.1f}% cost; target under 5%)")
+
+    cost("on", "off", "ordered delivery")
+    cost("on", "no stray check", "stray check, stamped input")
+    cost("unstamped, checked", "unstamped, no check", "stray check, plain producer's input (every key hashed)")
     gates = Table(title=f"gates during expansions 4 -> 6 -> 8 under {a.rate:,.0f} records/s")
     for col in ("topic", "partition", "gated for (s)"):
         gates.add_column(col)

@@ -70,12 +70,16 @@ class App:
         self.keys_assigned_callbacks: list[Callable[..., Any]] = []
 
     # -- declarations --------------------------------------------------------------------
-    def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json") -> Topic:
-        """Declare a topic (input or output) with the serdes of its keys and values."""
-        topic = Topic.declare(name, key_serde, value_serde)
+    def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json", *, strays: str = "forward") -> Topic:
+        """Declare a topic (input or output) with the serdes of its keys and values.
+
+        ``strays``: as an input, what to do with records a plain Kafka producer put where
+        the topic's layout does not place their keys: ``"forward"`` them through the
+        layout-aware producer (the default) or ``"dead-letter"`` them (reason ``misplaced``)."""
+        topic = Topic.declare(name, key_serde, value_serde, strays=strays)
         existing = self.topics.get(name)
         if existing is not None and existing != topic:
-            raise ValueError(f"topic {name!r} is declared twice with different serdes")
+            raise ValueError(f"topic {name!r} is declared twice with different serdes or settings")
         self.topics[name] = topic
         return topic
 

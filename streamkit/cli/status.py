@@ -27,12 +27,15 @@ Gathered = tuple[
     JobLayout | None,
     dict[str, tuple[int, int]],
     dict[tuple[str, int], str],
+    Counter[str],
 ]
 
 
 async def _gather(app: App, bootstrap: str) -> Gathered:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
+    misplaced: Counter[str] = Counter()
+    """Strays dead-lettered, per "topic/partition" they lay in."""
     modes: dict[tuple[str, int], str] = {}
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
@@ -60,10 +63,19 @@ async def _gather(app: App, bootstrap: str) -> Gathered:
             statuses = []
         try:
             for rec in await io.read_topic(app.dead_letter_topic):
-                reasons[dict(rec.headers).get("streamkit.error.reason", b"?").decode()] += 1
+                headers = dict(rec.headers)
+                reason = headers.get("streamkit.error.reason", b"?").decode()
+                reasons[reason] += 1
+                if reason == "misplaced":
+                    where = (
+                        headers.get("streamkit.source.topic", b"?")
+                        + b"/"
+                        + headers.get("streamkit.source.partition", b"?")
+                    )
+                    misplaced[where.decode()] += 1
         except TopicNotFoundError:  # no dead letter yet
             pass
-    return statuses, offsets, reasons, job, {t: (initial[t], active[t]) for t in counts}, modes
+    return statuses, offsets, reasons, job, {t: (initial[t], active[t]) for t in counts}, modes, misplaced
 
 
 def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
@@ -106,6 +118,14 @@ def key_ranges(job: JobLayout | None, shape: tuple[int, int] | None, partition: 
     )
 
 
+def stray_counts(forwarded: int, dead: int) -> str:
+    """A partition's strays: forwarded by the workers (as they last reported) and dead-lettered."""
+    parts = [f"{forwarded} forwarded"] if forwarded else []
+    if dead:
+        parts.append(f"{dead} misplaced (dead letters)")
+    return ", ".join(parts) or "-"
+
+
 def caught_up(offsets: dict[tuple[str, int], tuple[int | None, int]], shapes: dict[str, tuple[int, int]]) -> bool:
     """Every active partition's committed position has reached its high watermark."""
     return all((com or 0) >= hw for (topic, p), (com, hw) in offsets.items() if p < shapes.get(topic, (0, p + 1))[1])
@@ -127,18 +147,20 @@ def status(
     bootstrap = broker or app.settings.broker
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    statuses, offsets, reasons, job, shapes, modes = asyncio.run(_gather(app, bootstrap))
+    statuses, offsets, reasons, job, shapes, modes, misplaced = asyncio.run(_gather(app, bootstrap))
     deadline = time.monotonic() + (wait or 0)
     while wait is not None and not caught_up(offsets, shapes):
         if time.monotonic() > deadline:
             lag = sum(max(0, hw - (com or 0)) for com, hw in offsets.values())
             raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
         time.sleep(0.5)
-        statuses, offsets, reasons, job, shapes, modes = asyncio.run(_gather(app, bootstrap))
+        statuses, offsets, reasons, job, shapes, modes, misplaced = asyncio.run(_gather(app, bootstrap))
 
     owners: dict[tuple[str, int], set[int]] = {}
     ic: Counter[str] = Counter()
+    forwarded: Counter[str] = Counter()
     for s in statuses:
+        forwarded.update(s.strays_forwarded)  # every worker's last word, stopped ones too
         if s.alive and not s.stale:
             ic.update(s.ic_ranges)
             for pid, hosted in s.processors.items():
@@ -162,8 +184,22 @@ def status(
             (s.last_error or "")[:60],
         )
     parts = Table(title=f"partitions (consumer group {app.group_id})")
-    for col in ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag"):
-        parts.add_column(col, justify="left" if col in ("topic", "mode", "keys") else "right", no_wrap=col == "keys")
+    cols = (
+        "topic",
+        "partition",
+        "mode",
+        "processor",
+        "keys",
+        "committed",
+        "IC ranges",
+        "high watermark",
+        "lag",
+        "strays",
+    )
+    for col in cols:
+        parts.add_column(
+            col, justify="left" if col in ("topic", "mode", "keys", "strays") else "right", no_wrap=col == "keys"
+        )
     for (topic, partition), (com, hw) in offsets.items():
         lag = hw - (com or 0)
         parts.add_row(
@@ -176,6 +212,7 @@ def status(
             str(ic[f"{topic}/{partition}"]),
             str(hw),
             str(lag),
+            stray_counts(forwarded[f"{topic}/{partition}"], misplaced[f"{topic}/{partition}"]),
         )
     console.print(workers)
     console.print(processors_table(job, statuses))

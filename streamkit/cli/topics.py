@@ -196,13 +196,23 @@ def ordered_delivery(
 
 @app.command()
 def check(topic: str = typer.Argument(...), broker: str | None = BrokerOpt) -> None:
-    """Scan a topic for late records (producers that missed a change) by their epochs."""
+    """Scan a topic for late records (producers that missed a change) and for strays (records
+    a plain producer put where the layout does not place them); exit 2 on ordering
+    violations, 1 when strays were dead-lettered or still wait to be forwarded."""
     from streamkit.layout.check import check_topic
 
     bootstrap = _broker(broker)
     rep = _run(lambda: check_topic(bootstrap, topic))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(rep.counts.items())) or "no records"
     typer.echo(f"{topic} (epoch {rep.epoch}): {counts}; harmless late {rep.late_harmless}")
+    total, missing = sum(rep.strays.values()), sum(rep.unforwarded.values())
+    if total:
+        where = ", ".join(
+            f"{p}: {n}" + (f" ({rep.unforwarded[p]} not forwarded)" if p in rep.unforwarded else "")
+            for p, n in sorted(rep.strays.items())
+        )
+        verdict = "all forwarded" if not missing else f"{missing} not forwarded (dead-lettered, or waiting)"
+        typer.echo(f"strays {total}, {verdict}; per partition {where}")
     for v in rep.violations[:50]:
         typer.echo(
             f"  VIOLATION {v['status']}: partition {v['partition']} offset {v['offset']} key {v['key']!r} "
@@ -210,6 +220,8 @@ def check(topic: str = typer.Argument(...), broker: str | None = BrokerOpt) -> N
         )
     if rep.violations:
         raise typer.Exit(2)
+    if sum(rep.unforwarded.values()):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -249,7 +261,7 @@ def _print_describe(info: Any, groups: list[str]) -> None:
     from streamkit.layout.model import ChangeKind, PartitionMode
 
     lay = info.layout
-    con = Console()
+    con = Console(width=None if Console().is_terminal else 200)
     pend = lay.pending
     state = f"[yellow]{pend.kind.value} to epoch {pend.epoch} ANNOUNCED, not sealed[/yellow]" if pend else "settled"
     broker_note = "" if info.physical == lay.physical else f" (broker has {info.physical})"
@@ -257,13 +269,17 @@ def _print_describe(info: Any, groups: list[str]) -> None:
         f"[bold]{lay.topic}[/bold]  epoch {lay.epoch} ({state})  n0 {lay.n0}  active {lay.active}  "
         f"physical {lay.physical}{broker_note}  ordered delivery {'on' if lay.ordered_delivery else 'off'}"
     )
-    notes: dict[int, list[str]] = {}
+    pending: dict[int, list[str]] = {}
+    passed: dict[int, list[str]] = {}
     for c in constraints(lay):
         if c.need == 0:
             continue  # nothing to wait for (empty, or given up)
         need = "?" if c.need is None else c.need
         where = "" if c.kind == ChangeKind.EXPAND else f">={c.from_offset} "
-        notes.setdefault(c.partition, []).append(f"{where}after p{c.blocker}@{need} (e{c.epoch})")
+        note = f"{where}after p{c.blocker}@{need} (e{c.epoch})"
+        # passed: every group named has consumed the blocker to its seal (unknown without one)
+        done = bool(groups) and all(c.blocker_passed(info.group_positions.get(g, {})) for g in groups)
+        (passed if done else pending).setdefault(c.partition, []).append(note)
     t = Table(show_header=True, header_style="bold")
     for col in ("partition", "mode", "hw", "start"):
         t.add_column(col, justify="right" if col != "mode" else "left")
@@ -271,7 +287,11 @@ def _print_describe(info: Any, groups: list[str]) -> None:
     for g in groups:
         t.add_column(f"{g}", justify="right")
         gates[g] = compute_gate(lay, lay.readable, info.group_positions.get(g, {}))
-    t.add_column("gated (until the group passed)")
+    if groups:
+        t.add_column("gates pending")
+        t.add_column("gates passed")
+    else:
+        t.add_column("gates (pass --group G to see which are passed)")
     style = {PartitionMode.READ_WRITE: "green", PartitionMode.READ_ONLY: "yellow", PartitionMode.NONE: "dim"}
     for p in range(max(lay.physical, info.physical or 0)):
         m = lay.mode(p)
@@ -293,7 +313,9 @@ def _print_describe(info: Any, groups: list[str]) -> None:
             row.append(
                 ("-" if pos is None else str(pos)) + (f" [red](held at {held})[/red]" if held is not None else "")
             )
-        row.append("; ".join(notes.get(p, [])[-2:]))
+        row.append("; ".join(pending.get(p, [])[-2:]))
+        if groups:
+            row.append("; ".join(passed.get(p, [])[-2:]))
         t.add_row(*row)
     con.print(t)
     ends = [f"-p {lay.topic}:{p}={info.high_watermarks[p]}" for p in lay.readable if p in info.high_watermarks]

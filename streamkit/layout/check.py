@@ -1,16 +1,18 @@
 """Scan a topic for records a consumer would not apply as they lie: late and misplaced
-ones (``streamkit topics check``)."""
+ones, and strays of plain producers with whether each was forwarded
+(``streamkit topics check``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from assignors.murmur2 import key_hash
 from streamkit.layout.model import PartitionMode
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
+from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
 
 __all__ = ["CheckReport", "check_topic"]
 
@@ -22,6 +24,10 @@ class CheckReport:
     counts: Counter[str]
     violations: list[dict[str, Any]]
     late_harmless: int = 0
+    strays: dict[int, int] = field(default_factory=dict)
+    """Per partition: records lying where the layout does not place them (``strays``)."""
+    unforwarded: dict[int, int] = field(default_factory=dict)
+    """Per partition: strays with no forwarded copy in the topic (dead-lettered or waiting)."""
 
 
 async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | None = None) -> CheckReport:
@@ -36,15 +42,21 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
         counts: Counter[str] = Counter()
         violations: list[dict[str, Any]] = []
         harmless = 0
+        strays: dict[int, list[int]] = {}
+        forwarded: set[tuple[int, int]] = set()
         for p in range(layout.physical):
-            if layout.mode(p) == PartitionMode.NONE and p >= layout.active:
-                pass  # still scanned: late writes may land anywhere
+            rule = stray_rule(layout, p, swept=layout.mode(p) == PartitionMode.NONE)
             recs, _ = await reg.io.read(topic, p, 0)
             for r in recs:
                 ep = record_epoch(r.headers)
                 if ep is not None and ep > layout.epoch:
                     layout = await reg.ensure_at_least(topic, ep)
                 kh = key_hash(r.key) if r.key is not None else None
+                if rule is not None and (rule.everything or (ep is None and rule.is_stray(r.offset, kh))):
+                    strays.setdefault(p, []).append(r.offset)
+                    continue
+                if r.headers and r.headers[-1][0] == STRAY_HEADER and (origin := parse_origin(r.headers[-1][1])):
+                    forwarded.add(origin)
                 v = classify_record(layout, p, r.offset, ep, kh)
                 counts[v.status.value] += 1
                 if v.violation:
@@ -56,7 +68,11 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
                     )
                 elif v.status == RecordStatus.LATE:
                     harmless += 1
-        return CheckReport(topic, layout.epoch, counts, violations, harmless)
+        counts["stray"] = sum(len(offsets) for offsets in strays.values())
+        unforwarded = {p: n for p, offsets in strays.items() if (n := sum((p, o) not in forwarded for o in offsets))}
+        return CheckReport(
+            topic, layout.epoch, +counts, violations, harmless, {p: len(o) for p, o in strays.items()}, unforwarded
+        )
     finally:
         if own:
             await reg.stop()

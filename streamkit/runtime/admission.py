@@ -19,12 +19,18 @@ Per partition batch, in this order:
    reported as an ordering violation, never applied silently.
 5. Records inside the IC ranges of the processor's last checkpoint were applied before
    a restart (key-level concurrency finishes records out of offset order): skipped.
-6. Records below the route's rebuild point were handled by the group before this
-   processor got the partition: they are applied without output.
+6. Strays (``streamkit.layout.strays``): unstamped records lying where the layout does
+   not place their keys, and every record of a swept partition (mode None), are taken
+   out to be forwarded or dead-lettered; a second copy of a forwarded stray is dropped.
+   A stray's key is in no sharer's key range: the sharer taking keyless records takes it.
+7. Records below the route's rebuild point were handled by the group before this
+   processor got the partition: they are applied without output (strays among them
+   were forwarded then: dropped).
 
-Both 3 and 4 cost nothing when the topic has no pending change and records carry the
-current epoch. Admission touches the consumer only through pause, resume and seek,
-so it is tested against an in-memory consumer (``tests/runtime/test_admission.py``).
+3, 4 and 6 cost nothing when the topic has no pending change and records carry the
+current epoch (6 also nothing on a topic a plain producer places like the layout).
+Admission touches the consumer only through pause, resume and seek, so it is tested
+against an in-memory consumer (``tests/runtime/test_admission.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ from assignors.murmur2 import key_hash, key_hash_cached
 from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
-from streamkit.layout.model import TopicLayout
-from streamkit.layout.stamps import PRODUCER_HEADER, classify_record, record_epoch, violation_record
+from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, classify_record, record_epoch, violation_record
+from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
@@ -67,6 +74,8 @@ class Admitted:
     """Records to apply with output."""
     late: list[tuple[Any, dict[str, Any]]]
     """Late or misplaced records and their violation reports: dead letters."""
+    strays: list[Any]
+    """Records placed outside the layout by a plain producer: forward or dead-letter."""
     next_position: int
     consumed: int
     """Records taken off the answer (applied, reported or skipped as late)."""
@@ -106,6 +115,8 @@ class Admission:
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
         """(topic, partition, seconds gated) of every gate that opened."""
+        self.stray_copies_dropped = 0
+        """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
 
     def add(self, tp: TopicPartition, route: Route) -> None:
         self.routes.setdefault(tp, []).append(route)
@@ -164,6 +175,11 @@ class Admission:
                 self.amended += amended
                 log.info("%s: %s[%d]: skipped %d records applied before a restart (IC ranges of the last checkpoint)",
                          self.name, tp.topic, tp.partition, amended)  # fmt: skip
+        strays: list[Any] = []
+        if route.strays is not None and records:
+            records, strays = self._take_strays(tp, route, records)
+            if strays and route.key_filter is not None and not route.null_keys:
+                strays = []  # in no sharer's key range: the sharer taking keyless records takes them
         until = route.filter_until
         if route.key_filter is not None and records and (until is None or records[0].offset < until):
             # a shared task, or a partition's history from before a split: this processor's keys only
@@ -173,6 +189,8 @@ class Admission:
                 late = [(r, report) for r, report in late if id(r) in kept]
         if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
+        if strays and strays[0].offset < route.rebuild_until:  # forwarded when first handled
+            strays = [r for r in strays if r.offset >= route.rebuild_until]
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
             rebuild = [r for r in records if r.offset < route.rebuild_until]
@@ -183,7 +201,32 @@ class Admission:
             if route.limit is not None and stop_at >= route.limit:
                 self.consumer.pause(tp)
                 self.gated = True
-        return Admitted(rebuild, records, late, next_pos, len(checked))
+        return Admitted(rebuild, records, late, strays, next_pos, len(checked))
+
+    def _take_strays(self, tp: TopicPartition, route: Route, records: list[Any]) -> tuple[list[Any], list[Any]]:
+        """(records to apply, strays): step 6. Records stamped by streamkit's producer pass
+        on the first look at their headers; copies of forwarded strays are applied once."""
+        rule = route.strays
+        assert rule is not None
+        if rule.everything:
+            return [], records
+        odd = [r for r in records if not (h := r.headers) or h[0][0] != EPOCH_HEADER or h[-1][0] == STRAY_HEADER]
+        if not odd:
+            return records, []
+        seen = route.proc.seen_strays
+        out: set[int] = set()
+        strays: list[Any] = []
+        for r in odd:
+            h = r.headers
+            if h and h[0][0] == EPOCH_HEADER:  # a forwarded copy
+                origin = parse_origin(h[-1][1])
+                if origin is not None and not seen.first_time(tp.topic, tp.partition, origin):
+                    out.add(id(r))
+                    self.stray_copies_dropped += 1
+            elif rule.is_stray(r.offset, key_hash_cached(r.key) if r.key is not None else None):
+                out.add(id(r))
+                strays.append(r)
+        return (records if not out else [r for r in records if id(r) not in out]), strays
 
     def take_stale_epochs(self) -> dict[str, int]:
         """Per topic, the newest layout epoch records named beyond ours (then forgotten)."""
@@ -280,10 +323,13 @@ class Admission:
         say how far each partition was read, and gates follow the history
         (``gating.compute_gate``)."""
         events = GateEvents()
-        gated = False
+        gated = self._hold_activated_sweeps(layout_of)
         for topic in sorted({tp.topic for tp in self.routes}):
             layout = layout_of(topic)
-            mine = {tp.partition: routes for tp, routes in self.routes.items() if tp.topic == topic}
+            mine = {
+                tp.partition: unswept for tp, routes in self.routes.items()
+                if tp.topic == topic and (unswept := [r for r in routes if not r.swept])
+            }  # fmt: skip
             if layout is None:
                 continue
             local = {p: min(r.stable for r in routes) for p, routes in mine.items()}
@@ -305,13 +351,31 @@ class Admission:
         self.gated = gated
         return events
 
+    def _hold_activated_sweeps(self, layout_of: Callable[[str], TopicLayout | None]) -> bool:
+        """A swept partition that a layout change activated forwards what lies below its
+        activation and no more: from there its records are in place, for the processor the
+        rebalance the change calls for gives it to. Whether any route is held so."""
+        held = False
+        for tp, routes in self.routes.items():
+            layout = layout_of(tp.topic)
+            if layout is None or layout.mode(tp.partition) == PartitionMode.NONE:
+                continue
+            for route in routes:
+                if route.swept:
+                    route.limit = layout.base_offset(tp.partition)
+                    held = True
+                    if route.position >= route.limit:
+                        self.consumer.pause(tp)
+        return held
+
     def _apply_gate(self, tp: TopicPartition, route: Route, layout: TopicLayout, gate: PartitionGate) -> bool:
         """Set one route's gate; whether the route is held at its limit now."""
         if route.layout is not layout:
             route.layout = layout
             route.epoch_bytes = epoch_stamp(layout)
+            route.strays = stray_rule(layout, tp.partition)
         pos = route.position
-        if pos < gate.start:  # records below belong to an earlier incarnation
+        if pos < gate.start and route.strays is None:  # records below belong to an earlier incarnation
             if pos > 0:
                 log.warning(
                     "%s: skipping offsets %d..%d of %s[%d]: written while it was not ReadWrite, "

@@ -93,6 +93,10 @@ class Dispatcher:
                 await self._run(admitted.deliver, route, rebuilding=False)
         for rec, report in admitted.late:
             await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
+        if admitted.strays:
+            policy = route.handlers[0].topic.strays
+            for rec in admitted.strays:
+                await self.output.stray(rec, policy)
         self.handled += admitted.consumed
 
     async def run_queued(self, route: Route) -> None:

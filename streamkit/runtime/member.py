@@ -15,7 +15,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from assignors.group import MemberInfo, PartitionSlot, StreamkitAssignor, TopicShape, processor_slots, sharers_of
+from assignors.group import (
+    MemberInfo,
+    PartitionSlot,
+    StreamkitAssignor,
+    TopicShape,
+    processor_slots,
+    sharers_of,
+    sweep_slots,
+)
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.layout.model import PartitionMode, TopicLayout
@@ -42,7 +50,8 @@ GATE_POLL_SECONDS = 0.1
 
 def shape_of(layout: TopicLayout) -> TopicShape:
     draining = tuple(p for p in range(layout.physical) if layout.mode(p) == PartitionMode.READ_ONLY)
-    return TopicShape(layout.n0, layout.active, draining, layout.epoch)
+    swept = tuple(p for p in range(layout.physical) if layout.mode(p) == PartitionMode.NONE)
+    return TopicShape(layout.n0, layout.active, draining, layout.epoch, swept)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -178,7 +187,13 @@ class GroupMember:
         shape = shape_of(new)
         self.assignor.info.layouts[new.topic] = shape
         self._regate_needed = True
-        if old is None or (shape_of(old).active, shape_of(old).draining) != (shape.active, shape.draining):
+        before = shape_of(old) if old is not None else None
+        moved = before is None or (before.active, before.draining, before.swept) != (
+            shape.active,
+            shape.draining,
+            shape.swept,
+        )
+        if moved:
             log.info(
                 "%s: layout of %s is now epoch %d (active %d, draining %s): rebalancing",
                 self.name,
@@ -271,6 +286,7 @@ class GroupMember:
                 if left.targets:
                     await self._rebuild(proc, generation, left)
                 self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts, shared_starts)
+                self._add_sweeps(proc, assignment.sweeps.get(pid, []), starts)
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
             await progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
@@ -339,6 +355,17 @@ class GroupMember:
                 log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
                          self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
 
+    def _add_sweeps(
+        self, proc: ProcessorState, sweeps: list[tuple[str, int]], starts: dict[tuple[str, int], int | None]
+    ) -> None:
+        """Route the partitions ``proc`` reads only to forward their strays."""
+        progress, registry = self.services.progress, self.services.registry
+        for topic, part in sweeps:
+            route = Route.sweeping(proc, self.app.handlers[topic], (topic, part), progress.position(topic, part, None),
+                                   registry.get(topic))  # fmt: skip
+            self.admission.add(TopicPartition(topic, part), route)
+            starts[(topic, part)] = route.position
+
     async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
         """A growth step whose splitting processor is hosted here, beside the joined one:
         move the joined processor's partitions from the splitting one to it inside this
@@ -356,6 +383,7 @@ class GroupMember:
             for t, (lay, n) in (await self._input_topics()).items()
         }
         slots = processor_slots(shapes, job.p0, job.p)
+        sweeps = sweep_slots(shapes, job.p0, job.p)
         sharers = sharers_of(slots)
         if any(not set(sharers.get((t, q), ())) <= {split, joined.id} for pid in (split, joined.id)
                for t, q, _ in slots.get(pid, ())):  # fmt: skip
@@ -377,6 +405,7 @@ class GroupMember:
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
         for proc in (old, joined):
             self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts)
+            self._add_sweeps(proc, sweeps.get(proc.id, []), starts)
         for tp in moving:
             self.consumer.seek(tp, self.admission.fetch_position(tp))
         await self.services.progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)

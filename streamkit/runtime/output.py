@@ -16,6 +16,8 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.strays import STRAY_HEADER, encode_origin
 from streamkit.producer import Producer
 from streamkit.topics import Topic
 
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 DEAD_LETTERS = PromCounter("streamkit_dead_letters", "records sent to the dead-letter topic", ["app", "reason"])
 
 Header = tuple[str, bytes]
+_STAMP_HEADERS = (EPOCH_HEADER, PRODUCER_HEADER, STRAY_HEADER)
 
 
 class Output:
@@ -39,6 +42,8 @@ class Output:
         self.dead_letter_counts: Counter[str] = Counter()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.strays_forwarded: Counter[str] = Counter()
+        """Strays forwarded to where the layout places them, per "topic/partition" they lay in."""
 
     def _topic(self, topic: Topic | str) -> Topic:
         if isinstance(topic, Topic):
@@ -68,6 +73,22 @@ class Output:
         DEAD_LETTERS.labels(self.app_name, reason).inc()
         self.last_error, self.last_error_at = f"{reason}: {text}", time.time()
         await self.producer.send(self.dead_letter_topic, record.key, record.value, headers)
+
+    async def stray(self, record: Any, policy: str) -> None:
+        """A record a plain producer put where the topic's layout does not place its key
+        (``streamkit.layout.strays``): forward it through the layout-aware producer (its
+        key, value, timestamp and own headers, and where it came from), or dead-letter it."""
+        if policy == "dead-letter":
+            await self.dead_letter(
+                record, "misplaced",
+                f"{record.topic}[{record.partition}] offset {record.offset}: the topic's layout does not place "
+                f"this record here (written by a producer that does not follow the layout)",
+            )  # fmt: skip
+            return
+        headers = [h for h in record.headers or () if h[0] not in _STAMP_HEADERS]
+        headers.append((STRAY_HEADER, encode_origin(record.partition, record.offset)))
+        self.strays_forwarded[f"{record.topic}/{record.partition}"] += 1
+        await self.producer.send(record.topic, record.key, record.value, headers, timestamp_ms=record.timestamp)
 
     async def flush(self) -> None:
         """Wait until every send started so far is acknowledged (raises the first failure)."""

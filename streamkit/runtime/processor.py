@@ -20,6 +20,7 @@ from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CachedTable, commit_cached
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import StreamkitError
+from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.tables import Table
 
@@ -32,6 +33,8 @@ INCARNATION = "incarnation"
 """The key of a checkpoint's ``extra`` naming the job incarnation its positions belong to."""
 STREAM_TIME = "stream_time"
 """The key of a checkpoint's ``extra`` holding the processor's stream time (windows)."""
+SEEN_STRAYS = "seen_strays"
+"""The key of a checkpoint's ``extra`` holding the forwarded strays applied (``SeenStrays``)."""
 
 
 class StaleStoreError(StreamkitError):
@@ -71,6 +74,8 @@ class ProcessorState:
         self.stream_at: dict[tuple[str, int, int], int] = {}
         """Stream time of records queued for key-concurrent handlers, fixed in offset order."""
         self._expiry_mark: dict[str, int] = {}
+        self.seen_strays = SeenStrays(dict(loaded.extra.get(SEEN_STRAYS, {})))
+        """The forwarded strays applied: a second copy of one is dropped."""
 
     def rewind(self) -> None:
         """Forget progress beyond the last checkpoint (call right after one): positions and
@@ -78,6 +83,7 @@ class ProcessorState:
         self.positions = dict(self.loaded.positions)
         self.ahead = {k: list(v) for k, v in self.loaded.ic_ranges.items() if v}
         self.pending.clear()
+        self.seen_strays = SeenStrays(dict(self.loaded.extra.get(SEEN_STRAYS, {})))
         if self.windows:
             self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
             self.stream_at.clear()
@@ -151,6 +157,8 @@ class ProcessorState:
             out[INCARNATION] = self.incarnation
         if self.windows and self.stream_time >= 0:
             out[STREAM_TIME] = self.stream_time
+        if self.seen_strays.highest:
+            out[SEEN_STRAYS] = dict(self.seen_strays.highest)
         return out
 
     def commit(self, checkpoint: Checkpoint) -> None:

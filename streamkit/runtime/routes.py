@@ -13,6 +13,7 @@ from assignors.placement import KeyFilter
 from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
+from streamkit.layout.strays import StrayRule, stray_rule
 from streamkit.runtime.keyorder import KeyScheduler
 from streamkit.runtime.processor import Position, ProcessorState
 
@@ -78,6 +79,10 @@ class Route:
     filter_until: int | None = None
     """With a key filter: records at or beyond this offset are all the processor's and
     pass unfiltered (None: every record is filtered)."""
+    strays: StrayRule | None = None
+    """Which unstamped records lie where the layout does not place them (None: none can)."""
+    swept: bool = False
+    """A partition no layout reads (mode None): every record is a stray, no gate."""
 
     @property
     def position(self) -> int:
@@ -118,7 +123,21 @@ class Route:
             group_position,
             layout,
             epoch_stamp(layout),
+            strays=stray_rule(layout, partition[1]),
         )
+
+    @classmethod
+    def sweeping(
+        cls, proc: ProcessorState, handlers: list[HandlerSpec], partition: Position, group_position: int,
+        layout: TopicLayout | None,
+    ) -> Route:  # fmt: skip
+        """The route of a partition ``proc`` reads only to forward its strays: it starts
+        where the group's sweep was (what lies below was forwarded)."""
+        route = cls.build(proc, handlers, partition, group_position, layout)
+        route.position = route.rebuild_until
+        route.swept = True
+        route.strays = stray_rule(layout, partition[1], swept=True)
+        return route
 
     @classmethod
     def for_slot(

@@ -42,6 +42,8 @@ class WorkerStatus:
     """Processors bootstrapping to join the job: {id: {"t2", "t1", "lag", "replayed"}}."""
     ic_ranges: dict[str, int] = field(default_factory=dict)
     """IC ranges in the hosted processors' last checkpoints, per "topic/partition"."""
+    strays_forwarded: dict[str, int] = field(default_factory=dict)
+    """Strays this worker forwarded since it started, per "topic/partition" they lay in."""
 
     @property
     def stale(self) -> bool:
@@ -75,6 +77,7 @@ def snapshot(
         processors={pid: sorted(parts) for pid, parts in hosted.items()},
         handled=handled,
         dead_letters=dict(output.dead_letter_counts),
+        strays_forwarded=dict(output.strays_forwarded),
         consecutive_failures=consecutive_failures,
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},

@@ -9,7 +9,9 @@ import streamkit
 
 FAIL_ALL = os.environ.get("SK_TEST_FAIL_ALL") == "1"
 app = streamkit.App(os.environ.get("SK_TEST_APP", "runtime-test"), commit_interval=0.3)
-source = app.topic(os.environ.get("SK_TEST_TOPIC", "runtime-test-input"))
+source = app.topic(
+    os.environ.get("SK_TEST_TOPIC", "runtime-test-input"), strays=os.environ.get("SK_TEST_STRAYS", "forward")
+)
 # key -> {"n": records, "sum": amounts, "last": last seq, "disorder": seqs seen out of order}
 stats = app.table("stats", default=lambda: {"n": 0, "sum": 0, "last": -1, "disorder": 0})
 

@@ -76,6 +76,11 @@ def make(
     return admission, consumer, route
 
 
+def stamp(layout: TopicLayout) -> tuple[tuple[str, bytes], ...]:
+    """The headers streamkit's producer writes under ``layout``."""
+    return ((EPOCH_HEADER, str(layout.epoch).encode()), (PRODUCER_HEADER, b"p1"))
+
+
 def offsets(records) -> list[int]:
     return [r.offset for r in records]
 
@@ -199,12 +204,24 @@ def test_records_stamped_with_the_current_epoch_are_not_inspected() -> None:
 
 
 @pytest.mark.parametrize("position", [0, 3])
-def test_positions_below_a_new_incarnation_skip_to_its_start(position: int) -> None:
+def test_records_written_before_a_partition_was_activated_are_strays(position: int) -> None:
+    """Partition 1 was reserved until offset 7: what a plain producer wrote there before
+    is a stray (forwarded, not applied); from 7 on only keys placed elsewhere are."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+
     lay = transitions.create("orders", 1, capacity=2, now_ms=0)
     lay = transitions.seal(transitions.expand(lay, 2, announce_offsets={0: 0, 1: 7}, now_ms=1), {0: 0, 1: 7})
     admission, consumer, route = make(lay, partition=1, position=position)
     admission.regate(lambda t: lay, lambda t: {0: 0})
-    assert route.position == 7 and consumer.seeks[-1] == (TopicPartition("orders", 1), 7)
+    assert route.position == position  # not skipped: read to be forwarded
+    keys = [f"k{i}".encode() for i in range(12)]
+    tp1 = TopicPartition("orders", 1)
+    [(_, out)] = admission.admit(tp1, [Rec("orders", 1, o, keys[o]) for o in range(position, 12)])
+    mine = {o for o in range(7, 12) if lh_bucket(key_hash(keys[o]), 1, 2) == 1}
+    assert offsets(out.deliver) == sorted(mine)
+    assert offsets(out.strays) == [o for o in range(position, 12) if o not in mine]
+    assert out.consumed == 12 - position and out.next_position == 12
 
 
 def test_sharers_of_a_partition_each_admit_their_keys_from_their_own_position() -> None:
@@ -245,8 +262,109 @@ def test_a_whole_partition_read_from_before_its_split_applies_only_its_processor
     )  # fmt: skip
     admission.routes[TP] = [route]
     keys = [f"k{i}".encode() for i in range(14)]
-    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o]) for o in range(5, 14)])
+    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o], b"1", stamp(layout)) for o in range(5, 14)])
     assert offsets(out.deliver) == [o for o in range(5, 14) if o >= 10 or key_hash(keys[o]) % 2 == 0]
     route.position = out.next_position
     beyond = Route.for_slot(old.proc, old.handlers, ("orders", 0), 0, layout, key_filter=None, sharers=(), p0=1, p=2)
     assert beyond.key_filter is None  # its position (14) is past the mixed history
+
+
+def capacity_only() -> TopicLayout:
+    """orders: 2 active partitions of 4, never expanded (a plain producer uses all 4)."""
+    return transitions.create("orders", 2, capacity=4, now_ms=0)
+
+
+def test_an_unstamped_record_of_a_key_the_layout_places_elsewhere_is_a_stray() -> None:
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+
+    layout = capacity_only()
+    admission, _, route = make(layout)
+    keys = [f"k{i}".encode() for i in range(20)]
+    batch = [Rec("orders", 0, o, keys[o]) for o in range(20)] + [Rec("orders", 0, 20, None)]
+    [(_, out)] = admission.admit(TP, batch)
+    placed = [o for o in range(20) if lh_bucket(key_hash(keys[o]), 2, 2) == 0]
+    assert offsets(out.deliver) == [*placed, 20]  # a keyless record is in place on an active partition
+    assert offsets(out.strays) == [o for o in range(20) if o not in placed] and out.strays
+    # the same keys stamped by streamkit's producer: trusted, nothing hashed
+    route.position = 0
+    admission.routes[TP] = [Route.build(route.proc, route.handlers, ("orders", 0), 0, layout)]
+    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o], b"1", stamp(layout)) for o in range(20)])
+    assert offsets(out.deliver) == list(range(20)) and out.strays == []
+
+
+def test_a_topic_placed_like_kafkas_default_has_no_stray_check() -> None:
+    plain = transitions.create("orders", 3, capacity=3, now_ms=0)
+    _, _, route = make(plain)
+    assert route.strays is None
+    assert make(capacity_only())[2].strays is not None
+
+
+def test_a_swept_partition_forwards_everything_from_where_the_group_was() -> None:
+    layout = capacity_only()
+    admission, _, owner = make(layout)
+    swept = Route.sweeping(owner.proc, owner.handlers, ("orders", 3), 4, layout)
+    admission.routes = {TopicPartition("orders", 3): [swept]}
+    assert swept.position == 4 and swept.swept
+    admission.regate(lambda t: layout, lambda t: {})
+    assert swept.limit is None  # no gate on a swept partition
+    batch = [Rec("orders", 3, o, f"k{o}".encode()) for o in range(2, 9)] + [Rec("orders", 3, 9, None)]
+    [(_, out)] = admission.admit(TopicPartition("orders", 3), batch)
+    assert out.deliver == [] and out.rebuild == [] and offsets(out.strays) == [4, 5, 6, 7, 8, 9]
+
+
+def test_a_second_copy_of_a_forwarded_stray_is_dropped_until_the_checkpoint_is_rewound() -> None:
+    from streamkit.layout.strays import STRAY_HEADER, encode_origin
+
+    layout = capacity_only()
+    admission, _, route = make(layout)
+
+    def copy(offset: int, origin: tuple[int, int]) -> Rec:
+        headers = (*stamp(layout), (STRAY_HEADER, encode_origin(*origin)))
+        return Rec("orders", 0, offset, b"k", b"1", headers)
+
+    batch = [copy(0, (3, 10)), copy(1, (3, 11)), copy(2, (2, 5)), copy(3, (3, 10)), copy(4, (3, 11)), copy(5, (3, 12))]
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.deliver) == [0, 1, 2, 5] and admission.stray_copies_dropped == 2
+    assert route.proc.checkpoint_extra({})["seen_strays"] == {"orders:3:0": 12, "orders:2:0": 5}
+    route.proc.rewind()  # nothing checkpointed: after a restart the copies are new again
+    route.position = 0
+    [(_, out)] = admission.admit(TP, batch[:2])
+    assert offsets(out.deliver) == [0, 1]
+
+
+def test_a_stray_in_a_shared_partition_is_taken_by_the_lowest_sharer() -> None:
+    """A stray's key is in no sharer's key range (the layout places it elsewhere): the
+    sharer that takes keyless records takes the strays, the other drops them."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+    from assignors.placement import KeyFilter
+
+    layout = capacity_only()
+    admission, _, low = make(layout)
+    high_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
+    high = Route.build(high_proc, low.handlers, ("orders", 0), 0, layout)
+    low.key_filter, low.sharers = KeyFilter(4, frozenset({0})), (0, 1)
+    high.key_filter, high.sharers, high.null_keys = KeyFilter(4, frozenset({2})), (0, 1), False
+    admission.add(TP, high)
+    keys = [f"k{i}".encode() for i in range(40)]
+    taken = {route.proc.id: a for route, a in admission.admit(TP, [Rec("orders", 0, o, keys[o]) for o in range(40)])}
+    strays = [o for o in range(40) if lh_bucket(key_hash(keys[o]), 2, 2) != 0]
+    assert strays and offsets(taken[0].strays) == strays and taken[1].strays == []
+    assert offsets(taken[0].deliver) == [o for o in range(40) if key_hash(keys[o]) % 4 == 0]
+    assert offsets(taken[1].deliver) == [o for o in range(40) if key_hash(keys[o]) % 4 == 2]
+
+
+def test_a_swept_partition_an_expansion_activates_forwards_only_what_lies_below_its_activation() -> None:
+    layout = capacity_only()
+    admission, consumer, owner = make(layout)
+    tp3 = TopicPartition("orders", 3)
+    swept = Route.sweeping(owner.proc, owner.handlers, ("orders", 3), 0, layout)
+    admission.routes = {tp3: [swept]}
+    lay3 = transitions.seal(transitions.expand(layout, 3, announce_offsets={0: 0, 1: 0, 2: 0}, now_ms=1), {0: 0, 1: 0})
+    lay4 = transitions.expand(lay3, 4, announce_offsets={0: 0, 1: 0, 2: 0, 3: 6}, now_ms=2)  # announced, not sealed
+    assert lay4.mode(3) != lay3.mode(3)
+    admission.regate(lambda t: lay4, lambda t: {})
+    assert swept.limit == 6 and tp3 not in consumer.paused
+    [(_, out)] = admission.admit(tp3, [Rec("orders", 3, o, f"k{o}".encode()) for o in range(10)])
+    assert offsets(out.strays) == list(range(6)) and out.next_position == 6 and tp3 in consumer.paused

@@ -1,0 +1,133 @@
+"""Strays: records a producer put where the topic's layout does not place them.
+
+A streamkit producer places every key by linear hashing over the topic's active
+partitions and stamps the record with the layout epoch it placed by. A plain Kafka
+producer knows none of this: its default partitioner takes the key's murmur2 hash
+modulo the *physical* partition count, so on a topic with reserved capacity, or one
+that was ever expanded or shrunk, it writes keys into partitions nobody reads
+(reserved ones), into partitions before their activation, and into active partitions
+that do not own them. Such a record is a *stray*: applied where it lies it would be
+lost (nobody reads the partition) or would split its key's state over two processors.
+
+:class:`StrayRule` tells, for one partition, which records are strays. A record at
+offset ``o`` of partition ``p`` is in place when ``p`` is the key's bucket under a
+layout in force on ``p`` at ``o``: the layout before a change is in force up to the
+change's seal offset on ``p``, the layout after it from its announce offset (both in
+between, while producers switch). A keyless record is in place on a partition that
+was writable at ``o``. Records stamped by streamkit's producer are not judged here
+(their epoch is checked by ``stamps``); every record of a partition no layout reads
+any more (mode None: reserved capacity, or drained and given up) is a stray.
+
+The runtime forwards a stray through the layout-aware producer to where the current
+layout places its key, with :data:`STRAY_HEADER` naming where it came from, or sends
+it to the dead letters (reason ``misplaced``), per the input topic's ``strays``
+setting. A forwarded copy may be written twice when a worker dies between the send
+and its checkpoint; the receiving processor drops the second copy by its origin
+(:class:`SeenStrays`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from assignors.linear_hashing import lh_bucket
+from streamkit.layout.model import ChangeKind, TopicLayout
+
+__all__ = ["STRAY_HEADER", "SeenStrays", "StrayRule", "encode_origin", "parse_origin", "stray_rule"]
+
+STRAY_HEADER = "streamkit.stray.from"
+"""On a forwarded stray: ``b"PARTITION:OFFSET"`` of the record it copies (same topic)."""
+
+
+def encode_origin(partition: int, offset: int) -> bytes:
+    return f"{partition}:{offset}".encode()
+
+
+def parse_origin(value: bytes) -> tuple[int, int] | None:
+    """(partition, offset) of a :data:`STRAY_HEADER` value, or None if it is not one."""
+    try:
+        partition, offset = value.split(b":")
+        return int(partition), int(offset)
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class StrayRule:
+    """Which records of one partition are strays (see the module docstring)."""
+
+    partition: int
+    n0: int
+    starts: tuple[int, ...]
+    """Offsets where the set of layouts in force on the partition changes (first: 0)."""
+    actives: tuple[tuple[int, ...], ...]
+    """Per segment: the active partition counts of the layouts in force there."""
+    everything: bool = False
+    """The partition is read by no layout now (mode None): every record is a stray."""
+
+    def is_stray(self, offset: int, key_hash: int | None) -> bool:
+        if self.everything:
+            return True
+        actives = self.actives[bisect.bisect_right(self.starts, offset) - 1]
+        if key_hash is None:
+            return all(self.partition >= n for n in actives)
+        n0, p = self.n0, self.partition
+        return all(lh_bucket(key_hash, n0, n) != p for n in actives)
+
+
+def _needs_rule(layout: TopicLayout) -> bool:
+    """Whether a plain producer's placement can differ from the layout's: the topic has
+    reserved capacity or was ever expanded or shrunk (otherwise Kafka's modulo over the
+    physical count is linear hashing at ``n == n0``)."""
+    changed = any(s.kind in (ChangeKind.EXPAND, ChangeKind.SHRINK) for s in layout.seals)
+    return changed or layout.physical != layout.n0 or layout.active != layout.n0
+
+
+def stray_rule(layout: TopicLayout | None, partition: int, *, swept: bool = False) -> StrayRule | None:
+    """The rule for ``partition`` under ``layout`` (None: no record there can be a stray).
+
+    ``swept``: the partition is read only to forward what lies in it (mode None)."""
+    if layout is None or not _needs_rule(layout):
+        return None
+    if swept:
+        return StrayRule(partition, layout.n0, (0,), ((),), everything=True)
+    changes = [s for s in layout.seals if s.kind in (ChangeKind.EXPAND, ChangeKind.SHRINK)]
+    # in force on the partition: (from offset, until offset or None, active count)
+    spans: list[tuple[int, int | None, int]] = []
+    begin = 0
+    active = changes[0].old_active if changes else layout.active
+    for s in changes:
+        until = s.seal_offset(partition) if s.sealed else None
+        spans.append((begin, until, active))
+        announced = s.announce_offset(partition)
+        begin = 0 if announced is None else announced  # a partition created by it starts empty
+        active = s.new_active
+    spans.append((begin, None, active))
+    bounds = sorted({0, *(b for b, _, _ in spans), *(u for _, u, _ in spans if u is not None)})
+    actives = tuple(
+        tuple(sorted({n for b, u, n in spans if b <= start and (u is None or start < u)})) for start in bounds
+    )
+    return StrayRule(partition, layout.n0, tuple(bounds), actives)
+
+
+@dataclass
+class SeenStrays:
+    """Per (origin partition, partition it was forwarded to): the highest origin offset a
+    processor applied. A forwarder sends one origin partition's strays in offset order,
+    so a copy at or below it was applied already (written twice by a forwarder that
+    died before its checkpoint, or by two forwarders across a handover)."""
+
+    highest: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(topic: str, origin: int, partition: int) -> str:
+        return f"{topic}:{origin}:{partition}"
+
+    def first_time(self, topic: str, partition: int, origin: tuple[int, int]) -> bool:
+        """Record that the copy of ``origin`` arrived on ``partition``; False if it did before."""
+        key = self._key(topic, origin[0], partition)
+        if origin[1] <= self.highest.get(key, -1):
+            return False
+        self.highest[key] = origin[1]
+        return True

@@ -1,0 +1,73 @@
+"""Which records a plain producer misplaced: the stray rule over a topic's history (pure)."""
+
+from __future__ import annotations
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from streamkit.layout import transitions
+from streamkit.layout.strays import SeenStrays, encode_origin, parse_origin, stray_rule
+
+HASHES = [key_hash(f"key-{i}".encode()) for i in range(200)]
+
+
+def test_no_rule_where_kafkas_default_partitioner_places_like_the_layout() -> None:
+    assert stray_rule(None, 0) is None
+    assert stray_rule(transitions.create("t", 4, now_ms=0), 1) is None
+    assert stray_rule(transitions.create("t", 4, capacity=8, now_ms=0), 1) is not None
+
+
+def test_reserved_and_swept_partitions_hold_only_strays() -> None:
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    reserved = stray_rule(lay, 3)
+    assert reserved is not None
+    assert all(reserved.is_stray(o, h) for o, h in enumerate(HASHES)) and reserved.is_stray(5, None)
+    swept = stray_rule(lay, 3, swept=True)
+    assert swept is not None and swept.everything
+
+
+def test_an_expansion_changes_the_rule_at_its_offsets() -> None:
+    """2 -> 3 partitions: partition 2 is created at offset 7 (what lies below is stray);
+    partition 0 is split, its old-layout records end at its seal (20); between its
+    announce (15) and its seal both layouts are in force."""
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.expand(lay, 3, announce_offsets={0: 15, 1: 9, 2: 7}, now_ms=1)
+    lay = transitions.seal(lay, {0: 20, 1: 9, 2: 7})
+    new, split = stray_rule(lay, 2), stray_rule(lay, 0)
+    assert new is not None and split is not None
+    for h in HASHES:
+        assert new.is_stray(3, h)  # reserved then
+        assert new.is_stray(8, h) == (lh_bucket(h, 2, 3) != 2)
+        assert split.is_stray(10, h) == (lh_bucket(h, 2, 2) != 0)
+        assert split.is_stray(17, h) == (lh_bucket(h, 2, 2) != 0 and lh_bucket(h, 2, 3) != 0)
+        assert split.is_stray(25, h) == (lh_bucket(h, 2, 3) != 0)
+    assert new.is_stray(3, None) and not new.is_stray(8, None)
+
+
+def test_a_drained_partition_holds_strays_after_its_seal() -> None:
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.seal(transitions.expand(lay, 3, announce_offsets={0: 0, 1: 0, 2: 0}, now_ms=1), {0: 0, 1: 0})
+    lay = transitions.shrink(lay, 2, announce_offsets={0: 4, 1: 4, 2: 10}, now_ms=2)
+    lay = transitions.seal(lay, {0: 4, 1: 4, 2: 12})
+    drained = stray_rule(lay, 2)
+    assert drained is not None
+    placed = [h for h in HASHES if lh_bucket(h, 2, 3) == 2]
+    assert placed and not any(drained.is_stray(11, h) for h in placed)
+    assert all(drained.is_stray(12, h) for h in HASHES) and drained.is_stray(12, None)
+
+
+def test_an_unsealed_change_keeps_the_old_layout_in_force() -> None:
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.expand(lay, 3, announce_offsets={0: 5, 1: 5, 2: 0}, now_ms=1)
+    split = stray_rule(lay, 0)
+    assert split is not None
+    for h in HASHES:
+        assert split.is_stray(100, h) == (lh_bucket(h, 2, 2) != 0 and lh_bucket(h, 2, 3) != 0)
+
+
+def test_origins_and_second_copies() -> None:
+    assert parse_origin(encode_origin(3, 17)) == (3, 17)
+    assert parse_origin(b"nonsense") is None
+    seen = SeenStrays()
+    assert seen.first_time("t", 0, (3, 5)) and seen.first_time("t", 0, (3, 6))
+    assert not seen.first_time("t", 0, (3, 5))
+    assert seen.first_time("t", 1, (3, 5))  # another partition it was forwarded to
