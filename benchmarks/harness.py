@@ -1,12 +1,13 @@
 """Benchmark harness: every contender on the same input, on one broker, one at a time.
 
     python -m benchmarks.harness [--records N] [--keys K] [--partitions P]
-        [--contenders raw,streamkit,quix,faust] [--faust-fraction 0.1]
+        [--contenders raw,streamkit,streamkit-stamped,quix,faust] [--faust-fraction 0.1]
         [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1]
 
 Starts ONE embedded broker (or uses --bootstrap), prepares the input ONCE (see
 benchmarks.input; a contender given a fraction of the work gets its own topic holding
-the first records of the same input), then runs each contender as its own process
+the first records of the same input; ``streamkit-stamped`` reads the same records
+stamped as streamkit's producer stamps them), then runs each contender as its own process
 (protocol: benchmarks/contenders/__init__.py). Per contender it measures CPU seconds
 (user + sys, children included) and peak RSS from ``os.wait4`` (through a small
 launcher process, see LAUNCHER), and the broker's CPU
@@ -36,12 +37,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import REQUIRES, module_for
+from benchmarks.contenders import INPUTS, REQUIRES, module_for
 from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
 from benchmarks.report import print_report
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONTENDERS = "raw,streamkit,quix,faust"
+DEFAULT_CONTENDERS = "raw,streamkit,streamkit-stamped,quix,faust"
 
 
 # --------------------------------------------------------------------------- availability
@@ -331,21 +332,25 @@ def main(argv: list[str] | None = None) -> int:
             report["broker"] = {"kind": "external", "bootstrap": broker.bootstrap}
         console.print(f"broker {broker.bootstrap} ({report['broker'].get('version') or report['broker']['kind']})")
 
-        topics: dict[int, str] = {}
+        topics: dict[tuple[int, str], str] = {}
         ks = key_indices(spec.records, spec.keys, spec.seed)
         prep = []
-        sizes = sorted({max(1, round(spec.records * fractions[n])) for n in runnable}, reverse=True)
-        for size in sizes:
-            topic = f"bench-{run_id.lower()}-{size}-{uuid.uuid4().hex[:6]}"
-            written, seconds = prepare_topic(broker.bootstrap, topic, spec, size, producers=args.producers)
-            topics[size] = topic
+        inputs = sorted(
+            {(max(1, round(spec.records * fractions[n])), INPUTS.get(n, "plain")) for n in runnable}, reverse=True
+        )
+        for size, kind in inputs:
+            topic = f"bench-{run_id.lower()}-{size}-{kind}-{uuid.uuid4().hex[:6]}"
+            written, seconds = prepare_topic(
+                broker.bootstrap, topic, spec, size, producers=args.producers, stamped=kind == "stamped"
+            )
+            topics[size, kind] = topic
             prep.append({"topic": topic, "records": written, "seconds": seconds, "rps": written / seconds})
             console.print(
-                f"prepared {written:,} records, {spec.keys:,} keys, {spec.partitions} partitions "
+                f"prepared {written:,} {kind} records, {spec.keys:,} keys, {spec.partitions} partitions "
                 f"into {topic} in {seconds:.2f}s ({written / seconds:,.0f} records/s)"
             )
         report["preparation"] = prep
-        expected = {size: expected_check(ks, size) for size in sizes}
+        expected = {size: expected_check(ks, size) for size, _ in inputs}
 
         for name in runnable:
             size = max(1, round(spec.records * fractions[name]))
@@ -354,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_contender(
                 name,
                 bootstrap=broker.bootstrap,
-                topic=topics[size],
+                topic=topics[size, INPUTS.get(name, "plain")],
                 records=size,
                 partitions=spec.partitions,
                 session_timeout_ms=args.session_timeout_ms,

@@ -6,6 +6,12 @@ Record i (0 <= i < N): key ``b"key-%d" % k`` where k runs over ``i % K`` shuffle
 default partitioner (murmur2). A smaller input of n records (for a contender given a
 fraction of the work) is the first n records of the same sequence.
 
+Every topic gets a streamkit layout of P partitions (adopted as Kafka placed it, as
+``streamkit topics create`` would; other clients do not see it). The *stamped* input
+holds the same records, each with the stamp streamkit's producer writes: batches and
+placement are the same, so a contender reading it differs from one reading the plain
+input only by the stamp.
+
 ``prepare_topic`` creates the topic and produces the records with several producer
 processes in parallel (each owns a disjoint set of partitions, so each partition's
 order is the order of i).
@@ -13,10 +19,13 @@ order is the order of i).
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import random
 import time
 from dataclasses import dataclass
+
+from streamkit.layout.stamps import stamp
 
 SEED = 20240611
 
@@ -55,6 +64,18 @@ def expected_check(ks: list[int], n: int) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- production
 
+BENCH_TAG = b"bench!"
+"""The producer tag of the stamped input (six bytes, like a producer's)."""
+
+
+async def _create(bootstrap: str, topic: str, partitions: int) -> int:
+    """Create the topic and its layout; the layout's epoch."""
+    from streamkit.layout.protocol import LayoutCoordinator
+
+    async with LayoutCoordinator(bootstrap) as coord:
+        return (await coord.create(topic, partitions)).epoch
+
+
 _WORK: dict = {}  # set in the parent before forking producers
 
 
@@ -63,12 +84,13 @@ def _produce_worker(worker: int, workers: int) -> int:
 
     from streamkit.testing import produce_json
 
-    bootstrap, topic, n, ks, placement = (
+    bootstrap, topic, n, ks, placement, headers = (
         _WORK["bootstrap"],
         _WORK["topic"],
         _WORK["n"],
         _WORK["ks"],
         _WORK["placement"],
+        _WORK["headers"],
     )
     dumps = orjson.dumps
     keys = [b"key-%d" % k for k in range(len(placement))]
@@ -77,7 +99,7 @@ def _produce_worker(worker: int, workers: int) -> int:
         for i in range(n)
         if placement[ks[i]] % workers == worker
     ]
-    return produce_json(bootstrap, topic, records, batch_bytes=512 * 1024)
+    return produce_json(bootstrap, topic, records, headers=headers, batch_bytes=512 * 1024)
 
 
 def prepare_topic(
@@ -87,18 +109,21 @@ def prepare_topic(
     records: int | None = None,
     *,
     producers: int = 1,
+    stamped: bool = False,
 ) -> tuple[int, float]:
-    """Create ``topic`` and fill it with the first ``records`` (default all) records of the
-    input ``spec``. Returns (records written, seconds)."""
-    from streamkit.testing import create_topic, default_partition
+    """Create ``topic`` with its layout and fill it with the first ``records`` (default
+    all) records of the input ``spec``, ``stamped`` or not. Returns (records written,
+    seconds)."""
+    from streamkit.testing import default_partition
 
     n = spec.records if records is None else records
     ks = key_indices(spec.records, spec.keys, spec.seed)
     placement = [default_partition(b"key-%d" % k, spec.partitions) for k in range(spec.keys)]
-    create_topic(bootstrap, topic, spec.partitions)
+    epoch = asyncio.run(_create(bootstrap, topic, spec.partitions))
+    headers = [stamp(BENCH_TAG, epoch)] if stamped else None
     started = time.perf_counter()
     workers = max(1, min(producers, spec.partitions))
-    _WORK.update(bootstrap=bootstrap, topic=topic, n=n, ks=ks, placement=placement)
+    _WORK.update(bootstrap=bootstrap, topic=topic, n=n, ks=ks, placement=placement, headers=headers)
     try:
         if workers == 1:
             written = _produce_worker(0, 1)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stores.serde import serde_for
-from streamkit.settings import load_settings
+from streamkit.connection import Connection
+from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table, WindowedTable
 from streamkit.topics import Topic
 from streamkit.windows import Tumbling
@@ -55,19 +56,27 @@ class App:
     ...     totals[key] += value["amount"]
     """
 
-    def __init__(self, name: str, broker: str | None = None, **settings: Any) -> None:
+    def __init__(
+        self, name: str, broker: str | None = None, *, sasl_oauth_token_provider: Any = None, **settings: Any
+    ) -> None:
         if not name or any(c in name for c in "/\\ \t"):
             raise ValueError(f"app name {name!r} must be non-empty without slashes or spaces")
         self.name = name
         if broker is not None:
             settings["broker"] = broker
         self.settings = load_settings(name, settings)  # unset fields fall back to STREAMKIT_* variables
+        self._token_provider = sasl_oauth_token_provider
         self.topics: dict[str, Topic] = {}
         self.tables: dict[str, Table] = {}
         self.handlers: dict[str, list[HandlerSpec]] = {}
         self.timers: list[TimerSpec] = []
         self.keys_revoked_callbacks: list[Callable[..., Any]] = []
         self.keys_assigned_callbacks: list[Callable[..., Any]] = []
+
+    def connection(self, broker: str | None = None) -> Connection | None:
+        """How every client of this app connects: to ``broker`` (else the app's, else the
+        client properties file's), secured as the settings say; None: no broker named."""
+        return connection_settings(self.settings, broker, self._token_provider)
 
     # -- declarations --------------------------------------------------------------------
     def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json", *, strays: str = "forward") -> Topic:

@@ -19,7 +19,7 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 from assignors.murmur2 import kafka_partition, key_hash_cached
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.placement import Placer
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.stamps import stamp
 
 __all__ = ["REPLACED", "Delivery", "OpenBatch", "TopicPlacement", "encode_key", "encode_value"]
 
@@ -51,7 +51,7 @@ class TopicPlacement:
 
     __slots__ = ("topic", "layout", "epoch", "place", "headers")
 
-    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, pid: bytes) -> None:
+    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, tag: bytes) -> None:
         self.topic = topic
         self.layout = layout
         if layout is not None:
@@ -71,7 +71,7 @@ class TopicPlacement:
                     return kafka_partition(bytes(key), _n)
 
             self.place = place
-        self.headers = [(EPOCH_HEADER, str(self.epoch).encode()), (PRODUCER_HEADER, pid)]
+        self.headers = [stamp(tag, self.epoch)]
 
 
 REPLACED = object()

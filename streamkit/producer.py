@@ -10,9 +10,10 @@
   ``lh_bucket(key_hash(key), n0, active)`` (``streamkit.layout.placement``): never a
   ReadOnly or None partition.  Topics without a layout use Kafka's default
   partitioner over the physical count.  Records without a key go round robin.
-- **Stamps.**  Every record carries headers ``streamkit.epoch`` (the layout epoch it
-  was placed with, ASCII; 0 for a topic without a layout) and ``streamkit.producer``
-  (this producer's id), so consumers can detect late records.
+- **Stamps.**  Every record carries one header, ``sk``: this producer's tag (the six
+  bytes whose hex ends its id) and the layout epoch it was placed with (ASCII digits;
+  0 for a topic without a layout), so consumers can detect late records
+  (``streamkit.layout.stamps``).
 - **The change protocol** (``streamkit.layout.protocol``): the producer polls the
   layout registry every ``refresh_ms``, heartbeats every ``heartbeat_ms`` and holds a
   lease of ``lease_ms``; on an announced change it switches placement, re-places the
@@ -44,12 +45,14 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
+from streamkit.connection import Connection, as_connection
 from streamkit.delivery import REPLACED, Delivery, OpenBatch, TopicPlacement, encode_key, encode_value
 from streamkit.errors import StreamkitError
 from streamkit.fencing import FenceEvent, FenceWatch, ProducerFencedError
 from streamkit.layout.control import DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, control_record, ensure_acks_topic
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
+from streamkit.layout.stamps import TAG_BYTES
 from streamkit.lease import Lease
 
 __all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]  # Delivery and the fence types re-exported
@@ -64,7 +67,7 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | Connection,
         client_id: str = "streamkit-producer",
         *,
         linger_ms: float = 5.0,
@@ -82,10 +85,11 @@ class Producer:
         acks_topic: str = ACKS_TOPIC,
         follow_layouts: bool = True,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.connection = as_connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
         self.client_id = client_id
-        self.producer_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
-        self._pidb = self.producer_id.encode()
+        self._tag = uuid.uuid4().bytes[:TAG_BYTES]
+        self.producer_id = f"{client_id}-{self._tag.hex()}"
         self.linger = linger_ms / 1000
         self.batch_bytes = batch_bytes
         self._key = key_serializer or encode_key
@@ -93,7 +97,7 @@ class Producer:
         self.acks_topic = acks_topic
         self.follow_layouts = follow_layouts
         self._kp = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **self.connection.client_kwargs(),
             client_id=client_id,
             acks=acks,
             linger_ms=0,
@@ -103,7 +107,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms,
             enable_idempotence=False,
         )
-        self.registry = LayoutRegistry(bootstrap, client_id=self.producer_id, topic=layouts_topic)
+        self.registry = LayoutRegistry(self.connection, client_id=self.producer_id, topic=layouts_topic)
         self._lease = Lease(
             self.producer_id,
             client_id,
@@ -274,7 +278,7 @@ class Producer:
             physical = len(parts)
         st = self._topics.get(topic)
         if st is None:  # another task may have made it meanwhile
-            st = TopicPlacement(topic, layout, physical, self._pidb)
+            st = TopicPlacement(topic, layout, physical, self._tag)
             self._topics[topic] = st
         return st
 
@@ -411,7 +415,7 @@ class Producer:
     def _switch(self, layout: TopicLayout) -> None:
         topic = layout.topic
         old = self._topics.get(topic)
-        st = TopicPlacement(topic, layout, None, self._pidb)
+        st = TopicPlacement(topic, layout, None, self._tag)
         self._topics[topic] = st
         self._stats["switches"] += 1
         # Records not yet handed to the network are placed again with the new layout.

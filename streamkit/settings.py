@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,6 +14,17 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STREAMKIT_", extra="forbid")
 
     broker: str | None = Field(None, description="bootstrap address; None starts the embedded broker")
+    client_config: Path | None = Field(
+        None, description="a Kafka client properties file: bootstrap.servers, security.protocol, ssl.*, sasl.*"
+    )
+    security_protocol: str | None = Field(None, description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+    ssl_cafile: str | None = Field(None, description="CA bundle (PEM) for the brokers' certificates")
+    ssl_certfile: str | None = Field(None, description="client certificate (PEM), for mutual TLS")
+    ssl_keyfile: str | None = Field(None, description="client key (PEM), for mutual TLS")
+    ssl_check_hostname: bool | None = Field(None, description="check the broker's name in its certificate")
+    sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
+    sasl_username: str | None = Field(None)
+    sasl_password: SecretStr | None = Field(None)
     state_dir: Path = Field(Path(".streamkit"), description="where processor stores live")
     processors: int | None = Field(
         None, ge=1, description="the job's initial processor count; None: the first input topic's partitions"
@@ -35,6 +46,12 @@ class Settings(BaseSettings):
         ge=1,
         description="key-level concurrency: records handed over and not finished per partition at most "
         "(each can leave an IC range in a checkpoint); beyond it the worker waits for them before fetching more",
+    )
+    gc_threshold: int | None = Field(
+        50_000,
+        ge=100,
+        description="the garbage collector's youngest-generation threshold while the worker runs; Python's 700 "
+        "collects every few hundred records, each record being several objects (None: leave it as it is)",
     )
     bootstrap_rate: float | None = Field(
         None, gt=0, description="records/s at most that a joining processor replays (None: as fast as it can)"
@@ -65,3 +82,31 @@ def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
             value = err.get("input")
             problems.append(f"{where}: {field}={value!r}: {err['msg']}")
         raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None
+
+
+CONNECTION_FIELDS = (
+    "security_protocol",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+)
+"""The settings that say how to connect (beside ``broker`` and ``client_config``)."""
+
+
+def connection_settings(settings: Settings, broker: str | None = None, token_provider: Any = None) -> Any:
+    """The :class:`streamkit.connection.Connection` of ``settings`` to ``broker`` (else
+    the settings' broker, else the properties file's ``bootstrap.servers``); None when
+    no broker is named anywhere. A setting given here wins over the properties file."""
+    from streamkit.connection import Connection, from_properties
+
+    found: dict[str, Any] = from_properties(settings.client_config) if settings.client_config else {}
+    found.update({k: v for k in CONNECTION_FIELDS if (v := getattr(settings, k)) is not None})
+    bootstrap = broker or settings.broker or found.pop("bootstrap", None)
+    found.pop("bootstrap", None)
+    if bootstrap is None:
+        return None
+    return Connection(bootstrap, sasl_oauth_token_provider=token_provider, **found)

@@ -15,7 +15,8 @@ short names; ``ALIASES`` maps a short name to its module (``faust`` -> ``faust_a
 that the module does not shadow the ``faust`` package); any other name is its module.
 
 Input (prepared once by the harness, see ``benchmarks.input``): topic T with P
-partitions holding exactly N records (a contender given a fraction of the work gets its
+partitions holding exactly N records (a contender named in ``INPUTS`` reads a topic of
+its own holding the same records, stamped) (a contender given a fraction of the work gets its
 own smaller topic holding exactly its N records, so it always reads a whole topic).
 Record i has key ``b"key-%d" % k`` (k = i % K, the key sequence shuffled
 deterministically) and the orjson value ``{"amount": int, "seq": i}``; keys are placed
@@ -70,6 +71,7 @@ from typing import Any  # noqa: E402
 __all__ = [
     "PROCESS_START",
     "ALIASES",
+    "INPUTS",
     "REQUIRES",
     "arm_watchdog",
     "check_totals",
@@ -82,12 +84,17 @@ __all__ = [
 ]
 
 # short name -> module under benchmarks.contenders
-ALIASES: dict[str, str] = {"faust": "faust_app", "streamkit": "streamkit_app"}
+ALIASES: dict[str, str] = {"faust": "faust_app", "streamkit": "streamkit_app", "streamkit-stamped": "streamkit_app"}
+
+# short name -> the input it reads, when not the plain one: "stamped" is the same records
+# each carrying the stamp streamkit's producer writes (benchmarks.input)
+INPUTS: dict[str, str] = {"streamkit-stamped": "stamped"}
 
 # short name -> top-level packages a contender needs (checked before running it)
 REQUIRES: dict[str, tuple[str, ...]] = {
     "raw": ("aiokafka", "orjson"),
     "streamkit": ("streamkit", "stores", "rocksdict"),
+    "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
     "faust": ("faust", "rocksdict"),
 }

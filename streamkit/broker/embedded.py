@@ -31,6 +31,7 @@ from typing import IO
 
 from streamkit.broker.probe import STARTUP_TIMEOUT, BrokerError, api_versions, describe_error, parse_address
 from streamkit.broker.process import die_with_parent, free_port, listens_on
+from streamkit.broker.tls import TlsProxy
 
 __all__ = ["EmbeddedBroker", "ExternalBroker", "resolve_broker", "tansu_binary"]
 
@@ -101,9 +102,14 @@ class EmbeddedBroker:
         startup_timeout: float = STARTUP_TIMEOUT,
         keep_log: bool | None = None,
         start: bool = True,
+        tls: tuple[str, str] | None = None,
+        tls_client_cafile: str | None = None,
     ) -> None:
         self.host = host
         self.port: int | None = port
+        self._proxy: TlsProxy | None = None
+        if tls is not None:  # Tansu on a loopback port behind a TLS proxy (see streamkit.broker.tls)
+            self._proxy = TlsProxy(*tls, host=host, client_cafile=tls_client_cafile)
         self.startup_timeout = startup_timeout
         self.keep_log = keep_log if keep_log is not None else os.environ.get("STREAMKIT_BROKER_KEEP_LOG") == "1"
         self.api_versions: dict[int, tuple[int, int]] = {}
@@ -117,8 +123,12 @@ class EmbeddedBroker:
     # ---- properties
     @property
     def bootstrap(self) -> str:
+        """The address clients use: the TLS proxy's (by the name ``localhost``, which a
+        test certificate carries) when secured."""
         if self.port is None:
             raise BrokerError("broker not started")
+        if self._proxy is not None:
+            return f"localhost:{self._proxy.port}"
         return f"{self.host}:{self.port}"
 
     @property
@@ -155,6 +165,8 @@ class EmbeddedBroker:
                 try:
                     self._launch(binary, port)
                     self.port = port
+                    if self._proxy is not None:
+                        self._proxy.start((self.host, port))
                     break
                 except BrokerError as exc:
                     last_error = exc
@@ -170,6 +182,7 @@ class EmbeddedBroker:
 
     def _launch(self, binary: Path, port: int) -> None:
         url = f"tcp://{self.host}:{port}"
+        advertised = f"tcp://localhost:{self._proxy.port}" if self._proxy is not None else url
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env.setdefault("NO_COLOR", "1")
         assert self._log_dir is not None
@@ -181,7 +194,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],
@@ -245,6 +258,8 @@ class EmbeddedBroker:
     def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
         """Terminate the broker (SIGTERM to its own pid), SIGKILL after ``timeout``. Idempotent."""
         with self._lock:
+            if self._proxy is not None:
+                self._proxy.stop()
             proc = self._proc
             if proc is None:
                 return

@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("STREAMKIT_DEBUG") == "1":
             raise
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if not isinstance(exc, CliError) and not type(exc).__module__.startswith("streamkit.broker"):
+        from streamkit.errors import BrokerUnreachableError, ConfigError
+
+        plain = isinstance(exc, (CliError, BrokerUnreachableError, ConfigError))
+        if not plain and not type(exc).__module__.startswith("streamkit.broker"):
             message = f"{type(exc).__name__}: {message}"
         print(f"error: {message}", file=sys.stderr)
         sys.exit(1)

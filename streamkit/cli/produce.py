@@ -54,9 +54,9 @@ def produce(
 ) -> None:
     """Send JSON lines to TOPIC through the layout-aware producer, with a progress bar."""
     from streamkit.cli import CliError
+    from streamkit.cli.topics import _broker
 
-    if not broker:
-        raise CliError("no broker: give --broker or set STREAMKIT_BROKER")
+    connection = _broker(broker)
     if key_field is not None and separator is not None:
         raise CliError("give --key-field or --key-separator, not both")
     where = str(file) if file is not None else "<stdin>"
@@ -65,7 +65,7 @@ def produce(
     total = sum(1 for _ in _lines(file.open())) if file is not None else None
     source = file.open() if file is not None else sys.stdin
     try:
-        sent, parts = asyncio.run(_send(broker, topic, source, where, key_field, separator, total, progress))
+        sent, parts = asyncio.run(_send(connection, topic, source, where, key_field, separator, total, progress))
     finally:
         if file is not None:
             source.close()
@@ -74,7 +74,7 @@ def produce(
 
 
 async def _send(
-    broker: str,
+    broker: Any,
     topic: str,
     source: IO[str],
     where: str,

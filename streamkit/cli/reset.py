@@ -15,6 +15,7 @@ import shutil
 
 import typer
 
+from streamkit.connection import Connection
 from streamkit.loader import load_app
 
 
@@ -33,7 +34,7 @@ def reset(
 
     app = load_app(app_spec)
     app_dir = app.store_path(0).parent.absolute()
-    bootstrap = broker or app.settings.broker
+    bootstrap = app.connection(broker)
     if cluster and bootstrap is None:
         raise CliError("no broker: give --broker or set STREAMKIT_BROKER (--cluster resets the job there)")
     stores = sorted(p for p in app_dir.glob("processor-*") if p.is_dir()) if app_dir.is_dir() else []
@@ -64,10 +65,11 @@ def reset(
             typer.echo(f"{app.name}: {offsets}", err=True)
 
 
-async def _forget(bootstrap: str, app_name: str, group: str, topics: list[str]) -> tuple[bool, str]:
+async def _forget(bootstrap: Connection, app_name: str, group: str, topics: list[str]) -> tuple[bool, str]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.structs import OffsetAndMetadata
 
+    from streamkit.connection import as_connection
     from streamkit.kafkaio import KafkaIO
     from streamkit.runtime.jobmeta import forget_job
     from streamkit.runtime.progress import PROGRESS_TOPIC, forget_progress
@@ -79,7 +81,7 @@ async def _forget(bootstrap: str, app_name: str, group: str, topics: list[str]) 
         counts = {t: await io.partition_count(t) or 0 for t in topics}
     # the group's Kafka offsets (what tools read; streamkit reads its progress log) back to
     # 0, committed from outside the group; a broker may refuse that (the test broker does)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**as_connection(bootstrap).client_kwargs(), group_id=group, enable_auto_commit=False)
     await consumer.start()
     note = ""
     try:

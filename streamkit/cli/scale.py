@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from streamkit.cli import CliError
+from streamkit.connection import Connection
 from streamkit.loader import load_app
 
 if TYPE_CHECKING:
@@ -68,13 +69,13 @@ def scale(
     """Change a running job's processor count: new processors rebuild their keys' state
     from the input while the running ones go on, then take the keys over."""
     app = load_app(app_spec)
-    bootstrap = broker or app.settings.broker
+    bootstrap = app.connection(broker)
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
     asyncio.run(_scale(app_spec, app, bootstrap, processors, wait, timeout))
 
 
-async def _scale(spec: str, app: App, bootstrap: str, n: int, wait: bool, timeout: float) -> None:
+async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool, timeout: float) -> None:
     from streamkit.kafkaio import KafkaIO
     from streamkit.layout.registry import LayoutRegistry
     from streamkit.runtime.jobmeta import JobLayout, publish_job, read_job

@@ -13,6 +13,7 @@ from rich.table import Table
 from assignors.placement import processors_for_partition
 from streamkit.app import App
 from streamkit.cli import CliError
+from streamkit.connection import Connection
 from streamkit.errors import TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
@@ -31,7 +32,7 @@ Gathered = tuple[
 ]
 
 
-async def _gather(app: App, bootstrap: str) -> Gathered:
+async def _gather(app: App, bootstrap: Connection) -> Gathered:
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     reasons: Counter[str] = Counter()
     misplaced: Counter[str] = Counter()
@@ -144,7 +145,7 @@ def status(
     """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
     console = Console(width=None if Console().is_terminal else 200)
     app = load_app(app_spec)
-    bootstrap = broker or app.settings.broker
+    bootstrap = app.connection(broker)
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
     statuses, offsets, reasons, job, shapes, modes, misplaced = asyncio.run(_gather(app, bootstrap))

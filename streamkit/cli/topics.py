@@ -40,10 +40,15 @@ BrokerOpt = typer.Option(
 )
 
 
-def _broker(broker: str | None) -> str:
-    if not broker:
+def _broker(broker: str | None) -> Any:
+    """The connection to ``broker`` (else STREAMKIT_BROKER, else the client properties
+    file of STREAMKIT_CLIENT_CONFIG), secured as the STREAMKIT_* variables say."""
+    from streamkit.settings import connection_settings, load_settings
+
+    connection = connection_settings(load_settings("streamkit", {}), broker)
+    if connection is None:
         raise CliError("no broker: give --broker or set STREAMKIT_BROKER")
-    return broker
+    return connection
 
 
 def register(root: typer.Typer) -> None:

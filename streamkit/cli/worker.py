@@ -35,7 +35,7 @@ def worker(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     app = load_app(app_spec)
-    bootstrap = broker or app.settings.broker
+    bootstrap = app.connection(broker)
     if bootstrap is None and not embedded:
         raise CliError(
             "no broker: give --broker or set STREAMKIT_BROKER (or --embedded-broker to start one for this worker)"

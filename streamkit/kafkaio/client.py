@@ -36,7 +36,8 @@ from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streamkit.errors import BrokerUnreachableError, StreamkitError, TopicNotFoundError
+from streamkit.connection import Connection, as_connection, connect_failure, quiet_bootstrap
+from streamkit.errors import StreamkitError, TopicNotFoundError
 
 __all__ = ["CREATE_CONFIGS", "HOLE_CONFIRM_SECONDS", "FetchedRecord", "KafkaIO", "KafkaIOError"]
 
@@ -72,8 +73,9 @@ HOLE_CONFIRM_SECONDS = 0.01
 class KafkaIO:
     """One low-level client for raw fetches, plus an admin client made on demand."""
 
-    def __init__(self, bootstrap: str, *, client_id: str = "streamkit", request_timeout_ms: int = 10_000):
-        self.bootstrap = bootstrap
+    def __init__(self, broker: str | Connection, *, client_id: str = "streamkit", request_timeout_ms: int = 10_000):
+        self.connection = as_connection(broker)
+        self.bootstrap = self.connection.bootstrap
         self._client_id = client_id
         self._timeout_ms = request_timeout_ms
         self._client: AIOKafkaClient | None = None
@@ -82,15 +84,14 @@ class KafkaIO:
     async def start(self) -> KafkaIO:
         if self._client is None:
             client = AIOKafkaClient(
-                bootstrap_servers=self.bootstrap,
-                client_id=self._client_id,
-                request_timeout_ms=self._timeout_ms,
+                **self.connection.client_kwargs(), client_id=self._client_id, request_timeout_ms=self._timeout_ms
             )
             try:
-                await client.bootstrap()
-            except (KafkaConnectionError, KafkaError, OSError) as exc:
+                with quiet_bootstrap():  # its cause is reported once, by connect_failure
+                    await client.bootstrap()
+            except (KafkaConnectionError, KafkaError, OSError):
                 await client.close()
-                raise BrokerUnreachableError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+                raise await connect_failure(self.connection) from None
             self._client = client
         return self
 
@@ -117,13 +118,14 @@ class KafkaIO:
     async def admin(self) -> AIOKafkaAdminClient:
         if self._admin is None:
             admin = AIOKafkaAdminClient(
-                bootstrap_servers=self.bootstrap, request_timeout_ms=self._timeout_ms, client_id=self._client_id
+                **self.connection.client_kwargs(), request_timeout_ms=self._timeout_ms, client_id=self._client_id
             )
             try:
-                await admin.start()
-            except (KafkaConnectionError, KafkaError, OSError) as exc:
+                with quiet_bootstrap():
+                    await admin.start()
+            except (KafkaConnectionError, KafkaError, OSError):
                 await admin.close()
-                raise BrokerUnreachableError(f"no Kafka broker answers at {self.bootstrap} ({exc})") from None
+                raise await connect_failure(self.connection) from None
             self._admin = admin
         return self._admin
 

@@ -11,7 +11,7 @@ from typing import Any
 from assignors.murmur2 import key_hash
 from streamkit.layout.model import PartitionMode
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.layout.stamps import PRODUCER_HEADER, RecordStatus, classify_record, record_epoch, violation_record
+from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch, record_producer, violation_record
 from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
 
 __all__ = ["CheckReport", "check_topic"]
@@ -60,10 +60,9 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
                 v = classify_record(layout, p, r.offset, ep, kh)
                 counts[v.status.value] += 1
                 if v.violation:
-                    prod = dict(r.headers).get(PRODUCER_HEADER)
                     violations.append(
                         violation_record(
-                            topic, p, r.offset, r.key, v, prod.decode() if prod else None, layout_epoch=layout.epoch
+                            topic, p, r.offset, r.key, v, record_producer(r.headers), layout_epoch=layout.epoch
                         )
                     )
                 elif v.status == RecordStatus.LATE:

@@ -63,6 +63,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from streamkit.connection import Connection, as_connection
 from streamkit.kafkaio import CREATE_PARTITIONS_API, KafkaIO
 from streamkit.layout import model, transitions
 from streamkit.layout.control import (
@@ -124,7 +125,7 @@ class LayoutCoordinator:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | Connection,
         *,
         client_id: str = "streamkit-topics",
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
@@ -133,14 +134,19 @@ class LayoutCoordinator:
         acks_topic: str = ACKS_TOPIC,
         progress: Any = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.connection = as_connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
         self.client_id = f"{client_id}-{uuid.uuid4().hex[:8]}"
         self.ack_timeout = ack_timeout
         self.rf = replication_factor
         self.acks_topic = acks_topic
-        self.io = KafkaIO(bootstrap, client_id=client_id)
+        self.io = KafkaIO(self.connection, client_id=client_id)
         self.registry = LayoutRegistry(
-            bootstrap, client_id=self.client_id, topic=layouts_topic, io=self.io, replication_factor=replication_factor
+            self.connection,
+            client_id=self.client_id,
+            topic=layouts_topic,
+            io=self.io,
+            replication_factor=replication_factor,
         )
         self._progress = progress or (lambda msg: log.info("%s", msg))
 

@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from streamkit.connection import Connection, as_connection
 from streamkit.kafkaio import FetchedRecord, KafkaIO, KafkaIOError
 from streamkit.layout.model import LayoutError, TopicLayout
 
@@ -129,7 +130,7 @@ class LayoutRegistry:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | Connection,
         *,
         client_id: str = "streamkit",
         topic: str = LAYOUTS_TOPIC,
@@ -137,11 +138,12 @@ class LayoutRegistry:
         create_topic: bool = True,
         replication_factor: int = 1,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.connection = io.connection if io is not None else as_connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap
         self.client_id = client_id
         self.topic = topic
         self._own_io = io is None
-        self._io = io or KafkaIO(bootstrap, client_id=client_id)
+        self._io = io or KafkaIO(self.connection, client_id=client_id)
         self._create = create_topic
         self._rf = replication_factor
         self._layouts: dict[str, TopicLayout] = {}
@@ -337,7 +339,7 @@ class LayoutRegistry:
 
     async def _producer_(self) -> AIOKafkaProducer:
         if self._producer is None:
-            p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all", linger_ms=0)
+            p = AIOKafkaProducer(**self.connection.client_kwargs(), client_id=self.client_id, acks="all", linger_ms=0)
             await p.start()
             self._producer = p
         return self._producer

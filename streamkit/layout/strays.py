@@ -29,9 +29,12 @@ and its checkpoint; the receiving processor drops the second copy by its origin
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from assignors.linear_hashing import lh_bucket
+from assignors.linear_hashing import bucket_modulus, lh_bucket
+from assignors.murmur2 import key_hash_cached
 from streamkit.layout.model import ChangeKind, TopicLayout
 
 __all__ = ["STRAY_HEADER", "SeenStrays", "StrayRule", "encode_origin", "parse_origin", "stray_rule"]
@@ -66,6 +69,15 @@ class StrayRule:
     everything: bool = False
     """The partition is read by no layout now (mode None): every record is a stray."""
 
+    moduli: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    """Per segment: for each count in force at which the partition exists, the modulus
+    ``M`` of its keys there (``hash % M == partition``; ``bucket_modulus``)."""
+
+    def __post_init__(self) -> None:
+        p, n0 = self.partition, self.n0
+        moduli = tuple(tuple(sorted({bucket_modulus(p, n0, n) for n in a if p < n})) for a in self.actives)
+        object.__setattr__(self, "moduli", moduli)
+
     def is_stray(self, offset: int, key_hash: int | None) -> bool:
         if self.everything:
             return True
@@ -74,6 +86,39 @@ class StrayRule:
             return all(self.partition >= n for n in actives)
         n0, p = self.n0, self.partition
         return all(lh_bucket(key_hash, n0, n) != p for n in actives)
+
+    def strays_in(self, records: Sequence[Any]) -> list[Any]:
+        """The strays among unstamped ``records`` of the partition (offset order; each
+        with ``offset`` and ``key``): :meth:`is_stray` of each, one modulo per keyed
+        record and no call in the usual case of one count in force."""
+        if self.everything:
+            return list(records)
+        p, starts = self.partition, self.starts
+        out: list[Any] = []
+        i = 0
+        while i < len(records):
+            seg = bisect.bisect_right(starts, records[i].offset) - 1
+            j = len(records)
+            if seg + 1 < len(starts):
+                j = bisect.bisect_left(records, starts[seg + 1], lo=i, key=_offset_of)
+            run, ms = records[i:j], self.moduli[seg]
+            if not ms:  # the partition exists under no layout in force here
+                out += run
+            elif len(ms) == 1:
+                m = ms[0]
+                out += [r for r in run if (rk := r.key) is not None and key_hash_cached(rk) % m != p]
+            else:
+                out += [r for r in run if (rk2 := r.key) is not None and _outside(key_hash_cached(rk2), ms, p)]
+            i = j
+        return out
+
+
+def _offset_of(record: Any) -> int:
+    return int(record.offset)
+
+
+def _outside(h: int, moduli: tuple[int, ...], partition: int) -> bool:
+    return all(h % m != partition for m in moduli)
 
 
 def _needs_rule(layout: TopicLayout) -> bool:

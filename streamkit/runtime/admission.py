@@ -48,12 +48,23 @@ from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, classify_record, record_epoch, violation_record
+from streamkit.layout.stamps import (
+    EPOCH_HEADER,
+    STAMP_HEADER,
+    TAG_BYTES,
+    classify_record,
+    record_epoch,
+    record_producer,
+    violation_record,
+)
 from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
 log = logging.getLogger(__name__)
+
+_STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
+"""The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
 
 
 class ConsumerControl(Protocol):
@@ -210,22 +221,18 @@ class Admission:
         assert rule is not None
         if rule.everything:
             return [], records
-        odd = [r for r in records if not (h := r.headers) or h[0][0] != EPOCH_HEADER or h[-1][0] == STRAY_HEADER]
+        odd = [r for r in records if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
         if not odd:
             return records, []
         seen = route.proc.seen_strays
-        out: set[int] = set()
-        strays: list[Any] = []
-        for r in odd:
-            h = r.headers
-            if h and h[0][0] == EPOCH_HEADER:  # a forwarded copy
-                origin = parse_origin(h[-1][1])
-                if origin is not None and not seen.first_time(tp.topic, tp.partition, origin):
-                    out.add(id(r))
-                    self.stray_copies_dropped += 1
-            elif rule.is_stray(r.offset, key_hash_cached(r.key) if r.key is not None else None):
+        copies = [r for r in odd if (h := r.headers) and h[0][0] in _STAMP_KEYS]
+        strays = rule.strays_in([r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS])
+        out = {id(r) for r in strays}
+        for r in copies:
+            origin = parse_origin(r.headers[-1][1])
+            if origin is not None and not seen.first_time(tp.topic, tp.partition, origin):
                 out.add(id(r))
-                strays.append(r)
+                self.stray_copies_dropped += 1
         return (records if not out else [r for r in records if id(r) not in out]), strays
 
     def take_stale_epochs(self) -> dict[str, int]:
@@ -269,7 +276,7 @@ class Admission:
         eb = route.epoch_bytes
         if eb is None or not records:
             return records, stop_at, []
-        odd = [r for r in records if (h := r.headers) and h[0][1] != eb]
+        odd = [r for r in records if (h := r.headers) and h[0][1][TAG_BYTES:] != eb]
         if not odd:
             return records, stop_at, []
         layout = route.layout
@@ -288,7 +295,7 @@ class Admission:
                     layout, tp.partition, r.offset, epoch, key_hash(r.key) if r.key is not None else None
                 )
                 if verdict.violation:
-                    producer = dict(r.headers).get(PRODUCER_HEADER, b"").decode() or None
+                    producer = record_producer(r.headers)
                     late.append(
                         (
                             r,

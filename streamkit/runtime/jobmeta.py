@@ -155,7 +155,7 @@ async def read_job(io: KafkaIO, app_name: str) -> JobLayout | None:
 async def publish_job(io: KafkaIO, job: JobLayout) -> JobLayout:
     """Append ``job`` (whose epoch must be one more than the newest) and read it back."""
     await io.create_topic(JOBS_TOPIC, 1)
-    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    producer = AIOKafkaProducer(**io.connection.client_kwargs(), acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(JOBS_TOPIC, key=job.app.encode(), value=job.to_json(), partition=0)
@@ -174,7 +174,7 @@ async def forget_job(io: KafkaIO, app_name: str) -> bool:
     start, with a new incarnation. False if there was none."""
     if await read_job(io, app_name) is None:
         return False
-    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    producer = AIOKafkaProducer(**io.connection.client_kwargs(), acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(JOBS_TOPIC, key=app_name.encode(), value=None, partition=0)

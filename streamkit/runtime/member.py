@@ -97,7 +97,7 @@ class GroupMember:
         self.joining: dict[int, dict[str, int]] = {}
         """Bootstrap progress of the joining processors hosted here (status)."""
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=services.bootstrap,
+            **services.connection.client_kwargs(),
             group_id=app.group_id,
             client_id=self.name,
             enable_auto_commit=False,

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
-from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
 from streamkit.layout.strays import STRAY_HEADER, encode_origin
 from streamkit.producer import Producer
 from streamkit.topics import Topic
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 DEAD_LETTERS = PromCounter("streamkit_dead_letters", "records sent to the dead-letter topic", ["app", "reason"])
 
 Header = tuple[str, bytes]
-_STAMP_HEADERS = (EPOCH_HEADER, PRODUCER_HEADER, STRAY_HEADER)
+_STAMP_HEADERS = (STAMP_HEADER, EPOCH_HEADER, PRODUCER_HEADER, STRAY_HEADER)
 
 
 class Output:

@@ -192,7 +192,7 @@ class ProgressLog:
 
 async def forget_progress(io: KafkaIO, group: str) -> None:
     """Append a reset record for ``group``: readers forget every position before it."""
-    producer = AIOKafkaProducer(bootstrap_servers=io.bootstrap, acks="all")
+    producer = AIOKafkaProducer(**io.connection.client_kwargs(), acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps({"reset": True}), key=group.encode(), partition=0)

@@ -13,6 +13,7 @@ from assignors.placement import KeyFilter
 from stores.serde import JsonSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
+from streamkit.layout.stamps import epoch_bytes
 from streamkit.layout.strays import StrayRule, stray_rule
 from streamkit.runtime.keyorder import KeyScheduler
 from streamkit.runtime.processor import Position, ProcessorState
@@ -26,10 +27,11 @@ def decoder(serde: Serde) -> Callable[[bytes], Any]:
 
 
 def epoch_stamp(layout: TopicLayout | None) -> bytes | None:
-    """The epoch header value records must carry to pass unchecked (None: no checks)."""
+    """What follows the producer tag in the stamp of records that pass unchecked
+    (None: no checks)."""
     if layout is None or not layout.ordered_delivery:
         return None
-    return str(layout.epoch).encode()
+    return epoch_bytes(layout.epoch)
 
 
 def mixed_history_end(layout: TopicLayout | None, partition: int) -> int | None:

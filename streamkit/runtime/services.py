@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamkit.connection import Connection
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.jobmeta import JobWatcher
@@ -17,7 +18,7 @@ from streamkit.runtime.progress import ProgressLog
 class Services:
     """The worker's shared parts. A member uses these and nothing else of its worker."""
 
-    bootstrap: str
+    connection: Connection
     client_id: str
     jobs: JobWatcher
     """The job's record (processor counts, epoch) as last read: ``jobs.job``."""

@@ -13,11 +13,13 @@ from aiokafka import AIOKafkaProducer
 from stores.tuning import relax_malloc_trim
 from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
+from streamkit.connection import Connection, as_connection
 from streamkit.errors import ConfigError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.producer import Producer
+from streamkit.runtime.collector import fewer_collections
 from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
@@ -33,12 +35,13 @@ HEARTBEAT_SECONDS = 2.0
 
 
 class Worker:
-    def __init__(self, app: App, members: int = 1, bootstrap: str | None = None) -> None:
+    def __init__(self, app: App, members: int = 1, bootstrap: str | Connection | None = None) -> None:
         if members < 1:
             raise ConfigError(f"a worker runs at least one processor, not {members}")
         self.app = app
         self.member_count = members
-        self.bootstrap = bootstrap or app.settings.broker
+        self.connection = bootstrap if isinstance(bootstrap, Connection) else app.connection(bootstrap)
+        self.bootstrap = self.connection.bootstrap if self.connection is not None else None
         self.client_id = f"{app.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.members: list[GroupMember] = []
         self.services: Services | None = None
@@ -56,20 +59,23 @@ class Worker:
         app = self.app
         if not app.handlers:
             raise ConfigError(f"app {app.name!r} has no @app.processor handler: nothing to run")
-        if self.bootstrap is None:
+        if self.connection is None:
             self._embedded = EmbeddedBroker()
+            self.connection = as_connection(self._embedded.bootstrap)
             self.bootstrap = self._embedded.bootstrap
             log.warning("no broker given: started an embedded broker at %s", self.bootstrap)
-        else:
-            log.info("connecting to broker %s (retrying for up to 10 s)", self.bootstrap)
-            await asyncio.to_thread(wait_for_broker, self.bootstrap, 10.0)  # BrokerError: one line
-        bootstrap = self.bootstrap
+        elif self.connection.security_protocol == "PLAINTEXT":
+            log.info("connecting to broker %s (retrying for up to 10 s)", self.connection.describe())
+            await asyncio.to_thread(wait_for_broker, self.connection.bootstrap, 10.0)  # BrokerError: one line
+        else:  # the probe speaks plain Kafka; a secured listener answers the clients themselves
+            log.info("connecting to broker %s", self.connection.describe())
+        bootstrap = self.connection
         io = self._io = await KafkaIO(bootstrap, client_id=self.client_id).start()
         counts = await io.partition_counts(app.input_topics)
         await io.create_topic(app.dead_letter_topic, 1)
         await io.create_topic(STATUS_TOPIC, 1)
         self._producer = AIOKafkaProducer(  # internal records: heartbeats, progress
-            bootstrap_servers=bootstrap,
+            **bootstrap.client_kwargs(),
             client_id=self.client_id,
             acks="all",
             linger_ms=0,
@@ -96,7 +102,7 @@ class Worker:
         self._output_producer = await Producer(bootstrap, client_id=self.client_id).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
         self.services = Services(
-            bootstrap=bootstrap,
+            connection=bootstrap,
             client_id=self.client_id,
             jobs=JobWatcher(io, job, self._on_job_change),
             io=io,
@@ -128,41 +134,42 @@ class Worker:
         self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
         for m in self.members:
             await m.start()
-        runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
-        aux = [
-            asyncio.create_task(
-                run_timer(
-                    t,
-                    processors=self._serving_processors,
-                    tables=self.app.tables,
-                    output=services.output,
-                    lock=services.lock,
+        with fewer_collections(self.app.settings.gc_threshold):
+            runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
+            aux = [
+                asyncio.create_task(
+                    run_timer(
+                        t,
+                        processors=self._serving_processors,
+                        tables=self.app.tables,
+                        output=services.output,
+                        lock=services.lock,
+                    )
                 )
-            )
-            for t in self.app.timers
-        ]
-        aux.append(asyncio.create_task(self._heartbeat()))
-        aux.append(asyncio.create_task(services.jobs.run()))
-        stop = asyncio.create_task(self._stop.wait())
-        failed: BaseException | None = None
-        try:
-            done, _ = await asyncio.wait([*runs, *aux, stop], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop and not t.cancelled() and t.exception() is not None:
-                    failed = t.exception()
-        finally:
-            for m in self.members:
-                m.request_stop()
-            for t in [*aux, stop]:
-                t.cancel()
-            for m, t in zip(self.members, runs, strict=True):
-                # never in the middle of a batch; but a member waiting for records may wait
-                # for a whole rebalance (getmany waits for the new assignment): not for that
-                if failed is not None or m.awaiting_records:
+                for t in self.app.timers
+            ]
+            aux.append(asyncio.create_task(self._heartbeat()))
+            aux.append(asyncio.create_task(services.jobs.run()))
+            stop = asyncio.create_task(self._stop.wait())
+            failed: BaseException | None = None
+            try:
+                done, _ = await asyncio.wait([*runs, *aux, stop], return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t is not stop and not t.cancelled() and t.exception() is not None:
+                        failed = t.exception()
+            finally:
+                for m in self.members:
+                    m.request_stop()
+                for t in [*aux, stop]:
                     t.cancel()
-            # the others leave their loop after their batch
-            await asyncio.gather(*runs, *aux, stop, return_exceptions=True)
-            await self.shutdown(clean=failed is None)
+                for m, t in zip(self.members, runs, strict=True):
+                    # never in the middle of a batch; but a member waiting for records may wait
+                    # for a whole rebalance (getmany waits for the new assignment): not for that
+                    if failed is not None or m.awaiting_records:
+                        t.cancel()
+                # the others leave their loop after their batch
+                await asyncio.gather(*runs, *aux, stop, return_exceptions=True)
+                await self.shutdown(clean=failed is None)
         if failed is not None:
             raise failed
 
@@ -220,7 +227,7 @@ class Worker:
                 pass
 
 
-def run_worker(app: App, members: int = 1, bootstrap: str | None = None) -> None:
+def run_worker(app: App, members: int = 1, bootstrap: str | Connection | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT; checkpoints and leaves the group on the way out."""
 
     async def main() -> None:

@@ -17,7 +17,7 @@ from streamkit.layout.gating import (
     gate_limits,
 )
 from streamkit.layout.model import ChangeKind
-from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch
+from streamkit.layout.stamps import RecordStatus, classify_record, record_epoch, record_producer, stamp
 
 from .sim import run_random
 
@@ -230,6 +230,19 @@ def test_classify_record_cases():
     assert classify_record(lay, 0, 3, None, moved).status == RecordStatus.UNSTAMPED
     assert record_epoch([("a", b"x"), ("streamkit.epoch", b"12")]) == 12
     assert record_epoch([("streamkit.epoch", b"zz")]) is None
+
+
+def test_stamps_are_one_compact_header_and_earlier_stamps_stay_readable() -> None:
+    tag = bytes.fromhex("0a1b2c3d4e5f")
+    header = stamp(tag, 12)
+    assert header == ("sk", tag + b"12")
+    assert record_epoch([("trace", b"x"), header]) == 12 and record_producer([header]) == "0a1b2c3d4e5f"
+    earlier = [("streamkit.epoch", b"7"), ("streamkit.producer", b"api-0a1b2c3d4e5f")]
+    assert record_epoch(earlier) == 7 and record_producer(earlier) == "api-0a1b2c3d4e5f"
+    for not_a_stamp in ([("sk", b"short")], [("sk", tag + b"x1")], [("sk", tag)], []):
+        assert record_epoch(not_a_stamp) is None
+    with pytest.raises(ValueError, match="6 bytes"):
+        stamp(b"abc", 1)
 
 
 def test_none_partitions_are_skipped_and_pending_shrink_limits_survivors():

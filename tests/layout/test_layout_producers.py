@@ -137,7 +137,7 @@ def test_paused_producer_is_fenced_not_silently_misordered(broker: str, tmp_path
     flagged = {(v["partition"], v["offset"]) for v in report.violations}
     assert {(r.partition, r.offset) for r in misordered(delivered)} <= flagged
     for v in report.violations:
-        assert v["producer"] == paused.producer_id and v["record_epoch"] == 1 and v["seal_epoch"] == 2
+        assert paused.producer_id.endswith("-" + v["producer"]) and v["record_epoch"] == 1 and v["seal_epoch"] == 2
 
 
 def test_in_flight_records_of_a_stopped_producer_are_reported(broker: str) -> None:

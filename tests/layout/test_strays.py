@@ -71,3 +71,28 @@ def test_origins_and_second_copies() -> None:
     assert seen.first_time("t", 0, (3, 5)) and seen.first_time("t", 0, (3, 6))
     assert not seen.first_time("t", 0, (3, 5))
     assert seen.first_time("t", 1, (3, 5))  # another partition it was forwarded to
+
+
+def test_a_batch_is_judged_as_record_by_record() -> None:
+    """``strays_in`` (one modulo per record, per run of offsets under the same layouts)
+    finds exactly the records ``is_stray`` finds, across every rule above."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Rec:
+        offset: int
+        key: bytes | None
+
+    base = transitions.create("t", 2, capacity=4, now_ms=0)
+    split = transitions.seal(transitions.expand(base, 3, announce_offsets={0: 15, 1: 9, 2: 7}, now_ms=1), {0: 20})
+    shrunk = transitions.seal(transitions.expand(base, 3, announce_offsets={0: 0, 1: 0, 2: 0}, now_ms=1), {0: 0})
+    shrunk = transitions.seal(transitions.shrink(shrunk, 2, announce_offsets={0: 4, 1: 4, 2: 10}, now_ms=2), {2: 12})
+    keys = [f"key-{i}".encode() for i in range(200)]
+    batch = [Rec(o, None if o % 17 == 0 else keys[o % len(keys)]) for o in range(30)]
+    rules = [stray_rule(base, 3), stray_rule(split, 0), stray_rule(split, 2), stray_rule(shrunk, 2)]
+    for rule in rules:
+        assert rule is not None
+        expected = [r for r in batch if rule.is_stray(r.offset, None if r.key is None else key_hash(r.key))]
+        assert rule.strays_in(batch) == expected
+        assert rule.strays_in(batch[11:23]) == [r for r in expected if 11 <= r.offset < 23]
+    assert any(0 < len(rule.strays_in(batch)) < len(batch) for rule in rules if rule is not None)

@@ -18,6 +18,7 @@ from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout import transitions
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
+from streamkit.layout.stamps import stamp as stamp_header
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route
@@ -52,8 +53,19 @@ class Rec:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-def recs(offsets, partition: int = 0, epoch: int | None = None, key: bytes = b"k") -> list[Rec]:
-    headers = () if epoch is None else ((EPOCH_HEADER, str(epoch).encode()), (PRODUCER_HEADER, b"p1"))
+TAG = bytes.fromhex("00000000a1a1")
+
+
+def recs(
+    offsets, partition: int = 0, epoch: int | None = None, key: bytes = b"k", *, earlier_stamp: bool = False
+) -> list[Rec]:
+    """Records stamped with ``epoch`` by producer TAG (``earlier_stamp``: as streamkit's
+    producer stamped them before the one-header stamp), or unstamped."""
+    headers: tuple[tuple[str, bytes], ...] = ()
+    if epoch is not None and earlier_stamp:
+        headers = ((EPOCH_HEADER, str(epoch).encode()), (PRODUCER_HEADER, b"p1"))
+    elif epoch is not None:
+        headers = (stamp_header(TAG, epoch),)
     return [Rec("orders", partition, o, key, b"1", headers) for o in offsets]
 
 
@@ -78,7 +90,7 @@ def make(
 
 def stamp(layout: TopicLayout) -> tuple[tuple[str, bytes], ...]:
     """The headers streamkit's producer writes under ``layout``."""
-    return ((EPOCH_HEADER, str(layout.epoch).encode()), (PRODUCER_HEADER, b"p1"))
+    return (stamp_header(TAG, layout.epoch),)
 
 
 def offsets(records) -> list[int]:
@@ -192,7 +204,19 @@ def test_a_late_record_of_a_moved_key_is_reported_not_applied() -> None:
     [(_, out)] = admission.admit(TP, batch)
     assert offsets(out.deliver) == [10, 12] and out.next_position == 13 and out.consumed == 3
     [(rec, report)] = out.late
-    assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == "p1"
+    assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == TAG.hex()
+
+
+def test_records_with_an_earlier_stamp_are_checked_as_before() -> None:
+    layout = expanded()
+    admission, _, _ = make(layout, position=10)
+    moved = key_moved_to_1()
+    batch = recs([10], epoch=2, earlier_stamp=True) + recs([11], epoch=1, key=moved, earlier_stamp=True)
+    batch += recs([12], epoch=2)
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.deliver) == [10, 12] and out.next_position == 13
+    [(rec, report)] = out.late
+    assert rec.offset == 11 and report["producer"] == "p1" and report["record_epoch"] == 1
 
 
 def test_records_stamped_with_the_current_epoch_are_not_inspected() -> None:
