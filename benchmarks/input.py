@@ -64,8 +64,8 @@ def expected_check(ks: list[int], n: int) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- production
 
-BENCH_TAG = b"bench!"
-"""The producer tag of the stamped input (six bytes, like a producer's)."""
+BENCH_TAG = b"bench0"
+"""The producer tag of the stamped input (six characters, like a producer's)."""
 
 
 async def _create(bootstrap: str, topic: str, partitions: int) -> int:

@@ -11,7 +11,7 @@
   ReadOnly or None partition.  Topics without a layout use Kafka's default
   partitioner over the physical count.  Records without a key go round robin.
 - **Stamps.**  Every record carries one header, ``sk``: this producer's tag (the six
-  bytes whose hex ends its id) and the layout epoch it was placed with (ASCII digits;
+  hex digits that end its id) and the layout epoch it was placed with (ASCII digits;
   0 for a topic without a layout), so consumers can detect late records
   (``streamkit.layout.stamps``).
 - **The change protocol** (``streamkit.layout.protocol``): the producer polls the
@@ -88,8 +88,8 @@ class Producer:
         self.connection = as_connection(bootstrap)
         self.bootstrap = self.connection.bootstrap
         self.client_id = client_id
-        self._tag = uuid.uuid4().bytes[:TAG_BYTES]
-        self.producer_id = f"{client_id}-{self._tag.hex()}"
+        self._tag = uuid.uuid4().hex[:TAG_BYTES].encode()
+        self.producer_id = f"{client_id}-{self._tag.decode()}"
         self.linger = linger_ms / 1000
         self.batch_bytes = batch_bytes
         self._key = key_serializer or encode_key

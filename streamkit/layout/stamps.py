@@ -1,7 +1,7 @@
 """Epoch stamps on records, and what a consumer makes of them.
 
-Every streamkit record carries one header, ``sk`` (:data:`STAMP_HEADER`): six bytes
-naming its producer, then the layout epoch the producer placed it with, in ASCII
+Every streamkit record carries one header, ``sk`` (:data:`STAMP_HEADER`): six hex
+digits naming its producer, then the layout epoch the producer placed it with, in ASCII
 digits.  One short header because a header's cost is paid per record: the client
 builds a tuple, a key string and a value for each, and the broker serves its bytes;
 two long headers made a consumer about twice as slow as on bare records.  Records
@@ -53,9 +53,10 @@ __all__ = [
 ]
 
 STAMP_HEADER = "sk"
-"""The stamp: a producer's tag (:data:`TAG_BYTES` bytes), then the epoch in digits."""
+"""The stamp: a producer's tag (:data:`TAG_BYTES` ASCII characters), then the epoch in digits."""
 TAG_BYTES = 6
-"""The producer tag's length: the producer id ends with its hex (``client-0a1b2c3d4e5f``)."""
+"""The producer tag's length: six hex digits that end the producer's id (``client-0a1b2c``).
+Text, so that tools reading headers as UTF-8 can show every stamped record."""
 EPOCH_HEADER = "streamkit.epoch"
 """Earlier stamps: the layout epoch the record's producer placed it with."""
 PRODUCER_HEADER = "streamkit.producer"
@@ -64,8 +65,8 @@ PRODUCER_HEADER = "streamkit.producer"
 
 def stamp(tag: bytes, epoch: int) -> tuple[str, bytes]:
     """The stamp header of a record placed at layout ``epoch`` by the producer ``tag``."""
-    if len(tag) != TAG_BYTES:
-        raise ValueError(f"a producer tag has {TAG_BYTES} bytes, not {len(tag)}")
+    if len(tag) != TAG_BYTES or not tag.isascii():
+        raise ValueError(f"a producer tag has {TAG_BYTES} ASCII characters, not {tag!r}")
     return STAMP_HEADER, tag + b"%d" % epoch
 
 
@@ -113,11 +114,11 @@ def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
 
 
 def record_producer(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
-    """Who stamped a record: the hex tag that ends its producer's id (or, in an
-    earlier stamp, the whole id); None when unstamped."""
+    """Who stamped a record: the tag that ends its producer's id (or, in an earlier
+    stamp, the whole id); None when unstamped."""
     for k, v in headers or ():
         if k == STAMP_HEADER and v and len(v) > TAG_BYTES:
-            return v[:TAG_BYTES].hex()
+            return v[:TAG_BYTES].decode("ascii", "backslashreplace")
         if k == PRODUCER_HEADER and v:
             return v.decode("utf-8", "backslashreplace")
     return None

@@ -53,7 +53,7 @@ class Rec:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-TAG = bytes.fromhex("00000000a1a1")
+TAG = b"00a1a1"
 
 
 def recs(
@@ -204,7 +204,7 @@ def test_a_late_record_of_a_moved_key_is_reported_not_applied() -> None:
     [(_, out)] = admission.admit(TP, batch)
     assert offsets(out.deliver) == [10, 12] and out.next_position == 13 and out.consumed == 3
     [(rec, report)] = out.late
-    assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == TAG.hex()
+    assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == TAG.decode()
 
 
 def test_records_with_an_earlier_stamp_are_checked_as_before() -> None:
