@@ -63,6 +63,9 @@ class Connection:
     """An ``aiokafka.abc.AbstractTokenProvider`` for OAUTHBEARER."""
 
     def __post_init__(self) -> None:
+        for secret in ("sasl_password", "ssl_key_password"):
+            if isinstance(value := getattr(self, secret), str):  # kept hidden however it was given
+                object.__setattr__(self, secret, SecretStr(value))
         where = f"connection to {self.bootstrap}"
         if self.security_protocol not in PROTOCOLS:
             raise ConfigError(f"{where}: security protocol {self.security_protocol!r} is not one of {PROTOCOLS}")
@@ -149,10 +152,13 @@ async def connect_failure(conn: Connection, timeout_s: float = 10.0) -> BrokerUn
     address and name what failed (nothing listening, an untrusted certificate, a host
     name the certificate does not carry, a TLS handshake, a rejected login)."""
     from aiokafka.conn import create_conn
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaConnectionError, KafkaError
 
     kw = conn.client_kwargs()
     kw.pop("bootstrap_servers")
+    sasl = conn.security_protocol.startswith("SASL_")
+    # aiokafka's SCRAM client fails with these on the server's "e=..." rejection
+    rejected: tuple[type[Exception], ...] = (KeyError, ValueError) if sasl else ()
     host, _, port = conn.bootstrap.split(",")[0].strip().rpartition(":")
     try:
         probe = await asyncio.wait_for(
@@ -165,16 +171,36 @@ async def connect_failure(conn: Connection, timeout_s: float = 10.0) -> BrokerUn
             cause = f"its TLS certificate is not trusted ({exc.verify_message}); check the CA file"
     except ssl.SSLError as exc:
         cause = f"the TLS handshake failed ({exc.reason or exc}); is the listener TLS?"
+    except KafkaConnectionError as exc:
+        cause = str(exc)
+        if not conn.tls and "closed" in cause:
+            cause = "it closed the connection unanswered: does the listener speak TLS (security protocol SSL)?"
+        elif not conn.ssl_certfile and "closed" in cause:  # TLS 1.3 alerts after the handshake
+            cause = "it closed the connection after the TLS handshake: does it require a client certificate?"
     except KafkaError as exc:
-        cause = (
-            f"the login was rejected ({type(exc).__name__}: {exc})" if "SASL" in conn.security_protocol else str(exc)
-        )
+        cause = f"the login was rejected ({type(exc).__name__}: {exc})" if sasl else str(exc)
+    except rejected:
+        cause = f"the login as {conn.sasl_username!r} was rejected (a wrong user name or password?)"
     except (OSError, TimeoutError) as exc:
         cause = f"no answer ({exc or type(exc).__name__})"
     else:
-        probe.close()
-        cause = "it answers, but the client could not read the cluster's metadata"
+        cause = await _metadata_failure(probe, sasl)
     return BrokerUnreachableError(f"cannot connect to Kafka at {conn.describe()}: {cause}")
+
+
+async def _metadata_failure(probe: Any, sasl: bool) -> str:
+    """The connection is up; why metadata could not be read over it."""
+    from aiokafka.protocol.metadata import MetadataRequest
+
+    try:
+        await probe.send(MetadataRequest[0]([]))
+    except Exception:  # noqa: BLE001 - any failure here has the same meaning for the user
+        if not sasl:
+            return "it closed the connection when asked without a login: does it require SASL?"
+        return "it closed the connection when asked for the cluster's metadata"
+    finally:
+        probe.close()
+    return "it answers, but the client could not read the cluster's metadata"
 
 
 # -------------------------------------------------------------- client properties files

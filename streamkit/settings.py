@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     ssl_cafile: str | None = Field(None, description="CA bundle (PEM) for the brokers' certificates")
     ssl_certfile: str | None = Field(None, description="client certificate (PEM), for mutual TLS")
     ssl_keyfile: str | None = Field(None, description="client key (PEM), for mutual TLS")
+    ssl_key_password: SecretStr | None = Field(None, description="the client key's password, if it is encrypted")
     ssl_check_hostname: bool | None = Field(None, description="check the broker's name in its certificate")
     sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
     sasl_username: str | None = Field(None)
@@ -89,6 +90,7 @@ CONNECTION_FIELDS = (
     "ssl_cafile",
     "ssl_certfile",
     "ssl_keyfile",
+    "ssl_key_password",
     "ssl_check_hostname",
     "sasl_mechanism",
     "sasl_username",

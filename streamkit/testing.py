@@ -3,7 +3,8 @@ read a whole topic back.
 
 Every helper exists in two forms: ``async def a<name>(...)`` for code that already runs
 an event loop, and a blocking ``<name>(...)`` wrapper (``asyncio.run``) for tests and
-scripts.
+scripts. Where a helper takes ``bootstrap``, an address is a plaintext connection and a
+:class:`streamkit.connection.Connection` a secured one.
 
 Reading "a whole topic" means: every partition up to the high watermark that the broker
 reports in a *fetch* response. ``end_offsets`` / ``ListOffsets`` is not used: the
@@ -25,6 +26,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
+from streamkit.connection import Connection, as_connection
 from streamkit.kafkaio import CREATE_CONFIGS, FetchedRecord, KafkaIO
 
 __all__ = [
@@ -77,7 +79,7 @@ def default_partition(key: bytes, partitions: int) -> int:
 
 
 async def acreate_topic(
-    bootstrap: str,
+    bootstrap: str | Connection,
     name: str,
     partitions: int = 1,
     *,
@@ -122,7 +124,7 @@ def _encode_value(value: Any) -> bytes | None:
 
 
 async def aproduce_json(
-    bootstrap: str,
+    bootstrap: str | Connection,
     topic: str,
     records: Iterable[Record],
     *,
@@ -144,7 +146,7 @@ async def aproduce_json(
     own = producer is None
     if producer is None:
         producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **as_connection(bootstrap).client_kwargs(),
             acks="all",
             linger_ms=5,
             max_batch_size=batch_bytes,
@@ -209,7 +211,9 @@ produce_json = _blocking(aproduce_json)
 # --------------------------------------------------------------------------- read
 
 
-async def aread_topic(bootstrap: str, topic: str, *, partitions: Iterable[int] | None = None) -> list[FetchedRecord]:
+async def aread_topic(
+    bootstrap: str | Connection, topic: str, *, partitions: Iterable[int] | None = None
+) -> list[FetchedRecord]:
     """Every record of ``topic`` (or of the given ``partitions``), from offset 0 up to the
     high watermark a fetch response reports for each partition.
 

@@ -104,8 +104,15 @@ class EmbeddedBroker:
         start: bool = True,
         tls: tuple[str, str] | None = None,
         tls_client_cafile: str | None = None,
+        authentication: bool = False,
     ) -> None:
         self.host = host
+        self.authentication = authentication
+        """Tansu's ``--authentication``: every client must log in with SASL SCRAM. Tansu
+        0.6 cannot hold users in memory storage (``tansu user create`` answers success
+        and stores nothing, and an authenticating broker refuses the command itself), so
+        such a broker refuses every login: it serves to test how a rejected login is
+        reported."""
         self.port: int | None = port
         self._proxy: TlsProxy | None = None
         if tls is not None:  # Tansu on a loopback port behind a TLS proxy (see streamkit.broker.tls)
@@ -197,6 +204,7 @@ class EmbeddedBroker:
                 advertised,
                 "--storage-engine",
                 "memory://tansu/",
+                *(["--authentication"] if self.authentication else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -47,11 +48,55 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+_SECURITY = "Connection (for every command; the same as the STREAMKIT_* variables)"
+
+
 @app.callback()
 def _root(
     _version_: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
+    client_config: Path | None = typer.Option(
+        None,
+        "--client-config",
+        help="a Kafka client properties file: bootstrap.servers, security.protocol, ssl.*, sasl.* "
+        "(STREAMKIT_CLIENT_CONFIG)",
+        rich_help_panel=_SECURITY,
+    ),
+    security_protocol: str | None = typer.Option(
+        None, "--security-protocol", help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL", rich_help_panel=_SECURITY
+    ),
+    ssl_cafile: Path | None = typer.Option(
+        None, "--ssl-cafile", help="CA bundle (PEM) for the brokers' certificates", rich_help_panel=_SECURITY
+    ),
+    ssl_certfile: Path | None = typer.Option(
+        None, "--ssl-certfile", help="client certificate (PEM), for mutual TLS", rich_help_panel=_SECURITY
+    ),
+    ssl_keyfile: Path | None = typer.Option(
+        None, "--ssl-keyfile", help="client key (PEM), for mutual TLS", rich_help_panel=_SECURITY
+    ),
+    sasl_mechanism: str | None = typer.Option(
+        None,
+        "--sasl-mechanism",
+        help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; the password comes from STREAMKIT_SASL_PASSWORD or the "
+        "properties file, never from the command line (which every user of the machine can read)",
+        rich_help_panel=_SECURITY,
+    ),
+    sasl_username: str | None = typer.Option(None, "--sasl-username", rich_help_panel=_SECURITY),
 ) -> None:
     """streamkit command line."""
+    given = {
+        "client_config": client_config,
+        "security_protocol": security_protocol,
+        "ssl_cafile": ssl_cafile,
+        "ssl_certfile": ssl_certfile,
+        "ssl_keyfile": ssl_keyfile,
+        "sasl_mechanism": sasl_mechanism,
+        "sasl_username": sasl_username,
+    }
+    # Every command (and the app a worker loads) reads its connection from the settings,
+    # so an option here is its STREAMKIT_* variable for this process.
+    for name, value in given.items():
+        if value is not None:
+            os.environ[f"STREAMKIT_{name.upper()}"] = str(value)
 
 
 for _name in COMMANDS:

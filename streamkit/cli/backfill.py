@@ -332,8 +332,8 @@ def backfill(
     elif len(source) != 1:
         raise CliError("--replay takes one --from (the input records of --topic)")
     app = load_app(app_spec)
-    broker = broker or app.settings.broker
-    if broker is None:
+    connection = app.connection(broker)
+    if connection is None:
         raise CliError(
             "no broker: give --broker or set STREAMKIT_BROKER (positions and the processor count are "
             "checked against the cluster)"
@@ -359,7 +359,7 @@ def backfill(
         from_start=from_start,
         p0=p0,
         processors=processors,
-        broker=broker,
+        broker=connection,
         state_dir=state_root,
         allow_partial=allow_partial,
         allow_skipped=allow_skipped,

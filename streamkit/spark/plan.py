@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamkit.app import App
+from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark._deps import require
 
@@ -155,7 +156,7 @@ def _record_job(view: ClusterView, app: App, p0: int) -> str:
     from streamkit.runtime.jobmeta import resolve_job
 
     async def record() -> str:
-        async with KafkaIO(view.bootstrap) as io:
+        async with KafkaIO(view.connection) as io:
             job = await resolve_job(io, app.name, p0, p0, tuple(app.input_topics))
         if job.p0 != p0:  # a worker started meanwhile with another count
             raise ConfigError(f"job {app.name!r} was just started with {job.p0} processors, not p0={p0}: run again")
@@ -233,7 +234,7 @@ def _prepare(
     derive: bool,
     p0: int | None,
     processors: int | None,
-    broker: str | None,
+    broker: str | Connection | None,
     state_dir: Path,
     layout_epochs: Mapping[str, int] | None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None,
@@ -251,8 +252,8 @@ def _prepare(
             "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or the history's offset column "
             "(offset_col + partition_col), or from_start=True if none of the history is in Kafka"
         )
-    bootstrap = broker or app.settings.broker
-    view = read_cluster(bootstrap, app.name, app.input_topics) if bootstrap else None
+    connection = broker if isinstance(broker, Connection) else app.connection(broker)
+    view = read_cluster(connection, app.name, app.input_topics) if connection is not None else None
     p0_, p, first, notes = _counts(app, p0, processors, view)
     epochs = dict(layout_epochs or {})
     layouts = _layouts(topic_partitions)

@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 
 __all__ = ["ClusterView", "TopicView", "check_final_positions", "check_given_positions", "read_cluster"]
@@ -42,7 +43,7 @@ class TopicView:
 
 @dataclass(frozen=True)
 class ClusterView:
-    bootstrap: str
+    connection: Connection
     topics: dict[str, TopicView]
     job_p0: int | None = None
     job_p: int | None = None
@@ -55,18 +56,21 @@ class ClusterView:
         return {t: (v.n0, v.active) for t, v in self.topics.items() if v.epoch is not None}
 
 
-def read_cluster(bootstrap: str, app_name: str, topics: Iterable[str], connect_timeout: float = 10.0) -> ClusterView:
+def read_cluster(
+    connection: Connection, app_name: str, topics: Iterable[str], connect_timeout: float = 10.0
+) -> ClusterView:
     """The input topics and the job's record, read once (one line if the broker is gone)."""
     from streamkit.broker.probe import describe_error, wait_for_broker
 
-    try:
-        wait_for_broker(bootstrap, connect_timeout)
-    except Exception as exc:  # noqa: BLE001 - one line naming the address
-        raise ConfigError(f"broker {bootstrap} does not answer: {describe_error(exc)}") from None
-    return asyncio.run(_read_cluster(bootstrap, app_name, list(topics)))
+    if connection.security_protocol == "PLAINTEXT":  # the probe speaks plain Kafka; else the client says
+        try:
+            wait_for_broker(connection.bootstrap, connect_timeout)
+        except Exception as exc:  # noqa: BLE001 - one line naming the address
+            raise ConfigError(f"broker {connection.bootstrap} does not answer: {describe_error(exc)}") from None
+    return asyncio.run(_read_cluster(connection, app_name, list(topics)))
 
 
-async def _read_cluster(bootstrap: str, app_name: str, topics: list[str]) -> ClusterView:
+async def _read_cluster(bootstrap: Connection, app_name: str, topics: list[str]) -> ClusterView:
     from streamkit.errors import TopicNotFoundError
     from streamkit.kafkaio import KafkaIO
     from streamkit.layout.model import PartitionMode

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from stores.serde import RawSerde
 from streamkit.app import App
+from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
@@ -54,7 +55,7 @@ def backfill_replay(
     tables: Sequence[str] | None = None,
     p0: int | None = None,
     processors: int | None = None,
-    broker: str | None = None,
+    broker: str | Connection | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,

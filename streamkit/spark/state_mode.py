@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamkit.app import App
+from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
@@ -51,7 +52,7 @@ def backfill_state(
     from_start: bool = False,
     p0: int | None = None,
     processors: int | None = None,
-    broker: str | None = None,
+    broker: str | Connection | None = None,
     state_dir: str | Path | None = None,
     layout_epochs: Mapping[str, int] | None = None,
     topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
