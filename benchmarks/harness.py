@@ -1,8 +1,11 @@
 """Benchmark harness: every contender on the same input, on one broker, one at a time.
 
-    python -m benchmarks.harness [--records N] [--keys K] [--partitions P]
+    python -m benchmarks.harness [--records N] [--keys K[,K...]] [--partitions P]
         [--contenders raw,streamkit,streamkit-stamped,quix,faust] [--faust-fraction 0.1]
         [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1]
+
+``--keys 10000,100000,1000000`` sweeps key counts: one shape after the other on the same
+broker, a report (records/s, CPU per record, peak RSS, ratios) per shape.
 
 Starts ONE embedded broker (or uses --bootstrap), prepares the input ONCE (see
 benchmarks.input; a contender given a fraction of the work gets its own topic holding
@@ -264,10 +267,77 @@ def _tansu_version(log_path: Path | None) -> str | None:
 # --------------------------------------------------------------------------- main
 
 
+def run_shape(
+    bootstrap: str,
+    broker_pid: int | None,
+    spec: InputSpec,
+    runnable: list[str],
+    fractions: dict[str, float],
+    args: argparse.Namespace,
+    run_id: str,
+    logdir: Path,
+    console: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Prepare one shape's input and run every contender on it: the result rows and how
+    the input was prepared."""
+    rows: list[dict[str, Any]] = []
+    topics: dict[tuple[int, str], str] = {}
+    ks = key_indices(spec.records, spec.keys, spec.seed)
+    prep = []
+    inputs = sorted(
+        {(max(1, round(spec.records * fractions[n])), INPUTS.get(n, "plain")) for n in runnable}, reverse=True
+    )
+    for size, kind in inputs:
+        topic = f"bench-{run_id.lower()}-{size}-{kind}-{uuid.uuid4().hex[:6]}"
+        written, seconds = prepare_topic(
+            bootstrap, topic, spec, size, producers=args.producers, stamped=kind == "stamped"
+        )
+        topics[size, kind] = topic
+        prep.append({"topic": topic, "records": written, "seconds": seconds, "rps": written / seconds})
+        console.print(
+            f"prepared {written:,} {kind} records, {spec.keys:,} keys, {spec.partitions} partitions "
+            f"into {topic} in {seconds:.2f}s ({written / seconds:,.0f} records/s)"
+        )
+    expected = {size: expected_check(ks, size) for size, _ in inputs}
+
+    for name in runnable:
+        size = max(1, round(spec.records * fractions[name]))
+        timeout = args.timeout if args.timeout is not None else 120 + size / 1000
+        console.print(f"running {name} on {size:,} records ...")
+        row = run_contender(
+            name,
+            bootstrap=bootstrap,
+            topic=topics[size, INPUTS.get(name, "plain")],
+            records=size,
+            partitions=spec.partitions,
+            session_timeout_ms=args.session_timeout_ms,
+            timeout=timeout,
+            logdir=logdir,
+            broker_pid=broker_pid,
+        )
+        row["fraction"] = fractions[name]
+        row["expected_check"] = expected[size]
+        compare_check(row, expected[size])
+        rows.append(row)
+        if row["status"] != "ok":
+            console.print(
+                f"  {name}: {row['status']}: {row.get('reason', row.get('check'))} (logs: {row.get('stderr_log', '-')})"
+            )
+        elif row.get("steady_rps"):
+            console.print(
+                f"  {name}: {row['steady_rps']:,.0f} records/s steady, "
+                f"{row.get('from_start_rps', 0):,.0f} from process start"
+            )
+
+    return rows, prep
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.harness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=500_000)
-    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument(
+        "--keys", default="10000", help="distinct keys; a comma list (10000,100000,1000000) runs one shape per count"
+    )
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument(
         "--contenders", default=DEFAULT_CONTENDERS, help=f"comma list of short names (default {DEFAULT_CONTENDERS})"
@@ -299,23 +369,28 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     fractions = {n: (args.faust_fraction if n == "faust" else 1.0) for n in names}
-    spec = InputSpec(args.records, args.keys, args.partitions)
+    try:
+        key_counts = [int(k.replace("_", "")) for k in args.keys.split(",") if k.strip()]
+    except ValueError:
+        ap.error(f"--keys: comma list of key counts, got {args.keys!r}")
+    specs = [InputSpec(args.records, k, args.partitions) for k in key_counts]
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     logdir = args.out / f"harness-{run_id}"
     logdir.mkdir(parents=True, exist_ok=True)
 
-    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     runnable = []
     for name in names:
         reason = availability(name)
         if reason:
-            rows.append({"contender": name, "status": "skipped", "reason": reason})
+            skipped.append({"contender": name, "status": "skipped", "reason": reason})
         else:
             runnable.append(name)
+    shapes: list[dict[str, Any]] = []
 
     report: dict[str, Any] = {
         "run_id": run_id,
-        "config": {**vars(args), "out": str(args.out), "seed": spec.seed},
+        "config": {**vars(args), "out": str(args.out), "seed": specs[0].seed},
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -332,71 +407,30 @@ def main(argv: list[str] | None = None) -> int:
             report["broker"] = {"kind": "external", "bootstrap": broker.bootstrap}
         console.print(f"broker {broker.bootstrap} ({report['broker'].get('version') or report['broker']['kind']})")
 
-        topics: dict[tuple[int, str], str] = {}
-        ks = key_indices(spec.records, spec.keys, spec.seed)
-        prep = []
-        inputs = sorted(
-            {(max(1, round(spec.records * fractions[n])), INPUTS.get(n, "plain")) for n in runnable}, reverse=True
-        )
-        for size, kind in inputs:
-            topic = f"bench-{run_id.lower()}-{size}-{kind}-{uuid.uuid4().hex[:6]}"
-            written, seconds = prepare_topic(
-                broker.bootstrap, topic, spec, size, producers=args.producers, stamped=kind == "stamped"
+        for spec in specs:
+            rows = [dict(r) for r in skipped]
+            ran, prep = run_shape(
+                broker.bootstrap, broker_pid, spec, runnable, fractions, args, run_id, logdir, console
             )
-            topics[size, kind] = topic
-            prep.append({"topic": topic, "records": written, "seconds": seconds, "rps": written / seconds})
-            console.print(
-                f"prepared {written:,} {kind} records, {spec.keys:,} keys, {spec.partitions} partitions "
-                f"into {topic} in {seconds:.2f}s ({written / seconds:,.0f} records/s)"
+            rows += ran
+            rows.sort(key=lambda r: names.index(r["contender"]))
+            shapes.append({"keys": spec.keys, "results": rows, "preparation": prep})
+            header = (
+                f"{spec.records:,} records, {spec.keys:,} keys, {spec.partitions} partitions, "
+                f"session timeout {args.session_timeout_ms} ms, {os.cpu_count()} CPUs "
+                f"(load at start {report['machine']['load_avg_at_start'][0]:.1f})"
             )
-        report["preparation"] = prep
-        expected = {size: expected_check(ks, size) for size, _ in inputs}
+            print_report(rows, header, console)
 
-        for name in runnable:
-            size = max(1, round(spec.records * fractions[name]))
-            timeout = args.timeout if args.timeout is not None else 120 + size / 1000
-            console.print(f"running {name} on {size:,} records ...")
-            row = run_contender(
-                name,
-                bootstrap=broker.bootstrap,
-                topic=topics[size, INPUTS.get(name, "plain")],
-                records=size,
-                partitions=spec.partitions,
-                session_timeout_ms=args.session_timeout_ms,
-                timeout=timeout,
-                logdir=logdir,
-                broker_pid=broker_pid,
-            )
-            row["fraction"] = fractions[name]
-            row["expected_check"] = expected[size]
-            compare_check(row, expected[size])
-            rows.append(row)
-            if row["status"] != "ok":
-                console.print(
-                    f"  {name}: {row['status']}: {row.get('reason', row.get('check'))} "
-                    f"(logs: {row.get('stderr_log', '-')})"
-                )
-            elif row.get("steady_rps"):
-                console.print(
-                    f"  {name}: {row['steady_rps']:,.0f} records/s steady, "
-                    f"{row.get('from_start_rps', 0):,.0f} from process start"
-                )
-
-    rows.sort(key=lambda r: names.index(r["contender"]))
-    report["results"] = rows
+    report["results"] = shapes[0]["results"] if len(shapes) == 1 else []
+    report["shapes"] = shapes
     report["machine"]["load_avg_at_end"] = os.getloadavg()
-    header = (
-        f"{spec.records:,} records, {spec.keys:,} keys, {spec.partitions} partitions, "
-        f"session timeout {args.session_timeout_ms} ms, {os.cpu_count()} CPUs "
-        f"(load at start {report['machine']['load_avg_at_start'][0]:.1f})"
-    )
-    print_report(rows, header, console)
 
     path = args.out / f"harness-{run_id}.json"
     path.write_text(json.dumps(report, indent=2, default=str))
     shutil.copyfile(path, args.out / "harness-latest.json")
     console.print(f"results: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    failed = [r for r in rows if r["status"] in ("failed", "wrong")]
+    failed = [r for shape in shapes for r in shape["results"] if r["status"] in ("failed", "wrong")]
     return 1 if failed else 0
 
 

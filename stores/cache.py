@@ -36,6 +36,13 @@ front and are evicted first; a read-hot key evicted this way costs one store
 read to come back.  Reads do not reorder entries because that would put a
 dict delete + insert on the hottest path.
 
+Byte bound.  With a :class:`CacheBudget` the limit is also in bytes: the budget's
+bytes are shared equally by the tables that joined it (every table of every processor
+a worker hosts), and each table turns its share into an entry count with its own
+estimate of an entry's size, refreshed at each :meth:`mark_clean` from a sample of the
+entries just written (``sys.getsizeof`` through lists, tuples, dicts and sets, plus a
+dict slot).  Memory then depends on the budget, not on how many keys the job has.
+
 Measured with ``python tests/stores/bench_cache.py`` on the 2-core reference
 machine while shared with other work (so read as upper bounds):
 
@@ -52,6 +59,7 @@ machine while shared with other work (so read as upper bounds):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -59,7 +67,42 @@ from typing import Any
 from .base import Checkpoint, Store, StoreError
 from .serde import Serde, serde_for
 
-__all__ = ["CachedTable", "commit_cached"]
+__all__ = ["CacheBudget", "CachedTable", "commit_cached"]
+
+ENTRY_OVERHEAD = 100
+"""Bytes of a cache entry beside its key and value objects: the dict's slot and index."""
+SAMPLE = 32
+"""Entries sampled at each checkpoint to estimate an entry's size."""
+
+
+class CacheBudget:
+    """Bytes shared by the write-back caches of a process, in equal shares."""
+
+    def __init__(self, total_bytes: int) -> None:
+        if total_bytes <= 0:
+            raise ValueError(f"a cache budget must be positive, got {total_bytes}")
+        self.total_bytes = total_bytes
+        self.members = 0
+
+    def join(self) -> None:
+        self.members += 1
+
+    def leave(self) -> None:
+        self.members = max(0, self.members - 1)
+
+    @property
+    def share(self) -> int:
+        return self.total_bytes // max(1, self.members)
+
+
+def deep_size(value: Any, depth: int = 3) -> int:
+    """Bytes of ``value`` and what it holds (lists, tuples, dicts, sets; ``depth`` levels)."""
+    size = sys.getsizeof(value)
+    if depth and isinstance(value, (list, tuple, set, frozenset)):
+        size += sum(deep_size(v, depth - 1) for v in value)
+    elif depth and isinstance(value, dict):
+        size += sum(deep_size(k, depth - 1) + deep_size(v, depth - 1) for k, v in value.items())
+    return size
 
 
 class _Absent:
@@ -83,6 +126,8 @@ class CachedTable:
         "key_serde",
         "value_serde",
         "max_cached",
+        "budget",
+        "entry_bytes",
         "_cache",
         "_dirty",
         "_kdumps",
@@ -99,6 +144,7 @@ class CachedTable:
         value_serde: Serde | str | None = "json",
         *,
         max_cached: int = 100_000,
+        budget: CacheBudget | None = None,
     ) -> None:
         if table not in store.tables:
             raise StoreError(f"unknown table {table!r} in store {store.name} (tables: {', '.join(store.tables)})")
@@ -109,6 +155,12 @@ class CachedTable:
         self.key_serde = serde_for(key_serde)
         self.value_serde = serde_for(value_serde)
         self.max_cached = max_cached
+        self.budget = budget
+        """Bytes this table may use, shared with the budget's other tables (None: entries only)."""
+        self.entry_bytes = 0.0
+        """Estimated bytes of one cached entry (0: not measured yet)."""
+        if budget is not None:
+            budget.join()
         self._cache: dict[Any, Any] = {}
         self._dirty: set[Any] = set()
         self._kdumps = self.key_serde.dumps
@@ -198,12 +250,32 @@ class CachedTable:
         """Entries in the cache, negative ones included."""
         return len(self._cache)
 
+    @property
+    def limit(self) -> int:
+        """Entries kept after a checkpoint: ``max_cached``, or fewer if the budget's
+        share would be exceeded."""
+        if self.budget is None or not self.entry_bytes:
+            return self.max_cached
+        return min(self.max_cached, int(self.budget.share / self.entry_bytes))
+
+    def _measure(self) -> None:
+        cache = self._cache
+        sizes = [
+            deep_size(k) + (0 if (v := cache[k]) is _ABSENT else deep_size(v)) + ENTRY_OVERHEAD
+            for k in islice(self._dirty, SAMPLE)
+        ]
+        if sizes:
+            now = sum(sizes) / len(sizes)
+            self.entry_bytes = now if not self.entry_bytes else 0.75 * self.entry_bytes + 0.25 * now
+
     def mark_clean(self) -> None:
         """The pending changes are committed: forget they are dirty and
-        enforce ``max_cached`` (see module doc)."""
+        enforce the limit (see module doc)."""
         cache = self._cache
         dirty = self._dirty
-        excess = len(cache) - self.max_cached
+        if self.budget is not None:
+            self._measure()
+        excess = len(cache) - self.limit
         if excess > 0:
             for k in dirty:
                 cache[k] = cache.pop(k)  # most recently written go to the back
@@ -222,6 +294,13 @@ class CachedTable:
         """Drop the whole cache, uncommitted changes included."""
         self._cache.clear()
         self._dirty.clear()
+
+    def release(self) -> None:
+        """The table is done with (its store closes): drop the cache, leave the budget."""
+        self.invalidate()
+        if self.budget is not None:
+            self.budget.leave()
+            self.budget = None
 
     # -- iteration ---------------------------------------------------------------
 

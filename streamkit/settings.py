@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     )
     commit_interval: float = Field(2.0, gt=0, description="seconds between checkpoints")
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
+    checkpoint_dirty_keys: int = Field(
+        50_000,
+        ge=1,
+        description="checkpoint as soon as one processor has changed this many keys since its last checkpoint: "
+        "a checkpoint's pause grows with the keys it writes (and the cache holds them until then)",
+    )
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(1_000, ge=100)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
@@ -40,6 +46,18 @@ class Settings(BaseSettings):
     dead_letter_topic: str | None = Field(None, description="default: '<app>-dead-letters'")
     failure_alarm_after: int = Field(
         100, ge=1, description="consecutive handler failures after which the worker logs loudly"
+    )
+    state_cache_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="bytes the write-back caches of every table of every processor a worker hosts use together "
+        "(after each checkpoint; between two, the keys written since the last one are kept too)",
+    )
+    rocksdb_block_cache_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="RocksDB's block cache, shared by every store of a worker"
+    )
+    rocksdb_memtable_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="RocksDB's memtables of every store of a worker together"
     )
     store_open_timeout: float = Field(30.0, gt=0, description="seconds to wait for a store lock")
     max_ic_ranges: int = Field(

@@ -175,7 +175,7 @@ class GroupMember:
         proc = await open_for_count(
             step.pid, staging_path(path) if step.staging else path, self.app.tables, job.p0, step.count,
             timeout=self.app.settings.store_open_timeout, log_as=self.name, incarnation=job.incarnation,
-            app=self.app.name,
+            app=self.app.name, memory=self.services.memory,
         )  # fmt: skip
         self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
         self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
@@ -264,6 +264,7 @@ class GroupMember:
                     pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
                     timeout=settings.store_open_timeout, log_as=self.name,
                     incarnation=self.services.jobs.job.incarnation, app=self.app.name,
+                    memory=self.services.memory,
                 )  # fmt: skip
                 self.processors[pid] = proc
                 for topic, epoch in proc.loaded.layout_epochs.items():
@@ -525,12 +526,21 @@ class GroupMember:
                     if self.admission.gated:
                         await self.services.progress.refresh()
                     await self._regate()
-            if self.processors and (self._since_checkpoint >= settings.commit_every or now >= self._next_checkpoint):
+            if self.processors and (
+                self._since_checkpoint >= settings.commit_every
+                or now >= self._next_checkpoint
+                or self._most_dirty() >= settings.checkpoint_dirty_keys
+            ):
                 async with lock:
                     await self._checkpoint()
                 self.services.beat()
                 self._since_checkpoint = 0
                 self._next_checkpoint = time.monotonic() + settings.commit_interval
+
+    def _most_dirty(self) -> int:
+        """The most keys one processor changed since its last checkpoint (the next
+        checkpoint's work, so its pause)."""
+        return max((sum(c.dirty_count for c in p.caches.values()) for p in self.processors.values()), default=0)
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         for tp, fetched in batch.items():

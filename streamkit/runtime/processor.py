@@ -13,12 +13,13 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
-from stores.cache import CachedTable, commit_cached
-from stores.rocksdb import RocksDBStore
+from stores.cache import CacheBudget, CachedTable, commit_cached
+from stores.rocksdb import RocksDBStore, SharedMemory
 from streamkit.errors import StreamkitError
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
@@ -50,14 +51,41 @@ def stale_store_message(path: Path | str, app: str, stored: str, current: str) -
     )
 
 
+@dataclass(frozen=True)
+class StateMemory:
+    """The memory the state of a worker's processors may use, whatever the number of keys:
+    RocksDB's block cache and memtables shared by every store, and the write-back caches
+    of every table sharing one byte budget."""
+
+    rocksdb: SharedMemory
+    caches: CacheBudget
+
+    @classmethod
+    def of(cls, cache_bytes: int, block_cache_bytes: int, memtable_bytes: int) -> StateMemory:
+        return cls(SharedMemory(block_cache_bytes, memtable_bytes), CacheBudget(cache_bytes))
+
+
+UNBOUNDED_ENTRIES = 1 << 40
+"""With a byte budget the entry count is not what limits a cache."""
+
+
 class ProcessorState:
-    def __init__(self, pid: int, store: RocksDBStore, tables: Mapping[str, Table], incarnation: str = "") -> None:
+    def __init__(
+        self,
+        pid: int,
+        store: RocksDBStore,
+        tables: Mapping[str, Table],
+        incarnation: str = "",
+        memory: StateMemory | None = None,
+    ) -> None:
         self.id = pid
         self.store = store
         self.incarnation = incarnation
         """Stamped into every checkpoint ("": none known)."""
+        bound: dict[str, Any] = {} if memory is None else {"max_cached": UNBOUNDED_ENTRIES, "budget": memory.caches}
         self.caches = {
-            name: CachedTable(store, name, table.store_key_serde, table.value_serde) for name, table in tables.items()
+            name: CachedTable(store, name, table.store_key_serde, table.value_serde, **bound)
+            for name, table in tables.items()
         }
         loaded = store.checkpoint()
         self.loaded = loaded
@@ -128,7 +156,14 @@ class ProcessorState:
 
     @classmethod
     async def open(
-        cls, pid: int, path: Path, tables: Mapping[str, Table], timeout: float, incarnation: str = "", app: str = ""
+        cls,
+        pid: int,
+        path: Path,
+        tables: Mapping[str, Table],
+        timeout: float,
+        incarnation: str = "",
+        app: str = "",
+        memory: StateMemory | None = None,
     ) -> ProcessorState:
         """Open the processor's store at `path`, waiting up to `timeout` for a previous host
         to let go of it; refuse a store of another incarnation of the job
@@ -138,12 +173,12 @@ class ProcessorState:
         delay = 0.02
         while True:
             try:
-                store = RocksDBStore.open(str(path), sorted(tables))
+                store = RocksDBStore.open(str(path), sorted(tables), configure=memory.rocksdb if memory else None)
                 stored = str(store.checkpoint().extra.get(INCARNATION, ""))
                 if incarnation and stored and stored != incarnation:
                     store.close()
                     raise StaleStoreError(stale_store_message(path, app, stored, incarnation))
-                return cls(pid, store, tables, incarnation)
+                return cls(pid, store, tables, incarnation, memory)
             except StoreLockedError:
                 if time.monotonic() > deadline:
                     raise
@@ -174,6 +209,8 @@ class ProcessorState:
             cache.discard()
 
     def close(self) -> None:
+        for cache in self.caches.values():
+            cache.release()
         self.store.close()
 
 

@@ -44,7 +44,7 @@ from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLayout, publish_job
-from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.rebuild import RebuildPlan, plan_rebuild, rebuild
 from streamkit.tables import Table
@@ -152,11 +152,12 @@ async def open_for_count(
     adopt: bool = False,
     incarnation: str = "",
     app: str = "",
+    memory: StateMemory | None = None,
 ) -> ProcessorState:
     """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
     processors: a store written for fewer loses the keys that moved away; one written for
     more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
-    proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app)
+    proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app, memory)
     stored = stored_count(proc, p0)
     change = key_set_change(pid, p0, stored, count)
     if change == "grew":
@@ -168,7 +169,7 @@ async def open_for_count(
             done = "emptied, to be rebuilt"
         log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
                  log_as, pid, stored, count, done)  # fmt: skip
-        proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app)
+        proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app, memory)
     elif change == "shrank":
         gone = purge_moved_keys(proc, tables, p0, count)
         log.info("%s: processor %d: %d keys moved to new processors, deleted", log_as, pid, gone)

@@ -11,6 +11,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.output import Output
+from streamkit.runtime.processor import StateMemory
 from streamkit.runtime.progress import ProgressLog
 
 
@@ -30,6 +31,8 @@ class Services:
     """One batch, rebalance step or timer at a time, across the worker's members."""
     beat: Callable[[], None]
     """Publish a heartbeat now (after a rebalance or checkpoint), not at the next tick."""
+    memory: StateMemory | None = None
+    """What the processors' state may use (None: the stores' and caches' own defaults)."""
 
     @property
     def p0(self) -> int:

@@ -23,7 +23,7 @@ from streamkit.runtime.collector import fewer_collections
 from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
-from streamkit.runtime.processor import ProcessorState, check_local_stores
+from streamkit.runtime.processor import ProcessorState, StateMemory, check_local_stores
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
@@ -111,6 +111,11 @@ class Worker:
             output=output,
             lock=asyncio.Lock(),
             beat=self._beat.set,
+            memory=StateMemory.of(
+                app.settings.state_cache_bytes,
+                app.settings.rocksdb_block_cache_bytes,
+                app.settings.rocksdb_memtable_bytes,
+            ),
         )
         return self.services
 

@@ -288,3 +288,51 @@ def test_model(open_store, ops, max_cached) -> None:
         assert dict(t.items()) == live
         assert list(t.keys()) == sorted(live, key=lambda k: k.to_bytes(8, "big", signed=True))
     store.close()
+
+
+def test_a_byte_budget_bounds_the_cache_whatever_the_number_of_keys(tmp_path) -> None:
+    """Two tables share a budget; after checkpoints of many keys each keeps about its
+    share in bytes (by its own estimate of an entry's size), and every value is still
+    read back right, from the store once evicted."""
+    from stores.cache import CacheBudget, CachedTable, commit_cached, deep_size
+    from stores.rocksdb import RocksDBStore
+
+    budget = CacheBudget(1 << 20)
+    store = RocksDBStore.open(str(tmp_path / "s"), ["a", "b"])
+    try:
+        tables = [CachedTable(store, t, "json", "json", max_cached=1 << 40, budget=budget) for t in ("a", "b")]
+        assert budget.members == 2 and budget.share == 1 << 19
+        for start in range(0, 40_000, 10_000):
+            for i in range(start, start + 10_000):
+                for t in tables:
+                    t[i] = [i, "x" * 20]
+            commit_cached(store, tables, Checkpoint.empty())
+        for t in tables:
+            assert t.entry_bytes >= deep_size([1, "x" * 20])
+            assert 0 < t.cached_count <= t.limit < 40_000
+            assert t.cached_count * t.entry_bytes <= budget.share
+            assert all(t[i] == [i, "x" * 20] for i in range(0, 40_000, 7))
+        tables[0].release()
+        assert budget.members == 1 and budget.share == 1 << 20
+    finally:
+        store.close()
+
+
+def test_stores_sharing_memory_stay_exact(tmp_path) -> None:
+    """Stores opened with one SharedMemory (block cache, memtable budget, bloom filters)
+    read back what they wrote, across a reopen; the memtables they use are counted once."""
+    from stores.rocksdb import RocksDBStore, SharedMemory
+
+    shared = SharedMemory(block_cache_bytes=8 << 20, memtable_bytes=8 << 20)
+    stores = [RocksDBStore.open(str(tmp_path / f"s{i}"), ["t"], configure=shared) for i in range(2)]
+    for n, store in enumerate(stores):
+        store.commit({"t": {b"k%d" % i: b"v%d-%d" % (n, i) for i in range(20_000)}}, Checkpoint.empty())
+    assert shared.usage()[1] > 0
+    for store in stores:
+        store.close()
+    for n in range(2):
+        store = RocksDBStore.open(str(tmp_path / f"s{n}"), ["t"], configure=shared)
+        try:
+            assert store.get("t", b"k123") == b"v%d-123" % n and store.get("t", b"absent") is None
+        finally:
+            store.close()
