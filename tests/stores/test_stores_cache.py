@@ -198,7 +198,7 @@ def test_commit_cached_many_tables_one_commit() -> None:
     orig = store.commit
 
     def spy(changes, checkpoint):
-        commits.append((changes, checkpoint))
+        commits.append(({t: dict(kv.items()) for t, kv in changes.items()}, checkpoint))  # read during the commit
         orig(changes, checkpoint)
 
     store.commit = spy  # type: ignore[method-assign]
