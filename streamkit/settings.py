@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     )
     commit_interval: float = Field(2.0, gt=0, description="seconds between checkpoints")
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
+    max_batch_records: int = Field(
+        10_000,
+        ge=1,
+        description="records handled between two looks at the checkpoint triggers (and at the consumer) at most",
+    )
     checkpoint_dirty_keys: int = Field(
         50_000,
         ge=1,

@@ -511,7 +511,10 @@ class GroupMember:
             self.awaiting_records = True
             try:
                 queued = [r for _, r in self.admission if r.scheduler is not None and r.scheduler.queued]
-                batch = await consumer.getmany(timeout_ms=0 if queued else 100 if self.admission.gated else 200)
+                batch = await consumer.getmany(
+                    timeout_ms=0 if queued else 100 if self.admission.gated else 200,
+                    max_records=settings.max_batch_records,
+                )
             finally:
                 self.awaiting_records = False
             if self.fatal is not None:
