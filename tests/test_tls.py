@@ -43,15 +43,30 @@ def tls_broker(pki: dict[str, str]) -> Iterator[EmbeddedBroker]:
         yield broker
 
 
+def _env(env: dict[str, str]) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}, **env}
+
+
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
     return subprocess.run(
         [sys.executable, "-m", "streamkit.cli", *args],
         cwd=ROOT,
-        env={**clean, **env},
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def start_cli(*args: str, **env: str) -> subprocess.Popen[str]:
+    """A command left running (a worker), its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamkit.cli", *args],
+        cwd=ROOT,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -77,14 +92,7 @@ def test_produce_consume_and_expand_over_tls(tls_broker: EmbeddedBroker, pki: di
             await p.flush()
 
     asyncio.run(produce(500))
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "streamkit.cli", "worker", "tests.tls_app:app"],
-        cwd=ROOT,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    worker = start_cli("worker", "tests.tls_app:app", **env)
     try:
         status = cli("status", "tests.tls_app:app", "--wait-caught-up", "60", **env)
         assert status.returncode == 0, status.stderr
@@ -204,15 +212,7 @@ def test_mutual_tls_and_no_secret_in_logs_status_or_dead_letters(client_pki: dic
             ssl_key_password=KEY_PASSWORD,
         )
         produce_json(conn, topic, [*((f"k{i % 20}", {"n": i}) for i in range(200)), ("bad", b"{not json")])
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "streamkit.cli", "--client-config", str(props)]
-            + ["worker", "tests.tls_app:app", "--log-level", "DEBUG"],
-            cwd=ROOT,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        worker = start_cli("--client-config", str(props), "worker", "tests.tls_app:app", "--log-level", "DEBUG", **env)
         try:
             status = cli(*options, "status", "tests.tls_app:app", "--wait-caught-up", "60", **env)
             assert status.returncode == 0, status.stderr
@@ -260,13 +260,7 @@ def test_a_rejected_login_is_one_line_without_the_password(mechanism: str) -> No
 
 
 def test_the_broker_command_serves_tls(pki: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamkit.cli", "broker", "--tls-cert", pki["cert"], "--tls-key", pki["key"]],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("broker", "--tls-cert", pki["cert"], "--tls-key", pki["key"])
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
