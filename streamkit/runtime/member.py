@@ -402,6 +402,13 @@ class GroupMember:
         self.job_p = self.assignor.info.p = job.p
         self.assignor.info.hosted = sorted(self.processors)
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
+        # below a seal, the joined processor's keys past where the old owner got are its own now
+        left = plan_left_history(
+            joined.id, job.p0, job.p, joined.positions, {(t, q) for t, q, _ in slots.get(joined.id, [])},
+            {t: self.services.registry.get(t) for t in self.app.handlers}, handled=old.positions,
+        )  # fmt: skip
+        if left.targets:
+            await self._rebuild(joined, generation, left)
         starts: dict[tuple[str, int], int | None] = {}
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
         for proc in (old, joined):
@@ -439,7 +446,7 @@ class GroupMember:
             what = "is behind the group here: rebuilding it from %d partitions (up to %d records) without output"
         else:  # no checkpoint before the end: a restart reads it again (a rebuild would emit nothing)
             plan = left
-            what = "still has keys in %d partitions it no longer reads (up to %d records): reading them first"
+            what = "still has keys in %d partitions it does not read (up to %d records): reading them first"
         log.info("%s: processor %d " + what, self.name, proc.id, len(plan.targets), plan.records)
         read = await rebuild(
             io=io,

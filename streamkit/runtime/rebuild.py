@@ -5,8 +5,9 @@ partitions that hold them now (S1), the partitions those were split from, partit
 shrink drained into them (given up since or not), and earlier incarnations of
 partitions created again by a later expansion (together: S2). A rebuild reads all of
 S2 from the store's positions (T2: 0 for a new store) up to a target per partition
-(T1: the group's position for the partitions the processor consumes; the end, read
-when the rebuild starts, for the others), and applies only the processor's keys:
+(T1: the group's position, for the partitions the processor consumes and for the others
+alike: beyond it, the group has not handled the records yet, and whoever takes them
+over must, with output), and applies only the processor's keys:
 
 - in each key's order across partitions: the gates of the whole history
   (``gating.compute_gate(history=True)``) hold a partition until the partitions its
@@ -111,13 +112,14 @@ async def plan_rebuild(
         ends = await io.high_watermarks(topic, sorted(sources))
         for part in sorted(sources):
             tp = TopicPartition(topic, part)
+            target = min(group_position(topic, part), ends[part])
             if part in owned:
                 plan.owned.add(tp)
                 if min(processors_for_partition(part, n0, n, p0, p)) == processor:
                     plan.keyless.add(tp)
-                plan.targets[tp] = min(group_position(topic, part), ends[part])
-            else:
-                plan.targets[tp] = ends[part]
+            elif layout is not None and (sealed := mixed_history_end(layout, part)) is not None:  # none beyond
+                target = min(target, sealed)
+            plan.targets[tp] = target
     return plan
 
 
@@ -128,14 +130,17 @@ def plan_left_history(
     positions: Mapping[tuple[str, int], int],
     owned: set[tuple[str, int]],
     layouts: Mapping[str, TopicLayout | None],
+    handled: Mapping[tuple[str, int], int] | None = None,
 ) -> RebuildPlan:
-    """What a processor must still read of partitions it no longer consumes: one it
-    shared until a topic expansion split it (the partition is whole for another processor
-    now) holds, below its seal, records of this processor's keys that it may not have
-    applied yet. They are read up to the seal with its key filter, before its own
-    partitions deliver anything (per-key order), with output from its own position there
-    (below it, its checkpoints flushed the output; the group's position of the partition
-    is the new owner's now, and says nothing of this processor's keys)."""
+    """What a processor must still read of partitions it does not consume: below a seal,
+    such a partition holds records of this processor's keys that it may not have applied
+    yet (one it shared until a topic expansion split it; or, for a processor that just
+    joined, one its keys' old owner had not read to the seal when it let go of them). They
+    are read up to the seal with its key filter, before its own partitions deliver
+    anything (per-key order), with output from its own position there (below it, its
+    checkpoints flushed the output; the group's position of the partition is the new
+    owner's now, and says nothing of this processor's keys), or from ``handled`` (where
+    the keys' old owner had handled them to) if that is further."""
     plan = RebuildPlan(processor, KeyFilter(bucket_modulus(processor, p0, p), frozenset({processor})))
     for (topic, part), pos in sorted(positions.items()):
         layout = layouts.get(topic)
@@ -148,7 +153,7 @@ def plan_left_history(
         if part in processor_key_sources(processor, {topic: (layout.n0, layout.active)}, p0, p, high_water=high)[topic]:
             tp = TopicPartition(topic, part)
             plan.targets[tp] = end
-            plan.output_from[tp] = pos
+            plan.output_from[tp] = max(pos, (handled or {}).get((topic, part), 0))
     return plan
 
 

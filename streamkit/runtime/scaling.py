@@ -34,6 +34,8 @@ import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from aiokafka import TopicPartition
+
 from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash
 from stores.rocksdb import RocksDBStore
@@ -46,7 +48,7 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLayout, publish_job
 from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.progress import ProgressLog
-from streamkit.runtime.rebuild import RebuildPlan, plan_rebuild, rebuild
+from streamkit.runtime.rebuild import plan_rebuild, rebuild
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -232,19 +234,20 @@ async def bootstrap_step(
                     "saved": sum(proc.loaded.positions.values())})  # fmt: skip
 
         checkpointed(0)
-        first: RebuildPlan | None = None
+        owned_ever: set[TopicPartition] = set()
+        reached: dict[TopicPartition, int] = {}
         while True:
             async with lock:
                 await progress.refresh()
             # the input topics as they are now: a layout change between rounds changes S1 and S2
             plan = await plan_rebuild(io, proc.id, job.p0, p_new, await topics(), progress.position)
-            if first is None:
-                first = plan
-            else:  # partitions it never owned held its keys only before the seals the first round read
-                earlier = {
-                    tp: end for tp, end in first.targets.items() if tp not in plan.owned and tp not in first.owned
-                }
-                plan.targets.update(earlier)
+            # partitions it never owned hold its keys only below seals: a layout change that
+            # drops one from S2 leaves it read as far as an earlier round got
+            owned_ever |= plan.owned
+            for tp, end in reached.items():
+                if tp not in owned_ever:
+                    plan.targets[tp] = max(plan.targets.get(tp, 0), end)
+            reached = {tp: end for tp, end in plan.targets.items() if tp not in owned_ever}
             owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
             replayed += await rebuild(
                 io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,

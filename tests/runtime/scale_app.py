@@ -3,12 +3,14 @@ one output record per input record (to the topic named by SK_TEST_OUT).
 
 With SK_TEST_CONCURRENCY=N the handler is async and key-concurrent: it awaits 1 ms per
 record, 200 ms for the slow keys k0..k3 (whose records queue up behind each other while
-other keys' records finish: checkpoints then carry IC ranges)."""
+other keys' records finish: checkpoints then carry IC ranges). With SK_TEST_DELAY_MS=D
+the handler takes D ms per record (a job that is slow to consume its backlog)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import streamkit
@@ -16,13 +18,15 @@ import streamkit
 SLOW_KEYS = {"k0", "k1", "k2", "k3"}
 
 
-def make_app(name: str, topic: str, out: str, concurrency: int = 1) -> streamkit.App:
+def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: float = 0.0) -> streamkit.App:
     app = streamkit.App(name, commit_interval=0.3)
     source = app.topic(topic)
     # key -> {producer: [count, last seq, disorder]}
     seen = app.table("seen", default=dict)
 
     def apply(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
         state = seen[key]
         count, last, disorder = state.get(value["p"], (0, -1, 0))
         state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
@@ -46,4 +50,5 @@ app = make_app(
     os.environ.get("SK_TEST_TOPIC", "scale-input"),
     os.environ.get("SK_TEST_OUT", "scale-output"),
     int(os.environ.get("SK_TEST_CONCURRENCY", "1")),
+    float(os.environ.get("SK_TEST_DELAY_MS", "0")),
 )

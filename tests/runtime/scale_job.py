@@ -221,14 +221,42 @@ class ScaleJob:
 
         outputs: dict[tuple[str, str], list[int]] = {}
         owners = {c: {k: lh_bucket(key_hash(f"k{k}".encode()), self.p0, c) for k in range(KEYS)} for c in counts}
+        emitted_by: dict[tuple[str, str, int], int] = {}
         for rec in asyncio.run(read_out()):
             v = orjson.loads(rec.value)
             outputs.setdefault((rec.key.decode(), v["p"]), []).append(v["seq"])
+            emitted_by[(rec.key.decode(), v["p"], v["seq"])] = v["processor"]
             if counts:
                 k = int(rec.key.decode()[1:])
                 assert v["processor"] in {owners[c][k] for c in counts}, f"k{k} handled by processor {v['processor']}"
         for key, per in expected.items():
             for producer, (count, last, _) in per.items():
                 firsts = list(dict.fromkeys(outputs.get((key, producer), [])))
-                assert len(firsts) == count and firsts[-1] == last, (key, producer, len(firsts), count)
+                if len(firsts) != count or firsts[-1] != last:
+                    raise AssertionError(self._missing_output(key, producer, firsts, count, emitted_by))
                 assert firsts == sorted(firsts), f"{key}/{producer}: outputs out of order"
+
+    def _missing_output(
+        self, key: str, producer: str, firsts: list[int], count: int, emitted_by: dict[tuple[str, str, int], int]
+    ) -> str:
+        """Which of a key's outputs are missing, where their input records lie, and which
+        processors emitted the outputs around them."""
+        seqs = [s for s in range(int(key[1:]), int(key[1:]) + KEYS * count, KEYS)]
+        missing = sorted(set(seqs) - set(firsts))
+
+        async def inputs() -> dict[int, str]:
+            async with KafkaIO(self.broker) as io:
+                found = {}
+                for rec in await io.read_topic(self.topic):
+                    v = orjson.loads(rec.value)
+                    if rec.key.decode() == key and v["p"] == producer:
+                        found[v["seq"]] = f"{rec.partition}@{rec.offset}"
+                return found
+
+        where = asyncio.run(inputs())
+        around = {s: emitted_by.get((key, producer, s)) for m in missing for s in (m - KEYS, m + KEYS)}
+        return (
+            f"{key}/{producer}: {len(firsts)} outputs of {count}; missing seqs {missing} "
+            f"(input at {[where.get(m) for m in missing]}); emitted by processors {around}; "
+            f"inputs before/after {[where.get(m - KEYS) for m in missing]} {[where.get(m + KEYS) for m in missing]}"
+        )

@@ -102,6 +102,55 @@ def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(bro
     assert "processor 1's store was for 4 processors, the job has 3: replaced by its staging store" in logs
 
 
+@pytest.mark.soak
+def test_a_processor_joining_while_the_old_owner_is_behind_a_seal_emits_its_keys_there(
+    broker: str, tmp_path: Path
+) -> None:
+    """Processor 2 joins while processor 0 is still far below the seal of partition 0 (a
+    backlog from before the topic grew from 2 to 4 partitions, consumed slowly): processor
+    2's keys in partition 0 above processor 0's position were handled by nobody yet, and
+    processor 2 must apply them with output (its bootstrap read only what processor 0 had
+    handled)."""
+    job = ScaleJob(broker, tmp_path)
+    job.env.update(SK_TEST_DELAY_MS="3", STREAMKIT_MAX_BATCH_RECORDS="50")
+    scales = []
+
+    async def scenario() -> None:
+        async with KafkaIO(broker) as io:
+            async with LayoutCoordinator(job.broker, ack_timeout=5.0) as co:
+                await co.create(job.topic, 2, capacity=job.partitions)
+                await io.create_topic(job.out, 2)
+                job.start_producer(rate=3000)
+
+                async def backlog() -> bool:
+                    return sum((await io.high_watermarks(job.topic, [0, 1])).values()) >= 3000
+
+                await job.wait_for(io, "a backlog of 3000 records", backlog)
+                reports.extend(await asyncio.to_thread(job.stop_producers))
+                await co.expand(job.topic, 4)
+            job.start_worker()
+            await job.wait_growth(io, 50)
+            below_seal = await io.committed(job.group, job.topic, [0])
+            result = await asyncio.to_thread(job.scale, "--processors", "3")
+            scales.append((below_seal, result))
+            assert result.returncode == 0, result.stdout + result.stderr
+            await job.wait_consumed(io)
+        job.stop_workers()
+
+    reports: list = []
+    try:
+        asyncio.run(scenario())
+    finally:
+        job.cleanup()
+    below_seal, result = scales[0]
+    assert "processor 2: takes over the keys of processor 0" in result.stdout, result.stdout
+    logs = job.logs()
+    assert "processor 2 took over its partitions from processor 0 in place" in logs
+    assert below_seal.get(0, 0) < 1000, f"processor 0 was at {below_seal} before the scale change started"
+    assert "processor 2 still has keys in 1 partitions it does not read" in logs
+    job.verify(reports, 3, counts=(2, 3))
+
+
 async def _absent(path: Path) -> bool:
     return not path.exists()
 
