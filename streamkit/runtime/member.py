@@ -107,6 +107,7 @@ class GroupMember:
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             max_poll_interval_ms=s.max_poll_interval_ms,
             fetch_max_bytes=s.fetch_max_bytes,
+            fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_partition_fetch_bytes,
         )
         self.admission = Admission(self.consumer, group=app.group_id, name=self.name)

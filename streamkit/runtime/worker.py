@@ -99,7 +99,9 @@ class Worker:
         registry.watch(0.2)
         progress = ProgressLog(io, self._producer, app.group_id)
         await progress.start()
-        self._output_producer = await Producer(bootstrap, client_id=self.client_id).start()
+        self._output_producer = await Producer(
+            bootstrap, client_id=self.client_id, linger_ms=app.settings.output_linger_ms
+        ).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
         self.services = Services(
             connection=bootstrap,
