@@ -18,6 +18,10 @@ BLOOM_BITS_PER_KEY = 10
 costs one filter probe instead of a read of every level: about 1% false positives."""
 
 
+MEMTABLE_BLOOM_RATIO = 0.1
+"""The share of a memtable's size given to its bloom filter."""
+
+
 def store_options(configure: Configure | None = None) -> Options:
     """The raw-mode ``Options`` every store (and every SST for it) uses."""
     opts = Options(raw_mode=True)
@@ -28,6 +32,10 @@ def store_options(configure: Configure | None = None) -> Options:
     opts.set_keep_log_file_num(2)
     opts.set_max_log_file_size(1 << 20)
     opts.set_block_based_table_factory(_table_options())
+    # A point read looks in the memtables first: a bloom filter over their whole keys
+    # spares the skip-list search for a key they lack (a new key, or one flushed).
+    opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+    opts.set_memtable_whole_key_filtering(True)
     if configure is not None:
         configure(opts)
     return opts
