@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -157,7 +156,6 @@ def main() -> None:
 
     from streamkit.broker import EmbeddedBroker
 
-    os.environ.setdefault("PYTHONPATH", str(ROOT))
     rows = []
     with tempfile.TemporaryDirectory(prefix="sk-latency-") as tmp:
         for c in contenders:  # a broker each: the test broker slows down as its logs grow

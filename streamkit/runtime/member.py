@@ -281,12 +281,7 @@ class GroupMember:
                     except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                         self.fatal = exc
                         return
-                left = plan_left_history(
-                    pid, assignment.p0, assignment.p, proc.positions, {(t, q) for t, q, _ in slots},
-                    {t: registry.get(t) for t in self.app.handlers},
-                )  # fmt: skip
-                if left.targets:
-                    await self._rebuild(proc, generation, left)
+                await self._read_left_history(proc, generation, assignment.p0, assignment.p, slots)
                 self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts, shared_starts)
                 self._add_sweeps(proc, assignment.sweeps.get(pid, []), starts)
             for tp in self.admission.routes:
@@ -404,12 +399,7 @@ class GroupMember:
         self.assignor.info.hosted = sorted(self.processors)
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
-        left = plan_left_history(
-            joined.id, job.p0, job.p, joined.positions, {(t, q) for t, q, _ in slots.get(joined.id, [])},
-            {t: self.services.registry.get(t) for t in self.app.handlers}, handled=old.positions,
-        )  # fmt: skip
-        if left.targets:
-            await self._rebuild(joined, generation, left)
+        await self._read_left_history(joined, generation, job.p0, job.p, slots.get(joined.id, []), old.positions)
         starts: dict[tuple[str, int], int | None] = {}
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
         for proc in (old, joined):
@@ -430,6 +420,24 @@ class GroupMember:
         """Per input topic: its layout (None: a plain topic) and physical partition count."""
         io, registry = self.services.io, self.services.registry
         return {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
+
+    async def _read_left_history(
+        self,
+        proc: ProcessorState,
+        generation: int,
+        p0: int,
+        p: int,
+        slots: list[PartitionSlot],
+        handled: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Read what ``proc`` still lacks of partitions it does not consume (``plan_left_history``)."""
+        registry = self.services.registry
+        left = plan_left_history(
+            proc.id, p0, p, proc.positions, {(t, q) for t, q, _ in slots},
+            {t: registry.get(t) for t in self.app.handlers}, handled,
+        )  # fmt: skip
+        if left.targets:
+            await self._rebuild(proc, generation, left)
 
     async def _rebuild(self, proc: ProcessorState, generation: int, left: RebuildPlan | None = None) -> None:
         """Bring a processor whose store is behind the group (new on this machine, or an

@@ -241,7 +241,7 @@ class ScaleJob:
     ) -> str:
         """Which of a key's outputs are missing, where their input records lie, and which
         processors emitted the outputs around them."""
-        seqs = [s for s in range(int(key[1:]), int(key[1:]) + KEYS * count, KEYS)]
+        seqs = range(int(key[1:]), int(key[1:]) + KEYS * count, KEYS)
         missing = sorted(set(seqs) - set(firsts))
 
         async def inputs() -> dict[int, str]:
