@@ -1,8 +1,8 @@
 """Write-back cache of one store table, holding *deserialised* values.
 
 The processor loop's per-record state access goes through ``CachedTable``:
-``get`` is one dict lookup on a hit, ``__setitem__`` is one dict store plus one
-set add.  Nothing is serialised and RocksDB is not touched until the
+``get`` is one dict lookup on a hit, ``__setitem__`` is two dict stores (the
+cache, and the dirty entries of this checkpoint interval).  Nothing is serialised and RocksDB is not touched until the
 checkpoint, when :meth:`CachedTable.pending` serialises each dirty key once
 (however often it was updated) and the runtime commits all tables together
 with the checkpoint::
@@ -27,14 +27,19 @@ Rules for callers:
   (a restore, another ``CachedTable`` on the same table), call
   :meth:`invalidate`.
 
+Dirty entries.  The keys changed since the last checkpoint are kept with their
+values in a second dict, so a checkpoint serialises them from there: at a million
+keys, looking each one up again in the cache (memory the CPU cache has long lost)
+cost more than serialising it.
+
 Memory bound.  ``max_cached`` is enforced in :meth:`mark_clean` (between
-checkpoints only dirty entries are pinned, and they must stay).  Eviction is
-LRU by *write*: entries are kept in dict insertion order, the keys written
-during the last interval are moved to the back, and the oldest entries are
-dropped until ``max_cached`` remain.  Keys that are only read drift to the
+checkpoints only dirty entries are pinned, and they must stay).  Eviction is a
+clock over dict insertion order: entries are taken from the front; one written
+during the last interval gets a second chance (it moves to the back), any other
+is dropped, until ``max_cached`` remain.  Keys that are only read drift to the
 front and are evicted first; a read-hot key evicted this way costs one store
-read to come back.  Reads do not reorder entries because that would put a
-dict delete + insert on the hottest path.
+read to come back.  Neither reads nor writes reorder entries on the hot path,
+and a checkpoint touches only the entries at the front, not every key written.
 
 Byte bound.  With a :class:`CacheBudget` the limit is also in bytes: the budget's
 bytes are shared equally by the tables that joined it (every table of every processor
@@ -162,7 +167,8 @@ class CachedTable:
         if budget is not None:
             budget.join()
         self._cache: dict[Any, Any] = {}
-        self._dirty: set[Any] = set()
+        self._dirty: dict[Any, Any] = {}
+        """The entries changed since the last checkpoint, as in the cache (``_ABSENT``: deleted)."""
         self._kdumps = self.key_serde.dumps
         self._kloads = self.key_serde.loads
         self._vdumps = self.value_serde.dumps
@@ -194,7 +200,7 @@ class CachedTable:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._cache[key] = value
-        self._dirty.add(key)
+        self._dirty[key] = value
 
     def __delitem__(self, key: Any) -> None:
         self.pop(key)
@@ -213,7 +219,7 @@ class CachedTable:
             value = self._load(key)
         if value is _ABSENT:
             self._cache[key] = default
-            self._dirty.add(key)
+            self._dirty[key] = default
             return default
         return value
 
@@ -227,7 +233,7 @@ class CachedTable:
                 raise KeyError(key)
             return default
         self._cache[key] = _ABSENT
-        self._dirty.add(key)
+        self._dirty[key] = _ABSENT
         return value
 
     # -- checkpoint support ----------------------------------------------------
@@ -235,15 +241,14 @@ class CachedTable:
     def pending(self) -> dict[bytes, bytes | None]:
         """The uncommitted changes, serialised: ``{key_bytes: value_bytes or None (delete)}``.
         Does not change the cache; call :meth:`mark_clean` once they are committed."""
-        cache = self._cache
         kdumps = self._kdumps
         vdumps = self._vdumps
-        return {kdumps(k): (None if (v := cache[k]) is _ABSENT else vdumps(v)) for k in self._dirty}
+        return {kdumps(k): (None if v is _ABSENT else vdumps(v)) for k, v in self._dirty.items()}
 
     def changes(self) -> PendingChanges:
         """The same changes as :meth:`pending`, serialised one at a time as a commit reads
         them: a commit of many keys never holds all their serialised values at once."""
-        return PendingChanges(self._cache, self._dirty, self._kdumps, self._vdumps)
+        return PendingChanges(self._dirty, self._kdumps, self._vdumps)
 
     @property
     def dirty_count(self) -> int:
@@ -264,10 +269,9 @@ class CachedTable:
         return min(self.max_cached, int(self.budget.share / self.entry_bytes))
 
     def _measure(self) -> None:
-        cache = self._cache
         sizes = [
-            deep_size(k) + (0 if (v := cache[k]) is _ABSENT else deep_size(v)) + ENTRY_OVERHEAD
-            for k in islice(self._dirty, SAMPLE)
+            deep_size(k) + (0 if v is _ABSENT else deep_size(v)) + ENTRY_OVERHEAD
+            for k, v in islice(self._dirty.items(), SAMPLE)
         ]
         if sizes:
             now = sum(sizes) / len(sizes)
@@ -281,11 +285,15 @@ class CachedTable:
         if self.budget is not None:
             self._measure()
         excess = len(cache) - self.limit
-        if excess > 0:
-            for k in dirty:
-                cache[k] = cache.pop(k)  # most recently written go to the back
+        spared = 0  # each written entry is spared once: the loop ends
+        while excess > 0:
             for k in list(islice(cache, excess)):
-                del cache[k]
+                if spared < len(dirty) and k in dirty:
+                    cache[k] = cache.pop(k)  # written in the last interval: a second chance
+                    spared += 1
+                else:
+                    del cache[k]
+                    excess -= 1
         dirty.clear()
 
     def discard(self) -> None:
@@ -313,9 +321,8 @@ class CachedTable:
         """``(key, value)`` of the merged view (store overlaid with uncommitted
         changes), in the store's key order (ascending serialised key).  The
         uncommitted changes are captured when this is called."""
-        cache = self._cache
         kdumps = self._kdumps
-        overlay = sorted(((kdumps(k), k, cache[k]) for k in self._dirty), key=_first)
+        overlay = sorted(((kdumps(k), k, v) for k, v in self._dirty.items()), key=_first)
         return self._merge(overlay, self.store.items(self.table))
 
     def _merge(
@@ -365,10 +372,10 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
     a checkpoint; a store's commit that reads these one by one into its write batch
     keeps one alive at a time."""
 
-    __slots__ = ("_cache", "_dirty", "_kdumps", "_vdumps")
+    __slots__ = ("_dirty", "_kdumps", "_vdumps")
 
-    def __init__(self, cache: dict[Any, Any], dirty: set[Any], kdumps: Any, vdumps: Any) -> None:
-        self._cache, self._dirty, self._kdumps, self._vdumps = cache, dirty, kdumps, vdumps
+    def __init__(self, dirty: dict[Any, Any], kdumps: Any, vdumps: Any) -> None:
+        self._dirty, self._kdumps, self._vdumps = dirty, kdumps, vdumps
 
     def __len__(self) -> int:
         return len(self._dirty)
@@ -377,9 +384,8 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
         return map(self._kdumps, self._dirty)
 
     def items(self) -> Iterator[tuple[bytes, bytes | None]]:  # type: ignore[override]
-        cache, kdumps, vdumps = self._cache, self._kdumps, self._vdumps
-        for k in self._dirty:
-            v = cache[k]
+        kdumps, vdumps = self._kdumps, self._vdumps
+        for k, v in self._dirty.items():
             yield kdumps(k), (None if v is _ABSENT else vdumps(v))
 
     def __getitem__(self, key: bytes) -> bytes | None:

@@ -183,6 +183,27 @@ def test_eviction_bounds_memory_and_keeps_recent_writes() -> None:
     assert store.gets == gets + 1
 
 
+def test_eviction_spares_a_key_written_last_interval_wherever_it_entered() -> None:
+    store = CountingStore()
+    t = CachedTable(store, "t", "int", "int", max_cached=10)
+    for i in range(100):
+        t.get(i)  # 0 entered first: the front of the cache
+    t[0] = 7  # written in place: it stays at the front
+    commit_cached(store, [t], CP)
+    assert t.cached_count == 10
+    gets = store.gets
+    assert t[0] == 7  # spared: no store read
+    for i in range(91, 100):  # the newest reads fill the rest
+        assert t.get(i) is None
+    assert store.gets == gets
+    t[5] = 5  # a second interval with more written keys than the limit: all are kept until written
+    for i in range(20, 40):
+        t[i] = i
+    commit_cached(store, [t], CP)
+    assert t.cached_count == 10
+    assert dict(t.items()) == {0: 7, 5: 5, **{i: i for i in range(20, 40)}}
+
+
 def test_eviction_zero_keeps_nothing() -> None:
     store = MemoryStore(["t"])
     t = CachedTable(store, "t", "int", "int", max_cached=0)
