@@ -9,7 +9,7 @@ notes the time of every call; a checkpoint shows as the gap between two calls. P
 per mode: the longest gaps, the number of gaps over 5 ms (checkpoints, and any wait for a fetch) and records/s.
 
 - ``bounded``: default settings; a checkpoint starts as soon as the processor changed
-  ``checkpoint_dirty_keys`` keys (20,000), so no checkpoint writes more.
+  ``checkpoint_dirty_keys`` keys (50,000), so no checkpoint writes more.
 - ``one-checkpoint``: that bound and the timer off, ``commit_every`` = ``--keys``: the
   first checkpoint writes every key at once (the case the bound removes).
 

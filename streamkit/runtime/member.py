@@ -548,7 +548,7 @@ class GroupMember:
             if self.processors and (
                 self._since_checkpoint >= settings.commit_every
                 or now >= self._next_checkpoint
-                or self._most_dirty() >= settings.checkpoint_dirty_keys
+                or self._dirty_keys() >= settings.checkpoint_dirty_keys
             ):
                 async with lock:
                     await self._checkpoint()
@@ -556,10 +556,10 @@ class GroupMember:
                 self._since_checkpoint = 0
                 self._next_checkpoint = time.monotonic() + settings.commit_interval
 
-    def _most_dirty(self) -> int:
-        """The most keys one processor changed since its last checkpoint (the next
-        checkpoint's work, so its pause)."""
-        return max((sum(c.dirty_count for c in p.caches.values()) for p in self.processors.values()), default=0)
+    def _dirty_keys(self) -> int:
+        """The keys the hosted processors changed since the last checkpoint: what the next
+        one writes (it commits every processor at once), so its pause."""
+        return sum(c.dirty_count for p in self.processors.values() for c in p.caches.values())
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         for tp, fetched in batch.items():

@@ -1,4 +1,4 @@
-"""A checkpoint starts as soon as a processor has changed ``checkpoint_dirty_keys`` keys,
+"""A checkpoint starts as soon as a member's processors have changed ``checkpoint_dirty_keys`` keys,
 whatever the timer and the record count say, so that no checkpoint writes (and pauses
 for) more than that; the state stays exact."""
 
