@@ -58,6 +58,14 @@ class Settings(BaseSettings):
         "the last checkpoint: a checkpoint's pause grows with the keys it writes (about 1.5 µs each) and the "
         "cache holds them until then; fewer keys per checkpoint cost throughput",
     )
+    layout_poll_interval: float = Field(
+        0.2,
+        gt=0,
+        le=60,
+        description="seconds between a worker's looks at the layout registry for layout changes, for its consumers "
+        "and its output producer (at least 0.1 s for the producer); a consumer also learns of a change from a record "
+        "stamped with a newer epoch",
+    )
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(1_000, ge=100)
     max_poll_interval_ms: int = Field(300_000, ge=1000)

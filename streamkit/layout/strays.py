@@ -29,7 +29,7 @@ and its checkpoint; the receiving processor drops the second copy by its origin
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,16 @@ from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash_cached
 from streamkit.layout.model import ChangeKind, TopicLayout
 
-__all__ = ["STRAY_HEADER", "SeenStrays", "StrayRule", "encode_origin", "parse_origin", "stray_rule"]
+__all__ = [
+    "STRAY_HEADER",
+    "SeenStrays",
+    "StrayRule",
+    "activation",
+    "encode_origin",
+    "parse_origin",
+    "stray_rule",
+    "sweep_end",
+]
 
 STRAY_HEADER = "streamkit.stray.from"
 """On a forwarded stray: ``b"PARTITION:OFFSET"`` of the record it copies (same topic)."""
@@ -72,11 +81,21 @@ class StrayRule:
     moduli: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     """Per segment: for each count in force at which the partition exists, the modulus
     ``M`` of its keys there (``hash % M == partition``; ``bucket_modulus``)."""
+    in_place: set[bytes] = field(default_factory=set, init=False, repr=False, compare=False)
+    """Keys found in place in the last segment, where the records read now lie: a record
+    of one of them is not hashed again (at most ``KNOWN_IN_PLACE`` keys, then forgotten)."""
 
     def __post_init__(self) -> None:
         p, n0 = self.partition, self.n0
         moduli = tuple(tuple(sorted({bucket_modulus(p, n0, n) for n in a if p < n})) for a in self.actives)
         object.__setattr__(self, "moduli", moduli)
+
+    def known_in_place(self, offset: int) -> set[bytes] | None:
+        """The keys known in place at ``offset`` and beyond (None: not tracked there, the
+        last segment does not start before ``offset``, or holds no key of the partition)."""
+        if self.everything or offset < self.starts[-1] or len(self.moduli[-1]) != 1:
+            return None
+        return self.in_place
 
     def is_stray(self, offset: int, key_hash: int | None) -> bool:
         if self.everything:
@@ -106,11 +125,27 @@ class StrayRule:
                 out += run
             elif len(ms) == 1:
                 m = ms[0]
-                out += [r for r in run if (rk := r.key) is not None and key_hash_cached(rk) % m != p]
+                found = [r for r in run if (rk := r.key) is not None and key_hash_cached(rk) % m != p]
+                out += found
+                if seg == len(starts) - 1:
+                    self._learn(run, found)
             else:
                 out += [r for r in run if (rk2 := r.key) is not None and _outside(key_hash_cached(rk2), ms, p)]
             i = j
         return out
+
+    def _learn(self, run: Sequence[Any], strays: list[Any]) -> None:
+        known = self.in_place
+        if len(known) > KNOWN_IN_PLACE:
+            known.clear()
+        if strays:
+            out = {id(r) for r in strays}
+            known.update(rk for r in run if (rk := r.key) is not None and id(r) not in out)
+        else:
+            known.update(rk for r in run if (rk := r.key) is not None)
+
+
+KNOWN_IN_PLACE = 1 << 16
 
 
 def _offset_of(record: Any) -> int:
@@ -129,10 +164,41 @@ def _needs_rule(layout: TopicLayout) -> bool:
     return changed or layout.physical != layout.n0 or layout.active != layout.n0
 
 
-def stray_rule(layout: TopicLayout | None, partition: int, *, swept: bool = False) -> StrayRule | None:
+def activation(layout: TopicLayout, partition: int) -> int | None:
+    """The announce offset of the expansion that made ``partition`` active last, if it
+    had been reserved or given up (mode None) before: where its sweep was to end."""
+    for s in reversed(layout.seals):
+        if s.kind == ChangeKind.EXPAND and partition in s.partitions:
+            return s.announce_offset(partition)
+    return None
+
+
+def sweep_end(
+    layout: TopicLayout | None, partition: int, ends: Mapping[int, int], last_commit_swept: bool, start: int
+) -> tuple[int, int] | None:
+    """``(activation offset, end)`` for a processor about to apply ``partition`` in place
+    from ``start``, when it is the first to since an expansion activated the partition
+    (no end recorded for that activation, and the group's position was last moved by a
+    sweep, or never): the sweep ended where the group got, or at the activation. None
+    otherwise (the end is known, or the records there were applied in place)."""
+    if layout is None:
+        return None
+    activated = activation(layout, partition)
+    if activated is None or activated in ends or not last_commit_swept:
+        return None
+    return activated, max(activated, start)
+
+
+def stray_rule(
+    layout: TopicLayout | None, partition: int, *, swept: bool = False, sweep_ends: Mapping[int, int] | None = None
+) -> StrayRule | None:
     """The rule for ``partition`` under ``layout`` (None: no record there can be a stray).
 
-    ``swept``: the partition is read only to forward what lies in it (mode None)."""
+    ``swept``: the partition is read only to forward what lies in it (mode None).
+    ``sweep_ends``: per activation offset of the partition (:func:`activation`), where the
+    group's sweep of it actually ended: a sweep that had not yet learnt of the expansion
+    forwarded records beyond its announce offset, so the layout after it is in force on
+    the partition from there (below, every unstamped record is a stray)."""
     if layout is None or not _needs_rule(layout):
         return None
     if swept:
@@ -147,6 +213,8 @@ def stray_rule(layout: TopicLayout | None, partition: int, *, swept: bool = Fals
         spans.append((begin, until, active))
         announced = s.announce_offset(partition)
         begin = 0 if announced is None else announced  # a partition created by it starts empty
+        if sweep_ends and announced is not None and s.kind == ChangeKind.EXPAND and partition in s.partitions:
+            begin = max(begin, sweep_ends.get(announced, begin))
         active = s.new_active
     spans.append((begin, None, active))
     bounds = sorted({0, *(b for b, _, _ in spans), *(u for _, u, _ in spans if u is not None)})

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +65,15 @@ log = logging.getLogger(__name__)
 
 _STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
 """The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
+
+
+SweepEnds = Callable[[str, int], Mapping[int, int]]
+"""Per (topic, partition): where the group's sweeps of it ended, by activation offset
+(``ProgressLog.sweep_ends``)."""
+
+
+def _no_sweep_ends(topic: str, partition: int) -> Mapping[int, int]:
+    return {}
 
 
 class ConsumerControl(Protocol):
@@ -112,8 +121,12 @@ class Admission:
     route admits the records of the answer on its own (a route ahead drops what it
     applied already)."""
 
-    def __init__(self, consumer: ConsumerControl, *, group: str, name: str) -> None:
+    def __init__(
+        self, consumer: ConsumerControl, *, group: str, name: str, sweep_ends: SweepEnds | None = None
+    ) -> None:
         self.consumer = consumer
+        self.sweep_ends: SweepEnds = sweep_ends or _no_sweep_ends
+        """Where the group's sweeps of activated partitions ended (the stray rule's)."""
         self.group = group
         self.name = name
         self.routes: dict[TopicPartition, list[Route]] = {}
@@ -221,7 +234,15 @@ class Admission:
         assert rule is not None
         if rule.everything:
             return [], records
-        odd = [r for r in records if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
+        known = rule.known_in_place(records[0].offset)
+        if known is None:
+            odd = [r for r in records if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
+        else:  # a bare record of a key found in place before is in place
+            odd = [
+                r for r in records
+                if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
+                or (not h and r.key not in known)
+            ]  # fmt: skip
         if not odd:
             return records, []
         seen = route.proc.seen_strays
@@ -380,7 +401,7 @@ class Admission:
         if route.layout is not layout:
             route.layout = layout
             route.epoch_bytes = epoch_stamp(layout)
-            route.strays = stray_rule(layout, tp.partition)
+            route.strays = stray_rule(layout, tp.partition, sweep_ends=self.sweep_ends(tp.topic, tp.partition))
         pos = route.position
         if pos < gate.start and route.strays is None:  # records below belong to an earlier incarnation
             if pos > 0:

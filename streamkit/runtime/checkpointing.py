@@ -58,6 +58,8 @@ class Slot:
     """The group's committed offset for this processor, as last known."""
     sharers: tuple[int, ...] = ()
     """Every processor sharing the partition by key range (empty: a whole partition)."""
+    swept: bool = False
+    """The processor only sweeps the partition (forwards its strays, applies nothing)."""
 
 
 async def checkpoint(
@@ -130,7 +132,8 @@ async def checkpoint(
     t3 = time.monotonic()
     if not committed and not ic:
         return committed
-    await progress.record(member, generation, epochs, whole, shares, ic)
+    swept = [(s.tp.topic, s.tp.partition) for s in slots if s.swept]
+    await progress.record(member, generation, epochs, whole, shares, ic, swept=swept)
     t4 = time.monotonic()
     meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
     offsets = {

@@ -27,6 +27,7 @@ from assignors.group import (
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.strays import stray_rule, sweep_end
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
@@ -110,7 +111,9 @@ class GroupMember:
             fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_partition_fetch_bytes,
         )
-        self.admission = Admission(self.consumer, group=app.group_id, name=self.name)
+        self.admission = Admission(
+            self.consumer, group=app.group_id, name=self.name, sweep_ends=services.progress.sweep_ends
+        )
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
 
     # -- what the worker reads -------------------------------------------------------------
@@ -259,6 +262,7 @@ class GroupMember:
             self.job_p = assignment.p
             starts: dict[tuple[str, int], int | None] = {}
             shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
+            ends: dict[tuple[str, int, int], int] = {}
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
                 proc = await open_for_count(
@@ -282,11 +286,12 @@ class GroupMember:
                         self.fatal = exc
                         return
                 await self._read_left_history(proc, generation, assignment.p0, assignment.p, slots)
-                self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts, shared_starts)
+                ends.update(self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts,
+                                             shared_starts))  # fmt: skip
                 self._add_sweeps(proc, assignment.sweeps.get(pid, []), starts)
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
-            await progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
+            await self._record_starts(generation, starts, shared_starts, ends)
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
@@ -333,15 +338,24 @@ class GroupMember:
         p: int,
         starts: dict[tuple[str, int], int | None],
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]],
-    ) -> None:
-        """Route ``proc``'s slots (the consumer is sought afterwards); note where each starts."""
+    ) -> dict[tuple[str, int, int], int]:
+        """Route ``proc``'s slots (the consumer is sought afterwards); note where each starts.
+        Returns the sweep ends it decided (see :func:`sweep_end`), to be recorded."""
         progress, registry = self.services.progress, self.services.registry
+        decided: dict[tuple[str, int, int], int] = {}
         for topic, part, key_filter in slots:
             sharers = sharers_of.get((topic, part), ()) if key_filter is not None else ()
             group_pos = progress.position(topic, part, proc.id if sharers else None)
+            layout = registry.get(topic)
+            ends = dict(progress.sweep_ends(topic, part))
+            end = sweep_end(layout, part, ends, progress.last_commit_swept(topic, part),
+                            max(group_pos, proc.positions.get((topic, part), 0)))  # fmt: skip
+            if end is not None:
+                ends[end[0]] = decided[(topic, part, end[0])] = end[1]
             route = Route.for_slot(
-                proc, self.app.handlers[topic], (topic, part), group_pos, registry.get(topic),
+                proc, self.app.handlers[topic], (topic, part), group_pos, layout,
                 key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.app.settings.max_ic_ranges,
+                sweep_ends=ends,
             )  # fmt: skip
             self.admission.add(TopicPartition(topic, part), route)
             if sharers:
@@ -351,6 +365,25 @@ class GroupMember:
             if group_pos > route.position:
                 log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
                          self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
+        return decided
+
+    async def _record_starts(
+        self,
+        generation: int,
+        starts: dict[tuple[str, int], int | None],
+        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]],
+        sweep_ends: dict[tuple[str, int, int], int],
+    ) -> None:
+        """Record where the routes start (sweeps marked) and the sweep ends decided; the
+        log's first sweep end of a partition is the one every reader uses."""
+        progress = self.services.progress
+        swept = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept]
+        await progress.record(
+            self.name, generation, self.layout_epochs, starts, shared_starts, swept=swept, sweep_ends=sweep_ends
+        )
+        for tp, route in self.admission:
+            if sweep_ends and not route.swept:
+                route.strays = stray_rule(route.layout, tp.partition, sweep_ends=progress.sweep_ends(*tp))
 
     def _add_sweeps(
         self, proc: ProcessorState, sweeps: list[tuple[str, int]], starts: dict[tuple[str, int], int | None]
@@ -402,12 +435,13 @@ class GroupMember:
         await self._read_left_history(joined, generation, job.p0, job.p, slots.get(joined.id, []), old.positions)
         starts: dict[tuple[str, int], int | None] = {}
         shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
+        ends: dict[tuple[str, int, int], int] = {}
         for proc in (old, joined):
-            self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts)
+            ends.update(self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts))
             self._add_sweeps(proc, sweeps.get(proc.id, []), starts)
         for tp in moving:
             self.consumer.seek(tp, self.admission.fetch_position(tp))
-        await self.services.progress.record(self.name, generation, self.layout_epochs, starts, shared_starts)
+        await self._record_starts(generation, starts, shared_starts, ends)
         await self.dispatcher.fire(
             self.app.keys_assigned_callbacks, by_processor((tp, r) for tp, r in self.admission if r.proc is joined)
         )
@@ -469,6 +503,7 @@ class GroupMember:
             checkpoint_every=self.app.settings.commit_every if left is None else 1 << 62,
             extra={"p": self.job_p},
             before_checkpoint=self._send_output,
+            sweep_ends=progress.sweep_ends,
         )
         log.info(
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
@@ -585,7 +620,7 @@ class GroupMember:
                 generation=self.assigned_generation,
                 layout_epochs=self.layout_epochs,
                 processors=self.processors.values(),
-                slots=[checkpointing.Slot(tp, r.proc, r.committed, r.sharers) for tp, r in self.admission],
+                slots=[checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept) for tp, r in self.admission],
                 progress=self.services.progress,
                 flush_output=self.services.output.flush,
                 commit_offsets=self.consumer.commit,

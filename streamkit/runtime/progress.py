@@ -15,7 +15,12 @@ Records (topic `__streamkit_progress`, one partition, key = group):
      "shares": [[topic, partition, processor, offset|null, [sharers]]],
      "ic": [[topic, partition, processor, stable offset, IC ranges (icranges.encode)]]}
 `offset` null is a fence: "generation `gen` owns this partition now" (written when an
-assignment arrives, before the member knows its positions).
+assignment arrives, before the member knows its positions). Optional:
+    "swept": [[topic, partition]]: which of "parts" a sweep committed (a partition no
+        layout reads, read only to forward its strays);
+    "sweep_ends": [[topic, partition, activation offset, end]]: where the sweep of a
+        partition that an expansion activated ended (the first record of the partition
+        the group applies in place; the first such record in the log wins).
 
 A shared partition (several processors each own a key range of it, possibly on
 different members) has one position per sharer, under "shares", with the list of all
@@ -62,6 +67,8 @@ class _Owner:
     """Empty: one processor owns the whole partition."""
     shares: dict[int, int] = field(default_factory=dict)
     floor: int = 0
+    swept: bool = False
+    """The offset was committed by a sweep (strays forwarded, nothing applied)."""
 
     def settle(self) -> None:
         if self.sharers and all(p in self.shares for p in self.sharers):
@@ -77,6 +84,7 @@ class ProgressLog:
     _offset: int = 0
     rejected: list[Rejected] = field(default_factory=list)
     _ic: dict[Share, tuple[int, str]] = field(default_factory=dict)
+    _sweep_ends: dict[TP, dict[int, int]] = field(default_factory=dict)
 
     async def start(self) -> None:
         await self.io.create_topic(PROGRESS_TOPIC, 1, configs={"retention.ms": "-1", "retention.bytes": "-1"})
@@ -95,13 +103,18 @@ class ProgressLog:
         if d.get("reset"):  # `streamkit reset --cluster`: the job starts over
             self._state.clear()
             self._ic.clear()
+            self._sweep_ends.clear()
             return
         gen = int(d["gen"])
+        swept = {(t, int(q)) for t, q in d.get("swept", ())}
         for topic, part, offset in d["parts"]:
             cur = self._admit(d, (topic, part), gen)
             if cur is not False:
                 base = cur.offset if cur is not None else 0
-                self._state[(topic, part)] = _Owner(gen, base if offset is None else int(offset))
+                if offset is None:
+                    self._state[(topic, part)] = _Owner(gen, base, swept=cur.swept if cur is not None else False)
+                else:
+                    self._state[(topic, part)] = _Owner(gen, int(offset), swept=(topic, part) in swept)
         for topic, part, pid, offset, sharers in d.get("shares", ()):
             cur = self._admit(d, (topic, part), gen)
             if cur is False:
@@ -118,6 +131,19 @@ class ProgressLog:
             cur = self._state.get((topic, part))
             if cur is None or gen >= cur.generation:
                 self._ic[(topic, part, int(pid))] = (int(base), text)
+        for topic, part, activation, end in d.get("sweep_ends", ()):
+            self._sweep_ends.setdefault((topic, int(part)), {}).setdefault(int(activation), int(end))
+
+    def sweep_ends(self, topic: str, partition: int) -> dict[int, int]:
+        """Per activation offset of the partition (an expansion made it active), where the
+        group's sweep of it ended: unstamped records below were forwarded as strays."""
+        return self._sweep_ends.get((topic, partition), {})
+
+    def last_commit_swept(self, topic: str, partition: int) -> bool:
+        """Whether the group's position of the partition was last moved by a sweep (or
+        never moved): nothing of it was applied in place up to there."""
+        cur = self._state.get((topic, partition))
+        return cur is None or cur.offset == 0 or cur.swept
 
     def ic_ranges(self, topic: str, partition: int, processor: int) -> list[tuple[int, int]]:
         """The IC ranges a processor last recorded for a partition (applied beyond its
@@ -167,13 +193,18 @@ class ProgressLog:
         parts: Mapping[TP, int | None],
         shares: Mapping[Share, tuple[int | None, tuple[int, ...]]] | None = None,
         ic: Mapping[Share, tuple[int, str]] | None = None,
+        *,
+        swept: Iterable[TP] = (),
+        sweep_ends: Mapping[tuple[str, int, int], int] | None = None,
     ) -> None:
         """Append a commit (or a fence, for offsets None) and wait until it is stored.
 
         ``shares``: per (topic, partition, processor) of a shared partition, the
         sharer's offset (or None) and every sharer of the partition. ``ic``: per (topic,
-        partition, processor), its stable offset and its IC ranges beyond it (``icranges.encode``)."""
-        if not parts and not shares and not ic:
+        partition, processor), its stable offset and its IC ranges beyond it (``icranges.encode``).
+        ``swept``: which of ``parts`` are sweeps' positions. ``sweep_ends``: per (topic,
+        partition, activation offset), where its sweep ended (see :meth:`sweep_ends`)."""
+        if not parts and not shares and not ic and not sweep_ends:
             return
         body: dict[str, Any] = {
             "group": self.group,
@@ -186,6 +217,10 @@ class ProgressLog:
             body["shares"] = [[t, p, pid, o, list(of)] for (t, p, pid), (o, of) in sorted(shares.items())]
         if ic:
             body["ic"] = [[t, p, pid, base, text] for (t, p, pid), (base, text) in sorted(ic.items())]
+        if swept := sorted(tp for tp in swept if tp in parts):
+            body["swept"] = [list(tp) for tp in swept]
+        if sweep_ends:
+            body["sweep_ends"] = [[t, p, a, e] for (t, p, a), e in sorted(sweep_ends.items())]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)
 

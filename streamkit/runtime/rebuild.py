@@ -46,7 +46,7 @@ from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.runtime.admission import Admission
+from streamkit.runtime.admission import Admission, SweepEnds
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end
@@ -225,6 +225,7 @@ async def rebuild(
     max_rate: float | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     before_checkpoint: Callable[[], Awaitable[None]] | None = None,
+    sweep_ends: SweepEnds | None = None,
 ) -> int:
     """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
 
@@ -239,10 +240,13 @@ async def rebuild(
     await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
-    admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}")
+    admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}", sweep_ends=sweep_ends)
     for tp, target in plan.targets.items():
         handled = plan.output_from.get(tp, target)
-        route = Route.build(proc, handlers[tp.topic], (tp.topic, tp.partition), handled, registry.get(tp.topic))
+        route = Route.build(
+            proc, handlers[tp.topic], (tp.topic, tp.partition), handled, registry.get(tp.topic),
+            admission.sweep_ends(tp.topic, tp.partition),
+        )  # fmt: skip
         route.key_filter = plan.key_filter
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,9 +110,11 @@ class Route:
         partition: Position,
         group_position: int,
         layout: TopicLayout | None,
+        sweep_ends: Mapping[int, int] | None = None,
     ) -> Route:
         """The route of `partition` for `proc`, which resumes at its own checkpoint and
-        rebuilds without output up to where the group already was."""
+        rebuilds without output up to where the group already was. ``sweep_ends``: where
+        the group's sweeps of the partition ended (``strays.stray_rule``)."""
         pos = proc.positions.setdefault(partition, 0)
         topic = handlers[0].topic
         return cls(
@@ -125,7 +127,7 @@ class Route:
             group_position,
             layout,
             epoch_stamp(layout),
-            strays=stray_rule(layout, partition[1]),
+            strays=stray_rule(layout, partition[1], sweep_ends=sweep_ends),
         )
 
     @classmethod
@@ -155,12 +157,13 @@ class Route:
         p0: int,
         p: int,
         max_pending: int = 10_000,
+        sweep_ends: Mapping[int, int] | None = None,
     ) -> Route:
         """The route of one assigned slot: a shared task applies only the processor's key
         range of the partition (keyless records going to the lowest sharer); a whole
         partition whose history holds keys of a wider class filters by the processor's
         keys up to the end of that history."""
-        route = cls.build(proc, handlers, partition, group_position, layout)
+        route = cls.build(proc, handlers, partition, group_position, layout, sweep_ends)
         if handlers[0].concurrency > 1:
             route.scheduler = KeyScheduler(handlers[0].concurrency, max_pending)
             proc.pending[partition] = route.scheduler.pending

@@ -253,6 +253,7 @@ async def bootstrap_step(
                 io=io, registry=registry, proc=proc, handlers=handlers, plan=plan, dispatcher=dispatcher, stamp=stamp,
                 group=group, checkpoint_every=checkpoint_every, extra={"p": p_new}, lock=lock,
                 checkpoint_interval=checkpoint_interval, max_rate=max_rate, on_checkpoint=checkpointed,
+                sweep_ends=progress.sweep_ends,
             )  # fmt: skip
             async with lock:
                 await progress.refresh()

@@ -96,11 +96,14 @@ class Worker:
             check_local_stores, app.store_path(0, app.settings.state_dir).parent, app.name, job.incarnation
         )
         registry.add_listener(self._on_layout_change)
-        registry.watch(0.2)
+        registry.watch(app.settings.layout_poll_interval)
         progress = ProgressLog(io, self._producer, app.group_id)
         await progress.start()
         self._output_producer = await Producer(
-            bootstrap, client_id=self.client_id, linger_ms=app.settings.output_linger_ms
+            bootstrap,
+            client_id=self.client_id,
+            linger_ms=app.settings.output_linger_ms,
+            refresh_ms=max(100, int(app.settings.layout_poll_interval * 1000)),
         ).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
         self.services = Services(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout import transitions
-from streamkit.layout.strays import SeenStrays, encode_origin, parse_origin, stray_rule
+from streamkit.layout.strays import SeenStrays, activation, encode_origin, parse_origin, stray_rule, sweep_end
 
 HASHES = [key_hash(f"key-{i}".encode()) for i in range(200)]
 
@@ -41,6 +41,47 @@ def test_an_expansion_changes_the_rule_at_its_offsets() -> None:
         assert split.is_stray(17, h) == (lh_bucket(h, 2, 2) != 0 and lh_bucket(h, 2, 3) != 0)
         assert split.is_stray(25, h) == (lh_bucket(h, 2, 3) != 0)
     assert new.is_stray(3, None) and not new.is_stray(8, None)
+
+
+def test_where_a_sweep_ended_the_layout_is_in_force_on_the_activated_partition() -> None:
+    """Partition 2 activated at offset 7, but the sweep forwarded up to 12 before it
+    learnt of the expansion: below 12 every unstamped record is a stray (its copy was
+    applied), from 12 the new layout places them. Other partitions are not affected."""
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.expand(lay, 3, announce_offsets={0: 15, 1: 9, 2: 7}, now_ms=1)
+    lay = transitions.seal(lay, {0: 20, 1: 9, 2: 7})
+    assert activation(lay, 2) == 7 and activation(lay, 0) is None and activation(lay, 3) is None
+    swept, plain = stray_rule(lay, 2, sweep_ends={7: 12}), stray_rule(lay, 2)
+    split = stray_rule(lay, 0, sweep_ends={7: 12})
+    assert swept is not None and plain is not None and split is not None
+    placed = [h for h in HASHES if lh_bucket(h, 2, 3) == 2]
+    assert placed
+    for h in placed:
+        assert not plain.is_stray(8, h) and swept.is_stray(8, h) and swept.is_stray(11, h)
+        assert not swept.is_stray(12, h)
+    assert swept.is_stray(8, None) and not swept.is_stray(12, None)
+    for h in HASHES:
+        assert split.is_stray(25, h) == (lh_bucket(h, 2, 3) != 0)
+    records = [_Rec(o, f"key-{i}".encode()) for o, i in zip(range(5, 15), range(10), strict=True)]
+    assert [r.offset for r in swept.strays_in(records) if lh_bucket(key_hash(r.key), 2, 3) == 2] == [
+        r.offset for r in records if r.offset < 12 and lh_bucket(key_hash(r.key), 2, 3) == 2
+    ]
+
+
+def test_the_first_in_place_reader_after_a_sweep_decides_where_it_ended() -> None:
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.seal(transitions.expand(lay, 3, announce_offsets={0: 15, 1: 9, 2: 7}, now_ms=1), {0: 20})
+    assert sweep_end(lay, 2, {}, True, 12) == (7, 12)  # the sweep got past the activation
+    assert sweep_end(lay, 2, {}, True, 3) == (7, 7)  # it had not reached it: the rest are strays anyway
+    assert sweep_end(lay, 2, {7: 10}, True, 12) is None  # decided already: the log's first wins
+    assert sweep_end(lay, 2, {}, False, 12) is None  # applied in place up to there: not a sweep's end
+    assert sweep_end(lay, 0, {}, True, 12) is None  # never reserved
+    assert sweep_end(None, 2, {}, True, 12) is None
+
+
+class _Rec:
+    def __init__(self, offset: int, key: bytes) -> None:
+        self.offset, self.key = offset, key
 
 
 def test_a_drained_partition_holds_strays_after_its_seal() -> None:
@@ -96,3 +137,19 @@ def test_a_batch_is_judged_as_record_by_record() -> None:
         assert rule.strays_in(batch) == expected
         assert rule.strays_in(batch[11:23]) == [r for r in expected if 11 <= r.offset < 23]
     assert any(0 < len(rule.strays_in(batch)) < len(batch) for rule in rules if rule is not None)
+
+
+def test_keys_found_in_place_now_are_remembered_and_only_there() -> None:
+    lay = transitions.create("t", 2, capacity=4, now_ms=0)
+    lay = transitions.seal(transitions.expand(lay, 3, announce_offsets={0: 15, 1: 9, 2: 7}, now_ms=1), {0: 20})
+    rule = stray_rule(lay, 0)
+    assert rule is not None
+    assert rule.known_in_place(19) is None  # two layouts in force there: not tracked
+    known = rule.known_in_place(20)
+    assert known == set()
+    records = [_Rec(20 + i, f"key-{i}".encode()) for i in range(50)]
+    strays = rule.strays_in(records)
+    placed = {r.key for r in records if lh_bucket(key_hash(r.key), 2, 3) == 0}
+    assert placed and {r.key for r in strays} == {r.key for r in records} - placed
+    assert known == placed  # learnt: the strays are not among them
+    assert stray_rule(lay, 3, swept=True).known_in_place(100) is None  # type: ignore[union-attr]

@@ -44,3 +44,19 @@ def test_shares_of_an_older_generation_are_rejected_and_a_new_sharer_set_starts_
     assert log.position("t", 0) == 58
     rec("a", 4, parts=[["t", 0, 80]])  # whole again (the job shrank)
     assert log.position("t", 0) == 80 and log.position("t", 0, 2) == 80
+
+
+def test_the_first_sweep_end_recorded_wins_and_sweeps_are_marked() -> None:
+    log = ProgressLog(None, None, "g")  # type: ignore[arg-type]  # only _apply is used
+    assert log.last_commit_swept("t", 2)  # never moved
+    log._apply({"member": "m", "gen": 1, "parts": [["t", 2, 40], ["t", 0, 9]], "swept": [["t", 2]]})
+    assert log.last_commit_swept("t", 2) and not log.last_commit_swept("t", 0)
+    log._apply({"member": "m", "gen": 2, "parts": [["t", 2, None]]})  # a fence keeps what moved it
+    assert log.last_commit_swept("t", 2) and log.position("t", 2) == 40
+    log._apply({"member": "a", "gen": 2, "parts": [], "sweep_ends": [["t", 2, 7, 40]]})
+    log._apply({"member": "b", "gen": 2, "parts": [], "sweep_ends": [["t", 2, 7, 55], ["t", 2, 90, 95]]})
+    assert log.sweep_ends("t", 2) == {7: 40, 90: 95} and log.sweep_ends("t", 0) == {}
+    log._apply({"member": "m", "gen": 2, "parts": [["t", 2, 60]]})  # applied in place from there
+    assert not log.last_commit_swept("t", 2)
+    log._apply({"reset": True})
+    assert log.sweep_ends("t", 2) == {} and log.last_commit_swept("t", 2)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -19,6 +21,9 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.protocol import LayoutCoordinator
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.layout.strays import activation
+from streamkit.runtime.progress import ProgressLog
 from streamkit.testing import default_partition, produce_json, read_topic
 from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference
 
@@ -45,15 +50,15 @@ def expand(broker: str, topic: str, partitions: int) -> None:
     asyncio.run(go())
 
 
-def wait_drained(job: Job, timeout: float = 120.0) -> dict[int, int]:
+def wait_drained(job: Job, timeout: float = 120.0, capacity: int = CAPACITY) -> dict[int, int]:
     """Until the group committed every partition (reserved ones too) up to its high
     watermark twice in a row: forwarded copies land after their originals are read."""
     group = f"streamkit-{job.app}"
 
     async def look() -> tuple[dict[int, int], dict[int, int]]:
         async with KafkaIO(job.bootstrap) as io:
-            hws = await io.high_watermarks(job.topic, range(CAPACITY))
-            return hws, await io.committed(group, job.topic, range(CAPACITY))
+            hws = await io.high_watermarks(job.topic, range(capacity))
+            return hws, await io.committed(group, job.topic, range(capacity))
 
     deadline = time.monotonic() + timeout
     settled = 0
@@ -143,3 +148,64 @@ def test_strays_go_to_the_dead_letters_when_the_topic_says_so(broker: str, tmp_p
     assert misplaced and sum(v["n"] for v in state.values()) + len(misplaced) == len(records)
     assert checked.returncode != 0 and f"{len(misplaced)} not forwarded" in checked.stdout, checked.stdout
     assert "misplaced" in status.stdout, status.stdout
+
+
+def sweep_of(broker: str, job: Job, partition: int) -> tuple[int | None, dict[int, int]]:
+    """The partition's activation offset, and where the group recorded its sweep ended."""
+
+    async def go() -> tuple[int | None, dict[int, int]]:
+        async with LayoutRegistry(broker) as reg, KafkaIO(broker) as io:
+            layout = await reg.load(job.topic)
+            progress = ProgressLog(io, None, f"streamkit-{job.app}")  # type: ignore[arg-type]  # read only
+            await progress.refresh()
+            return activation(layout, partition), progress.sweep_ends(job.topic, partition)
+
+    return asyncio.run(go())
+
+
+def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_again(broker: str, tmp_path: Path) -> None:
+    """A plain producer writes into reserved partition 2 while the topic expands 2 -> 3.
+    The worker sweeping partition 2 forwards what it reads until it learns of the
+    expansion, past the announce offset; the group records where the sweep ended. A
+    processor rebuilt from history later (its store lost) applies those records once,
+    through their copies, as the running one did."""
+    topic = layout_topic(broker, 2, 4)
+    job = Job(broker, f"swept-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
+    before, during = make_records(1000, 200), make_records(8000, 200, start=1000)
+    assert sum(default_partition(k.encode(), 4) == 2 for k, _ in during) > 1000
+
+    def write_during() -> None:  # about 4 s of records, the expansion in the middle
+        for i in range(0, len(during), 200):
+            produce_json(broker, topic, during[i : i + 200])
+            time.sleep(0.1)
+
+    try:
+        produce_json(broker, topic, before)
+        job.start_worker(STREAMKIT_LAYOUT_POLL_INTERVAL="2")  # a wide window: the sweep learns of it late
+        wait_drained(job, capacity=4)
+        writer = threading.Thread(target=write_during)
+        writer.start()
+        time.sleep(1.5)
+        expand(broker, topic, 3)
+        writer.join()
+        wait_drained(job, capacity=4)
+        activated, ends = sweep_of(broker, job, 2)
+        job.stop_all()
+        assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+        expected = {k: (v["n"], v["sum"]) for k, v in reference(before + during).items()}
+        state, _ = read_state(job, 1)
+        assert {k: (v["n"], v["sum"]) for k, v in state.items()} == expected
+        # the race this is about happened: the sweep forwarded records beyond the activation
+        assert activated is not None and ends.get(activated, 0) > activated, (activated, ends)
+        shutil.rmtree(tmp_path / "state")  # a new machine: the processor is rebuilt from history
+        job.workers.clear()
+        job.start_worker()
+        after = make_records(4, 200, start=9000)  # committed only once the rebuild is done
+        produce_json(broker, topic, after)
+        wait_drained(job, capacity=4)
+    finally:
+        job.stop_all()
+    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    rebuilt, _ = read_state(job, 1)
+    expected = {k: (v["n"], v["sum"]) for k, v in reference(before + during + after).items()}
+    assert {k: (v["n"], v["sum"]) for k, v in rebuilt.items()} == expected
