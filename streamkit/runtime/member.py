@@ -1,8 +1,9 @@
 """A group member: one consumer that hosts zero or more processors.
 
-The member keeps the consumer loop and the rebalances. What may be applied of a fetch
-answer is admission's (`admission.Admission`), applying it is dispatch's
-(`dispatch.Dispatcher`), and the commit sequence is `checkpointing.checkpoint`'s.
+The member keeps the consumer loop and the rebalances. Turning an assignment's slots
+into routes is routing's (`routing.Router`), what may be applied of a fetch answer is
+admission's (`admission.Admission`), applying it is dispatch's (`dispatch.Dispatcher`),
+and the commit sequence is `checkpointing.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from assignors.group import (
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.layout.model import PartitionMode, TopicLayout
-from streamkit.layout.strays import stray_rule, sweep_end
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import RebuildPlan, plan_left_history, plan_rebuild, rebuild, rebuild_unfinished
-from streamkit.runtime.routes import Route
+from streamkit.runtime.routing import Router, Starts
 from streamkit.runtime.scaling import (
     bootstrap_step,
     delete_retired_stores,
@@ -113,6 +113,9 @@ class GroupMember:
         )
         self.admission = Admission(
             self.consumer, group=app.group_id, name=self.name, sweep_ends=services.progress.sweep_ends
+        )
+        self.router = Router(
+            self.name, app.handlers, services.progress, services.registry, self.admission, s.max_ic_ranges
         )
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
 
@@ -260,9 +263,7 @@ class GroupMember:
             self.layout_epochs = {t: lay.epoch for t in self.app.input_topics if (lay := registry.get(t))}
             settings = self.app.settings
             self.job_p = assignment.p
-            starts: dict[tuple[str, int], int | None] = {}
-            shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
-            ends: dict[tuple[str, int, int], int] = {}
+            starts = Starts()
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
                 proc = await open_for_count(
@@ -286,12 +287,11 @@ class GroupMember:
                         self.fatal = exc
                         return
                 await self._read_left_history(proc, generation, assignment.p0, assignment.p, slots)
-                ends.update(self._add_routes(proc, slots, assignment.sharers, assignment.p0, assignment.p, starts,
-                                             shared_starts))  # fmt: skip
-                self._add_sweeps(proc, assignment.sweeps.get(pid, []), starts)
+                starts.update(self.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
+                starts.update(self.router.sweeps(proc, assignment.sweeps.get(pid, [])))
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
-            await self._record_starts(generation, starts, shared_starts, ends)
+            await self.router.record(self.name, generation, self.layout_epochs, starts)
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
@@ -328,73 +328,6 @@ class GroupMember:
                     )
                     self.consumer._coordinator.request_rejoin()
                     break
-
-    def _add_routes(
-        self,
-        proc: ProcessorState,
-        slots: list[PartitionSlot],
-        sharers_of: Mapping[tuple[str, int], tuple[int, ...]],
-        p0: int,
-        p: int,
-        starts: dict[tuple[str, int], int | None],
-        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]],
-    ) -> dict[tuple[str, int, int], int]:
-        """Route ``proc``'s slots (the consumer is sought afterwards); note where each starts.
-        Returns the sweep ends it decided (see :func:`sweep_end`), to be recorded."""
-        progress, registry = self.services.progress, self.services.registry
-        decided: dict[tuple[str, int, int], int] = {}
-        for topic, part, key_filter in slots:
-            sharers = sharers_of.get((topic, part), ()) if key_filter is not None else ()
-            group_pos = progress.position(topic, part, proc.id if sharers else None)
-            layout = registry.get(topic)
-            ends = dict(progress.sweep_ends(topic, part))
-            end = sweep_end(layout, part, ends, progress.last_commit_swept(topic, part),
-                            max(group_pos, proc.positions.get((topic, part), 0)))  # fmt: skip
-            if end is not None:
-                ends[end[0]] = decided[(topic, part, end[0])] = end[1]
-            route = Route.for_slot(
-                proc, self.app.handlers[topic], (topic, part), group_pos, layout,
-                key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.app.settings.max_ic_ranges,
-                sweep_ends=ends,
-            )  # fmt: skip
-            self.admission.add(TopicPartition(topic, part), route)
-            if sharers:
-                shared_starts[(topic, part, proc.id)] = (route.position, sharers)
-            else:
-                starts[(topic, part)] = route.position
-            if group_pos > route.position:
-                log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
-                         self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
-        return decided
-
-    async def _record_starts(
-        self,
-        generation: int,
-        starts: dict[tuple[str, int], int | None],
-        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]],
-        sweep_ends: dict[tuple[str, int, int], int],
-    ) -> None:
-        """Record where the routes start (sweeps marked) and the sweep ends decided; the
-        log's first sweep end of a partition is the one every reader uses."""
-        progress = self.services.progress
-        swept = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept]
-        await progress.record(
-            self.name, generation, self.layout_epochs, starts, shared_starts, swept=swept, sweep_ends=sweep_ends
-        )
-        for tp, route in self.admission:
-            if sweep_ends and not route.swept:
-                route.strays = stray_rule(route.layout, tp.partition, sweep_ends=progress.sweep_ends(*tp))
-
-    def _add_sweeps(
-        self, proc: ProcessorState, sweeps: list[tuple[str, int]], starts: dict[tuple[str, int], int | None]
-    ) -> None:
-        """Route the partitions ``proc`` reads only to forward their strays."""
-        progress, registry = self.services.progress, self.services.registry
-        for topic, part in sweeps:
-            route = Route.sweeping(proc, self.app.handlers[topic], (topic, part), progress.position(topic, part, None),
-                                   registry.get(topic))  # fmt: skip
-            self.admission.add(TopicPartition(topic, part), route)
-            starts[(topic, part)] = route.position
 
     async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
         """A growth step whose splitting processor is hosted here, beside the joined one:
@@ -433,15 +366,13 @@ class GroupMember:
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         await self._read_left_history(joined, generation, job.p0, job.p, slots.get(joined.id, []), old.positions)
-        starts: dict[tuple[str, int], int | None] = {}
-        shared_starts: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}
-        ends: dict[tuple[str, int, int], int] = {}
+        starts = Starts()
         for proc in (old, joined):
-            ends.update(self._add_routes(proc, slots.get(proc.id, []), sharers, job.p0, job.p, starts, shared_starts))
-            self._add_sweeps(proc, sweeps.get(proc.id, []), starts)
+            starts.update(self.router.slots(proc, slots.get(proc.id, []), sharers, job.p0, job.p))
+            starts.update(self.router.sweeps(proc, sweeps.get(proc.id, [])))
         for tp in moving:
             self.consumer.seek(tp, self.admission.fetch_position(tp))
-        await self._record_starts(generation, starts, shared_starts, ends)
+        await self.router.record(self.name, generation, self.layout_epochs, starts)
         await self.dispatcher.fire(
             self.app.keys_assigned_callbacks, by_processor((tp, r) for tp, r in self.admission if r.proc is joined)
         )

@@ -1,0 +1,118 @@
+"""How the partitions a processor is given become routes, and where each starts.
+
+A member hosting a processor routes each of its partition slots (``Route.for_slot``: the
+whole partition, or its key range of a shared one) and each partition it sweeps
+(``Route.sweeping``: read only to forward strays), then records in the progress log
+where the routes start: the group's fence and positions, the sweeps marked as such, and
+the sweep ends it decided. The first processor to apply an activated partition in
+place decides where the group's sweep of it ended (``strays.sweep_end``); the log's
+first decision is the one every reader uses, so the routes' stray rules are set from it
+once it is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+
+from assignors.group import PartitionSlot
+from streamkit.app import HandlerSpec
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.layout.strays import stray_rule, sweep_end
+from streamkit.runtime.admission import Admission
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.routes import Route
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Starts:
+    """Where new routes start, as the progress log records them."""
+
+    whole: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    shared: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = field(default_factory=dict)
+    """Per (topic, partition, processor) of a shared partition: its start and every sharer."""
+    sweep_ends: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    """Per (topic, partition, activation offset): where the group's sweep ended (decided here)."""
+
+    def update(self, other: Starts) -> None:
+        self.whole.update(other.whole)
+        self.shared.update(other.shared)
+        self.sweep_ends.update(other.sweep_ends)
+
+
+@dataclass(frozen=True)
+class Router:
+    """What routing uses: the handlers, the group's progress, the layouts, and the
+    admission the routes go into."""
+
+    name: str
+    handlers: Mapping[str, list[HandlerSpec]]
+    progress: ProgressLog
+    registry: LayoutRegistry
+    admission: Admission
+    max_pending: int
+    """Records a key-concurrent route may hold unfinished (``max_ic_ranges``)."""
+
+    def slots(
+        self,
+        proc: ProcessorState,
+        slots: list[PartitionSlot],
+        sharers_of: Mapping[tuple[str, int], tuple[int, ...]],
+        p0: int,
+        p: int,
+    ) -> Starts:
+        """Route ``proc``'s slots (the consumer is sought afterwards)."""
+        progress = self.progress
+        starts = Starts()
+        for topic, part, key_filter in slots:
+            sharers = sharers_of.get((topic, part), ()) if key_filter is not None else ()
+            group_pos = progress.position(topic, part, proc.id if sharers else None)
+            layout = self.registry.get(topic)
+            ends = dict(progress.sweep_ends(topic, part))
+            end = sweep_end(layout, part, ends, progress.last_commit_swept(topic, part),
+                            max(group_pos, proc.positions.get((topic, part), 0)))  # fmt: skip
+            if end is not None:
+                ends[end[0]] = starts.sweep_ends[(topic, part, end[0])] = end[1]
+            route = Route.for_slot(
+                proc, self.handlers[topic], (topic, part), group_pos, layout,
+                key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.max_pending, sweep_ends=ends,
+            )  # fmt: skip
+            self.admission.add(TopicPartition(topic, part), route)
+            if sharers:
+                starts.shared[(topic, part, proc.id)] = (route.position, sharers)
+            else:
+                starts.whole[(topic, part)] = route.position
+            if group_pos > route.position:
+                log.info("%s: processor %d rebuilds %s[%d] from %d to %d without output",
+                         self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
+        return starts
+
+    def sweeps(self, proc: ProcessorState, sweeps: list[tuple[str, int]]) -> Starts:
+        """Route the partitions ``proc`` reads only to forward their strays."""
+        starts = Starts()
+        for topic, part in sweeps:
+            route = Route.sweeping(proc, self.handlers[topic], (topic, part), self.progress.position(topic, part, None),
+                                   self.registry.get(topic))  # fmt: skip
+            self.admission.add(TopicPartition(topic, part), route)
+            starts.whole[(topic, part)] = route.position
+        return starts
+
+    async def record(self, member: str, generation: int, epochs: Mapping[str, int], starts: Starts) -> None:
+        """Record where the routes start and the sweep ends decided; then set the routes'
+        stray rules from the log's sweep ends (the first recorded wins)."""
+        progress = self.progress
+        swept = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept]
+        await progress.record(
+            member, generation, epochs, starts.whole, starts.shared, swept=swept, sweep_ends=starts.sweep_ends
+        )
+        if not starts.sweep_ends:
+            return
+        for tp, route in self.admission:
+            if not route.swept:
+                route.strays = stray_rule(route.layout, tp.partition, sweep_ends=progress.sweep_ends(*tp))
