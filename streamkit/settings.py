@@ -82,7 +82,10 @@ class Settings(BaseSettings):
         "(after each checkpoint; between two, the keys written since the last one are kept too)",
     )
     rocksdb_block_cache_bytes: int = Field(
-        64 << 20, ge=1 << 20, description="RocksDB's block cache, shared by every store of a worker"
+        48 << 20,
+        ge=1 << 20,
+        description="RocksDB's block cache, shared by every store of a worker (the write-back caches above hold "
+        "the hot keys; at millions of keys most store reads are of keys the filters rule out)",
     )
     rocksdb_memtable_bytes: int = Field(
         64 << 20, ge=1 << 20, description="RocksDB's memtables of every store of a worker together"
