@@ -121,11 +121,12 @@ class ProgressLog:
                 continue
             sharers = tuple(sharers)
             if cur is None or cur.sharers != sharers:  # newly shared, or shared otherwise
-                base = cur.offset if cur is not None else 0
-                cur = self._state[(topic, part)] = _Owner(gen, base, sharers, {}, base)
+                base, swept_before = (cur.offset, cur.swept) if cur is not None else (0, False)
+                cur = self._state[(topic, part)] = _Owner(gen, base, sharers, {}, base, swept_before)
             cur.generation = gen
             if offset is not None:
                 cur.shares[int(pid)] = max(cur.shares.get(int(pid), 0), int(offset))
+                cur.swept = False  # a sharer applies its key range in place
             cur.settle()
         for topic, part, pid, base, text in d.get("ic", ()):
             cur = self._state.get((topic, part))

@@ -58,5 +58,10 @@ def test_the_first_sweep_end_recorded_wins_and_sweeps_are_marked() -> None:
     assert log.sweep_ends("t", 2) == {7: 40, 90: 95} and log.sweep_ends("t", 0) == {}
     log._apply({"member": "m", "gen": 2, "parts": [["t", 2, 60]]})  # applied in place from there
     assert not log.last_commit_swept("t", 2)
+    log._apply({"member": "m", "gen": 3, "parts": [["t", 3, 30]], "swept": [["t", 3]]})
+    log._apply({"member": "m", "gen": 4, "parts": [], "shares": [["t", 3, 0, None, [0, 1]], ["t", 3, 1, None, [0, 1]]]})
+    assert log.last_commit_swept("t", 3)  # shared from a sweep's position: its sharers decide the end
+    log._apply({"member": "m", "gen": 4, "parts": [], "shares": [["t", 3, 0, 35, [0, 1]]]})
+    assert not log.last_commit_swept("t", 3)
     log._apply({"reset": True})
     assert log.sweep_ends("t", 2) == {} and log.last_commit_swept("t", 2)
