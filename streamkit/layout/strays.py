@@ -29,7 +29,7 @@ and its checkpoint; the receiving processor drops the second copy by its origin
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +41,23 @@ __all__ = [
     "STRAY_HEADER",
     "SeenStrays",
     "StrayRule",
+    "SweepEnds",
     "activation",
     "encode_origin",
+    "no_sweep_ends",
     "parse_origin",
     "stray_rule",
     "sweep_end",
 ]
+
+SweepEnds = Callable[[str, int], Mapping[int, int]]
+"""Per (topic, partition): where a group's sweeps of it ended, by activation offset
+(``streamkit.runtime.progress.ProgressLog.sweep_ends``)."""
+
+
+def no_sweep_ends(topic: str, partition: int) -> Mapping[int, int]:
+    return {}
+
 
 STRAY_HEADER = "streamkit.stray.from"
 """On a forwarded stray: ``b"PARTITION:OFFSET"`` of the record it copies (same topic)."""

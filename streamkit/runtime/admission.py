@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,7 +57,7 @@ from streamkit.layout.stamps import (
     record_producer,
     violation_record,
 )
-from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
+from streamkit.layout.strays import STRAY_HEADER, SweepEnds, no_sweep_ends, parse_origin, stray_rule
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
@@ -65,15 +65,6 @@ log = logging.getLogger(__name__)
 
 _STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
 """The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
-
-
-SweepEnds = Callable[[str, int], Mapping[int, int]]
-"""Per (topic, partition): where the group's sweeps of it ended, by activation offset
-(``ProgressLog.sweep_ends``)."""
-
-
-def _no_sweep_ends(topic: str, partition: int) -> Mapping[int, int]:
-    return {}
 
 
 class ConsumerControl(Protocol):
@@ -125,7 +116,7 @@ class Admission:
         self, consumer: ConsumerControl, *, group: str, name: str, sweep_ends: SweepEnds | None = None
     ) -> None:
         self.consumer = consumer
-        self.sweep_ends: SweepEnds = sweep_ends or _no_sweep_ends
+        self.sweep_ends: SweepEnds = sweep_ends or no_sweep_ends
         """Where the group's sweeps of activated partitions ended (the stray rule's)."""
         self.group = group
         self.name = name
