@@ -13,6 +13,8 @@
    `--runs` times; records/s first to last record, median per mode. A cost is the
    median over rounds of the ratio within a round (the modes of a round run back to
    back, so a machine whose speed drifts between rounds does not show as a cost).
+   Beside records/s, each run's CPU per record (every thread of the job's process,
+   first record to last), which that drift moves least; its cost is paired the same way.
 2. Under load. A producer process writes at `--rate` records/s while a worker (in this
    process) consumes; the topic expands 4 -> 6 -> 8. For every partition created, the
    time it was gated (from assignment until the group passed its parent's seal) is
@@ -109,7 +111,11 @@ async def produce_plain(bootstrap: str, topic: str, n: int, keys: int) -> None:
         )  # fmt: skip
 
 
-async def steady(bootstrap: str, n: int, runs: int, console: Console) -> dict[str, list[float]]:
+async def steady(
+    bootstrap: str, n: int, runs: int, console: Console
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per mode, per round: records/s, and the job's CPU µs per record (every thread of
+    its process, first record to last: what the modes cost, whatever else the machine does)."""
     from streamkit.layout.protocol import LayoutCoordinator
 
     topics = {}
@@ -122,14 +128,16 @@ async def steady(bootstrap: str, n: int, runs: int, console: Console) -> dict[st
             what = "stamped" if stamped else "unstamped"
             console.print(f"produced {n} {what} records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
     rates: dict[str, list[float]] = {mode: [] for mode in STEADY_MODES}
+    cpu: dict[str, list[float]] = {mode: [] for mode in STEADY_MODES}
     for _ in range(runs):
         for mode in STEADY_MODES:
             with tempfile.TemporaryDirectory() as wd:
                 r = run_job(bootstrap, topics[mode], n, wd)
             assert r["check"]["count"] == n, r
             rates[mode].append(r["rate"])
-            console.print(f"{mode}: {r['rate']:,.0f} records/s")
-    return rates
+            cpu[mode].append(r["cpu_window_s"] / r["records"] * 1e6)
+            console.print(f"{mode}: {r['rate']:,.0f} records/s, {cpu[mode][-1]:.2f} CPU µs/record")
+    return rates, cpu
 
 
 async def under_load(bootstrap: str, rate: float, console: Console) -> list[tuple[str, int, float]]:
@@ -206,16 +214,17 @@ def main() -> None:
 
     console = Console()
     with EmbeddedBroker() as broker:
-        rates = asyncio.run(steady(broker.bootstrap, a.records, a.runs, console))
+        rates, cpu = asyncio.run(steady(broker.bootstrap, a.records, a.runs, console))
         waits = asyncio.run(under_load(broker.bootstrap, a.rate, console))
     med = {mode: statistics.median(r) for mode, r in rates.items()}
     table = Table(title=f"steady state ({a.records:,} records, 4 active partitions, median of {a.runs})")
-    for col in ("mode", "ordered delivery", "physical", "input", "records/s", "runs"):
+    for col in ("mode", "ordered delivery", "physical", "input", "records/s", "runs", "CPU µs/record"):
         table.add_column(col)
     for mode, (ordered, physical, stamped) in STEADY_MODES.items():
         table.add_row(
             mode, "on" if ordered else "off", str(physical), "stamped" if stamped else "plain producer",
             f"{med[mode]:,.0f}", ", ".join(f"{r:,.0f}" for r in rates[mode]),
+            ", ".join(f"{c:.2f}" for c in cpu[mode]),
         )  # fmt: skip
     console.print(table)
 
@@ -228,6 +237,12 @@ def main() -> None:
             f"{what}: {mode} / {base} = {ratio:.3f} ({(1 - ratio) * 100:+.1f}% cost; target under 5%), "
             f"median of the rounds' ratios {', '.join(f'{x:.3f}' for x in paired)}; "
             f"ratio of the medians {med[mode] / med[base]:.3f}"
+        )
+        # CPU per record: what the machine's drift in wall-clock speed moves least
+        extra = statistics.median(c / d for c, d in zip(cpu[mode], cpu[base], strict=True))
+        console.print(
+            f"  CPU per record: {mode} / {base} = {extra:.3f} ({(extra - 1) * 100:+.1f}% cost), "
+            f"medians {statistics.median(cpu[mode]):.2f} / {statistics.median(cpu[base]):.2f} µs"
         )
 
     cost("on", "off", "ordered delivery")

@@ -7,6 +7,7 @@ One worker process hosting every processor (p0 = the partition count), default s
 (checkpoint every 2 s: state changes + positions in one RocksDB batch, then the Kafka
 offset commit). The handler stops the worker when N records have been handled; the check
 is read back from the processors' RocksDB stores after the worker has closed them.
+``cpu_window_s``: the process's CPU seconds (every thread) from the first record to the last.
 """
 
 # First: importing benchmarks.contenders takes PROCESS_START, before any heavy import.
@@ -38,7 +39,7 @@ def main() -> None:
     )
     source = app.topic(a.topic, key_serde="raw")
     stats = app.table("stats", key_serde="raw", default=lambda: [0, 0])
-    progress = {"n": 0, "first": 0.0, "last": 0.0}
+    progress = {"n": 0, "first": 0.0, "last": 0.0, "cpu_first": 0.0, "cpu_last": 0.0}
     target = a.records
     worker = Worker(app, 1)
 
@@ -48,9 +49,9 @@ def main() -> None:
         stats[key] = [s[0] + 1, s[1] + value["amount"]]
         n = progress["n"] = progress["n"] + 1
         if n == 1:
-            progress["first"] = time.time()
+            progress["first"], progress["cpu_first"] = time.time(), time.process_time()
         elif n == target:
-            progress["last"] = time.time()
+            progress["last"], progress["cpu_last"] = time.time(), time.process_time()
             worker.stop()
 
     asyncio.run(worker.run())
@@ -66,6 +67,7 @@ def main() -> None:
         last_record_at=progress["last"],
         process_start=PROCESS_START,
         check=check_totals(pairs()),
+        cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
 
 

@@ -63,6 +63,9 @@ from streamkit.runtime.routes import Route, epoch_stamp
 
 log = logging.getLogger(__name__)
 
+STAMPS_KEPT = 4096
+"""Stamp values a route remembers as current (one per producer writing the partition)."""
+
 _STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
 """The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
 
@@ -288,7 +291,13 @@ class Admission:
         eb = route.epoch_bytes
         if eb is None or not records:
             return records, stop_at, []
-        odd = [r for r in records if (h := r.headers) and h[0][1][TAG_BYTES:] != eb]
+        current = route.stamps_current
+        odd = [r for r in records if (h := r.headers) and h[0][1] not in current]
+        if odd:  # a new producer's stamp (learnt if it carries our epoch), or another epoch
+            if len(current) > STAMPS_KEPT:
+                current.clear()
+            current.update(v for r in odd if (v := r.headers[0][1])[TAG_BYTES:] == eb)
+            odd = [r for r in odd if r.headers[0][1] not in current]
         if not odd:
             return records, stop_at, []
         layout = route.layout
@@ -392,6 +401,7 @@ class Admission:
         if route.layout is not layout:
             route.layout = layout
             route.epoch_bytes = epoch_stamp(layout)
+            route.stamps_current.clear()
             route.strays = stray_rule(layout, tp.partition, sweep_ends=self.sweep_ends(tp.topic, tp.partition))
         pos = route.position
         if pos < gate.start and route.strays is None:  # records below belong to an earlier incarnation

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -85,6 +85,9 @@ class Route:
     """Which unstamped records lie where the layout does not place them (None: none can)."""
     swept: bool = False
     """A partition no layout reads (mode None): every record is a stray, no gate."""
+    stamps_current: set[bytes] = field(default_factory=set)
+    """Stamp values seen carrying ``epoch_bytes`` (one per producer): a record with one of
+    them passes on a set lookup (emptied when the epoch changes)."""
 
     @property
     def position(self) -> int:
