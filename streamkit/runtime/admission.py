@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 STAMPS_KEPT = 4096
 """Stamp values a route remembers as current (one per producer writing the partition)."""
 
+_NONE_KNOWN: frozenset[bytes] = frozenset()
 _STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
 """The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
 
@@ -228,15 +229,12 @@ class Admission:
         assert rule is not None
         if rule.everything:
             return [], records
-        known = rule.known_in_place(records[0].offset)
-        if known is None:
-            odd = [r for r in records if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
-        else:  # a bare record of a key found in place before is in place
-            odd = [
-                r for r in records
-                if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
-                or (not h and r.key not in known)
-            ]  # fmt: skip
+        known = rule.known_in_place(records[0].offset) or _NONE_KNOWN  # a bare record of one is in place
+        odd = [
+            r for r in records
+            if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
+            or (not h and r.key not in known)
+        ]  # fmt: skip
         if not odd:
             return records, []
         seen = route.proc.seen_strays

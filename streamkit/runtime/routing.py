@@ -111,8 +111,7 @@ class Router:
         await progress.record(
             member, generation, epochs, starts.whole, starts.shared, swept=swept, sweep_ends=starts.sweep_ends
         )
-        if not starts.sweep_ends:
-            return
+        decided = {(t, q) for t, q, _ in starts.sweep_ends}
         for tp, route in self.admission:
-            if not route.swept:
+            if (tp.topic, tp.partition) in decided and not route.swept:
                 route.strays = stray_rule(route.layout, tp.partition, sweep_ends=progress.sweep_ends(*tp))
