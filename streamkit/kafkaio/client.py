@@ -313,6 +313,11 @@ class KafkaIO:
         hws = await asyncio.gather(*(self.high_watermark(topic, p) for p in parts))
         return dict(zip(parts, hws))
 
+    async def topic_ends(self, topic: str) -> dict[int, int]:
+        """The high watermark of every partition of ``topic`` (none if it does not exist)."""
+        count = await self.partition_count(topic, refresh=False)
+        return await self.high_watermarks(topic, range(count or 0))
+
     async def read(
         self, topic: str, partition: int, start: int, end: int | None = None, *, max_bytes: int = 1 << 20
     ) -> tuple[list[FetchedRecord], int]:

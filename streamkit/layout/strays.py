@@ -23,7 +23,9 @@ layout places its key, with :data:`STRAY_HEADER` naming where it came from, or s
 it to the dead letters (reason ``misplaced``), per the input topic's ``strays``
 setting. A forwarded copy may be written twice when a worker dies between the send
 and its checkpoint; the receiving processor drops the second copy by its origin
-(:class:`SeenStrays`).
+(:class:`SeenStrays`). After a layout change the second copy could land elsewhere: a
+reader starting where a dead sweep forwarded looks for its copies first and does not
+forward those strays again (``streamkit.runtime.copies``).
 """
 
 from __future__ import annotations

@@ -136,6 +136,8 @@ class Admission:
         """(topic, partition, seconds gated) of every gate that opened."""
         self.stray_copies_dropped = 0
         """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
+        self.strays_forwarded_before = 0
+        """Strays not forwarded because their copies exist (``Route.forwarded``)."""
 
     def add(self, tp: TopicPartition, route: Route) -> None:
         self.routes.setdefault(tp, []).append(route)
@@ -210,6 +212,10 @@ class Admission:
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
         if strays and strays[0].offset < route.rebuild_until:  # forwarded when first handled
             strays = [r for r in strays if r.offset >= route.rebuild_until]
+        if strays and route.forwarded:  # copies exist: a sweep that died before its checkpoint sent them
+            unsent = [r for r in strays if r.offset not in route.forwarded]
+            self.strays_forwarded_before += len(strays) - len(unsent)
+            strays = unsent
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
             rebuild = [r for r in records if r.offset < route.rebuild_until]

@@ -60,6 +60,9 @@ class Slot:
     """Every processor sharing the partition by key range (empty: a whole partition)."""
     swept: bool = False
     """The processor only sweeps the partition (forwards its strays, applies nothing)."""
+    copies_until: int = 0
+    """Copies of the partition's strays that a dead sweep forwarded lie below this offset
+    of it (a sweep's position at or beyond it has no copy beyond it)."""
 
 
 async def checkpoint(
@@ -133,7 +136,10 @@ async def checkpoint(
     if not committed and not ic:
         return committed
     swept = [(s.tp.topic, s.tp.partition) for s in slots if s.swept]
-    await progress.record(member, generation, epochs, whole, shares, ic, swept=swept)
+    clean = [
+        k for s in slots if s.swept and (o := whole.get(k := (s.tp.topic, s.tp.partition))) and o >= s.copies_until
+    ]
+    await progress.record(member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean)
     t4 = time.monotonic()
     meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
     offsets = {

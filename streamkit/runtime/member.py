@@ -115,7 +115,7 @@ class GroupMember:
             self.consumer, group=app.group_id, name=self.name, sweep_ends=services.progress.sweep_ends
         )
         self.router = Router(
-            self.name, app.handlers, services.progress, services.registry, self.admission, s.max_ic_ranges
+            self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges
         )
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
 
@@ -551,7 +551,10 @@ class GroupMember:
                 generation=self.assigned_generation,
                 layout_epochs=self.layout_epochs,
                 processors=self.processors.values(),
-                slots=[checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept) for tp, r in self.admission],
+                slots=[
+                    checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept, max(r.forwarded, default=-1) + 1)
+                    for tp, r in self.admission
+                ],
                 progress=self.services.progress,
                 flush_output=self.services.output.flush,
                 commit_offsets=self.consumer.commit,

@@ -20,7 +20,11 @@ assignment arrives, before the member knows its positions). Optional:
         layout reads, read only to forward its strays);
     "sweep_ends": [[topic, partition, activation offset, end]]: where the sweep of a
         partition that an expansion activated ended (the first record of the partition
-        the group applies in place; the first such record in the log wins).
+        the group applies in place; the first such record in the log wins);
+    "copies_after": [[topic, partition, [[partition, offset]]]]: for a swept position
+        recorded with no copy of a stray at or beyond it in the topic, each partition's
+        end then: copies of the partition's strays beyond the position lie after these
+        ends (what a reader starting there scans to find them, `strays.find_copies`).
 
 A shared partition (several processors each own a key range of it, possibly on
 different members) has one position per sharer, under "shares", with the list of all
@@ -69,6 +73,9 @@ class _Owner:
     floor: int = 0
     swept: bool = False
     """The offset was committed by a sweep (strays forwarded, nothing applied)."""
+    copies_after: dict[int, int] | None = None
+    """Where copies of strays beyond the last swept offset can lie at the earliest (per
+    partition of the topic; None: anywhere). Kept through positions applied in place."""
 
     def settle(self) -> None:
         if self.sharers and all(p in self.shares for p in self.sharers):
@@ -107,14 +114,19 @@ class ProgressLog:
             return
         gen = int(d["gen"])
         swept = {(t, int(q)) for t, q in d.get("swept", ())}
+        bounds = {(t, int(q)): {int(x): int(o) for x, o in ends} for t, q, ends in d.get("copies_after", ())}
         for topic, part, offset in d["parts"]:
             cur = self._admit(d, (topic, part), gen)
             if cur is not False:
                 base = cur.offset if cur is not None else 0
+                after = bounds.get((topic, part), cur.copies_after if cur is not None else None)
                 if offset is None:
-                    self._state[(topic, part)] = _Owner(gen, base, swept=cur.swept if cur is not None else False)
+                    swept_before = cur.swept if cur is not None else False
+                    self._state[(topic, part)] = _Owner(gen, base, swept=swept_before, copies_after=after)
                 else:
-                    self._state[(topic, part)] = _Owner(gen, int(offset), swept=(topic, part) in swept)
+                    self._state[(topic, part)] = _Owner(
+                        gen, int(offset), swept=(topic, part) in swept, copies_after=after
+                    )
         for topic, part, pid, offset, sharers in d.get("shares", ()):
             cur = self._admit(d, (topic, part), gen)
             if cur is False:
@@ -122,7 +134,8 @@ class ProgressLog:
             sharers = tuple(sharers)
             if cur is None or cur.sharers != sharers:  # newly shared, or shared otherwise
                 base, swept_before = (cur.offset, cur.swept) if cur is not None else (0, False)
-                cur = self._state[(topic, part)] = _Owner(gen, base, sharers, {}, base, swept_before)
+                after = cur.copies_after if cur is not None else None
+                cur = self._state[(topic, part)] = _Owner(gen, base, sharers, {}, base, swept_before, after)
             cur.generation = gen
             if offset is not None:
                 cur.shares[int(pid)] = max(cur.shares.get(int(pid), 0), int(offset))
@@ -145,6 +158,13 @@ class ProgressLog:
         never moved): nothing of it was applied in place up to there."""
         cur = self._state.get((topic, partition))
         return cur is None or cur.offset == 0 or cur.swept
+
+    def copies_after(self, topic: str, partition: int) -> dict[int, int] | None:
+        """Per partition of the topic, the offset beyond which copies of ``partition``'s
+        strays forwarded past the group's last swept position lie (None: unknown, read
+        from the start)."""
+        cur = self._state.get((topic, partition))
+        return None if cur is None else cur.copies_after
 
     def ic_ranges(self, topic: str, partition: int, processor: int) -> list[tuple[int, int]]:
         """The IC ranges a processor last recorded for a partition (applied beyond its
@@ -197,6 +217,7 @@ class ProgressLog:
         *,
         swept: Iterable[TP] = (),
         sweep_ends: Mapping[tuple[str, int, int], int] | None = None,
+        no_copies_beyond: Iterable[TP] = (),
     ) -> None:
         """Append a commit (or a fence, for offsets None) and wait until it is stored.
 
@@ -204,7 +225,10 @@ class ProgressLog:
         sharer's offset (or None) and every sharer of the partition. ``ic``: per (topic,
         partition, processor), its stable offset and its IC ranges beyond it (``icranges.encode``).
         ``swept``: which of ``parts`` are sweeps' positions. ``sweep_ends``: per (topic,
-        partition, activation offset), where its sweep ended (see :meth:`sweep_ends`)."""
+        partition, activation offset), where its sweep ended (see :meth:`sweep_ends`).
+        ``no_copies_beyond``: which of ``swept`` have no copy of a stray at or beyond
+        their position anywhere: the topic's ends are read and recorded with them (see
+        :meth:`copies_after`)."""
         if not parts and not shares and not ic and not sweep_ends:
             return
         body: dict[str, Any] = {
@@ -222,6 +246,9 @@ class ProgressLog:
             body["swept"] = [list(tp) for tp in swept]
         if sweep_ends:
             body["sweep_ends"] = [[t, p, a, e] for (t, p, a), e in sorted(sweep_ends.items())]
+        if bounded := [tp for tp in swept if tp in set(no_copies_beyond)]:
+            ends = {t: await self.io.topic_ends(t) for t in {t for t, _ in bounded}}
+            body["copies_after"] = [[t, p, sorted(ends[t].items())] for t, p in bounded]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)
 

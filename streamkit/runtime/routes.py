@@ -85,6 +85,9 @@ class Route:
     """Which unstamped records lie where the layout does not place them (None: none can)."""
     swept: bool = False
     """A partition no layout reads (mode None): every record is a stray, no gate."""
+    forwarded: frozenset[int] = frozenset()
+    """Offsets of strays whose forwarded copies exist already (sent by a sweep that died
+    before its checkpoint, ``copies.find_copies``): not forwarded again."""
     stamps_current: set[bytes] = field(default_factory=set)
     """Stamp values seen carrying ``epoch_bytes`` (one per producer): a record with one of
     them passes on a set lookup (emptied when the epoch changes)."""

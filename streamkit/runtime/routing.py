@@ -20,9 +20,11 @@ from aiokafka import TopicPartition
 
 from assignors.group import PartitionSlot
 from streamkit.app import HandlerSpec
+from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.layout.strays import stray_rule, sweep_end
+from streamkit.layout.strays import activation, stray_rule, sweep_end
 from streamkit.runtime.admission import Admission
+from streamkit.runtime.copies import find_copies
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.routes import Route
@@ -53,6 +55,7 @@ class Router:
 
     name: str
     handlers: Mapping[str, list[HandlerSpec]]
+    io: KafkaIO
     progress: ProgressLog
     registry: LayoutRegistry
     admission: Admission
@@ -104,14 +107,67 @@ class Router:
         return starts
 
     async def record(self, member: str, generation: int, epochs: Mapping[str, int], starts: Starts) -> None:
-        """Record where the routes start and the sweep ends decided; then set the routes'
-        stray rules from the log's sweep ends (the first recorded wins)."""
+        """Look for the copies a dead sweep left beyond where the routes start (and let a
+        sweep end decided here pass the last of them); record where the routes start and
+        the sweep ends decided; then set the routes' stray rules from the log's sweep ends
+        (the first recorded wins)."""
         progress = self.progress
+        await self._find_copies(starts)
         swept = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept]
+        clean = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept and not r.forwarded]
         await progress.record(
-            member, generation, epochs, starts.whole, starts.shared, swept=swept, sweep_ends=starts.sweep_ends
-        )
+            member, generation, epochs, starts.whole, starts.shared,
+            swept=swept, sweep_ends=starts.sweep_ends, no_copies_beyond=clean,
+        )  # fmt: skip
         decided = {(t, q) for t, q, _ in starts.sweep_ends}
         for tp, route in self.admission:
             if (tp.topic, tp.partition) in decided and not route.swept:
                 route.strays = stray_rule(route.layout, tp.partition, sweep_ends=progress.sweep_ends(*tp))
+
+    async def _find_copies(self, starts: Starts) -> None:
+        """Set ``Route.forwarded`` of every new route that starts where a sweep may have
+        forwarded beyond the group's position: a sweep whose partition holds records
+        beyond it, or a route applying in place below where the sweep ended. A sweep end
+        decided here is moved past the last copy found (below it, every unstamped record
+        is a stray: applied through its copy)."""
+        progress = self.progress
+        looking: dict[str, dict[int, tuple[int, list]]] = {}
+        for tp, route in self.admission:
+            key = (tp.topic, tp.partition)
+            if key not in starts.whole and not any(s[:2] == key for s in starts.shared):
+                continue  # an older route: looked when it started
+            start = max(route.position, progress.position(*key))
+            ends = [e for (t, q, _), e in starts.sweep_ends.items() if (t, q) == key]
+            ends += list(progress.sweep_ends(*key).values())
+            if route.swept:
+                look = progress.last_commit_swept(*key)
+            else:  # a partition that was never swept has no strays forwarded from it
+                look = (
+                    route.layout is not None
+                    and activation(route.layout, tp.partition) is not None
+                    and (progress.last_commit_swept(*key) or any(start < e for e in ends))
+                )
+            if look:
+                looking.setdefault(tp.topic, {}).setdefault(tp.partition, (start, []))[1].append(route)
+        for topic, parts in looking.items():
+            ends_now = await self.io.topic_ends(topic)
+            parts = {q: v for q, v in parts.items() if ends_now.get(q, 0) > v[0]}  # nothing beyond: no copies
+            if not parts:
+                continue
+            found = await find_copies(
+                self.io, topic, {q: start for q, (start, _) in parts.items()},
+                {q: progress.copies_after(topic, q) for q in parts},
+            )  # fmt: skip
+            for q, (start, routes) in parts.items():
+                copied = frozenset(found[q])
+                for route in routes:
+                    route.forwarded = copied
+                if copied:
+                    log.warning(
+                        "%s: %s[%d]: %d strays from offset %d on were forwarded by a sweep that stopped before its "
+                        "checkpoint; their copies stand, they are not forwarded again",
+                        self.name, topic, q, len(copied), start,
+                    )  # fmt: skip
+                for k in [k for k in starts.sweep_ends if k[:2] == (topic, q)]:
+                    if copied:
+                        starts.sweep_ends[k] = max(starts.sweep_ends[k], max(copied) + 1)

@@ -65,3 +65,22 @@ def test_the_first_sweep_end_recorded_wins_and_sweeps_are_marked() -> None:
     assert not log.last_commit_swept("t", 3)
     log._apply({"reset": True})
     assert log.sweep_ends("t", 2) == {} and log.last_commit_swept("t", 2)
+
+
+def test_where_copies_of_strays_beyond_a_swept_position_can_lie() -> None:
+    """The topic's ends recorded with a swept position that has no copy beyond it; kept
+    through fences, positions applied in place and sharing, until a sweep records new ones."""
+    log = ProgressLog(None, None, "g")  # type: ignore[arg-type]  # _apply reads nothing
+    assert log.copies_after("t", 2) is None  # never recorded: anywhere
+    log._apply({"member": "m", "gen": 1, "parts": [["t", 2, 0]], "swept": [["t", 2]],
+                "copies_after": [["t", 2, [[0, 50], [1, 60], [2, 0]]]]})  # fmt: skip
+    assert log.copies_after("t", 2) == {0: 50, 1: 60, 2: 0}
+    log._apply({"member": "m", "gen": 1, "parts": [["t", 2, 40]], "swept": [["t", 2]]})  # copies beyond it
+    log._apply({"member": "n", "gen": 2, "parts": [["t", 2, None]]})
+    log._apply({"member": "n", "gen": 2, "parts": [["t", 2, 45]]})
+    assert log.copies_after("t", 2) == {0: 50, 1: 60, 2: 0}
+    log._apply({"member": "n", "gen": 3, "parts": [], "shares": [["t", 2, 0, None, [0, 1]]]})
+    assert log.copies_after("t", 2) == {0: 50, 1: 60, 2: 0}
+    log._apply({"member": "n", "gen": 4, "parts": [["t", 2, 70]], "swept": [["t", 2]],
+                "copies_after": [["t", 2, [[0, 80], [1, 90], [2, 70]]]]})  # fmt: skip
+    assert log.copies_after("t", 2) == {0: 80, 1: 90, 2: 70} and log.copies_after("t", 3) is None

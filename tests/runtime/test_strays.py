@@ -209,3 +209,80 @@ def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_agai
     rebuilt, _ = read_state(job, 1)
     expected = {k: (v["n"], v["sum"]) for k, v in reference(before + during + after).items()}
     assert {k: (v["n"], v["sum"]) for k, v in rebuilt.items()} == expected
+
+
+def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_across_an_expansion(
+    broker: str, tmp_path: Path
+) -> None:
+    """A worker sweeping reserved partitions 2 and 3 forwards their strays and is SIGKILLed
+    before any checkpoint; the topic then expands 2 -> 3, which activates partition 2 and
+    moves keys. The next worker starts both partitions where the group was, below what the
+    dead sweep forwarded: under the new layout it would send some strays elsewhere than
+    their first copies, and both would be applied. It finds the copies that exist and
+    forwards only the rest: every record applied once, also by a processor rebuilt from
+    history."""
+    topic = layout_topic(broker, 2, 4)
+    job = Job(broker, f"sweepkill-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
+    before = make_records(3000, 300)
+    stray_offsets = {q: sum(default_partition(k.encode(), 4) == q for k, _ in before) for q in (2, 3)}
+    never = {"STREAMKIT_COMMIT_INTERVAL": "3600", "STREAMKIT_COMMIT_EVERY": "1000000000",
+             "STREAMKIT_CHECKPOINT_DIRTY_KEYS": "1000000000"}  # fmt: skip
+    try:
+        produce_json(broker, topic, before)
+        job.start_worker(**never)
+        deadline = time.monotonic() + 60
+        while True:  # until the sweep forwarded every stray of partitions 2 and 3
+            origins = Counter(o.split(b":")[0] for o in copies_from(broker, topic))
+            if all(origins[str(q).encode()] >= n for q, n in stray_offsets.items()):
+                break
+            assert job.workers[0].poll() is None, job.workers[0].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, (origins, stray_offsets)
+            time.sleep(0.2)
+        job.kill_all()
+        positions = swept_positions(broker, job, (2, 3))
+        assert all(positions[q] < n for q, n in stray_offsets.items()), positions  # the forwards outran the log
+        expand(broker, topic, 3)
+        job.workers.clear()
+        job.start_worker()
+        after = make_records(600, 300, start=3000)
+        produce_json(broker, topic, after)
+        wait_drained(job, capacity=4)
+        job.stop_all()
+        assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+        expected = {k: (v["n"], v["sum"]) for k, v in reference(before + after).items()}
+        state, _ = read_state(job, 1)
+        assert {k: (v["n"], v["sum"]) for k, v in state.items()} == expected
+        origins = Counter(copies_from(broker, topic))
+        dests = {o: {d for d, oo in copy_dests(broker, topic) if oo == o} for o in origins}
+        assert all(len(d) == 1 for d in dests.values()), {o: d for o, d in dests.items() if len(d) > 1}
+        shutil.rmtree(tmp_path / "state")  # a new machine: the processor is rebuilt from history
+        job.workers.clear()
+        job.start_worker()
+        last = make_records(4, 300, start=3600)
+        produce_json(broker, topic, last)
+        wait_drained(job, capacity=4)
+    finally:
+        job.stop_all()
+    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    rebuilt, _ = read_state(job, 1)
+    expected = {k: (v["n"], v["sum"]) for k, v in reference(before + after + last).items()}
+    assert {k: (v["n"], v["sum"]) for k, v in rebuilt.items()} == expected
+
+
+def copy_dests(broker: str, topic: str) -> list[tuple[int, bytes]]:
+    """(partition, origin) of every forwarded copy in the topic."""
+    return [(r.partition, h[1]) for r in read_topic(broker, topic) for h in r.headers if h[0] == "streamkit.stray.from"]
+
+
+def copies_from(broker: str, topic: str) -> list[bytes]:
+    return [o for _, o in copy_dests(broker, topic)]
+
+
+def swept_positions(broker: str, job: Job, partitions: tuple[int, ...]) -> dict[int, int]:
+    async def go() -> dict[int, int]:
+        async with KafkaIO(broker) as io:
+            progress = ProgressLog(io, None, f"streamkit-{job.app}")  # type: ignore[arg-type]  # read only
+            await progress.refresh()
+            return {q: progress.position(job.topic, q) for q in partitions}
+
+    return asyncio.run(go())
