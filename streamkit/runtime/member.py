@@ -27,6 +27,7 @@ from assignors.group import (
 )
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
+from streamkit.kafkaio import fetch as lean_fetch
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.runtime import checkpointing
 from streamkit.runtime.admission import Admission
@@ -97,6 +98,7 @@ class GroupMember:
         """A processor joining the job, hosted beside the one that splits (no rebalance)."""
         self.joining: dict[int, dict[str, int]] = {}
         """Bootstrap progress of the joining processors hosted here (status)."""
+        lean_fetch.install()
         self.consumer = AIOKafkaConsumer(
             **services.connection.client_kwargs(),
             group_id=app.group_id,
