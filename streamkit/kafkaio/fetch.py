@@ -13,7 +13,7 @@ aiokafka's own does nothing more: no key or value deserializer (streamkit decode
 itself) and ``read_uncommitted`` (aborted transactions need the original bookkeeping);
 otherwise it runs aiokafka's code unchanged. :func:`install` puts it in aiokafka's
 fetcher for every consumer of the process: they get the same records, sooner.
-``tests/kafkaio/test_fetch.py`` checks it against aiokafka's on the same batches.
+``tests/layout/test_lean_fetch.py`` checks it against aiokafka's on the same batches.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ assignment arrives, before the member knows its positions). Optional:
     "copies_after": [[topic, partition, [[partition, offset]]]]: for a swept position
         recorded with no copy of a stray at or beyond it in the topic, each partition's
         end then: copies of the partition's strays beyond the position lie after these
-        ends (what a reader starting there scans to find them, `strays.find_copies`).
+        ends (what a reader starting there scans to find them, `copies.find_copies`).
 
 A shared partition (several processors each own a key range of it, possibly on
 different members) has one position per sharer, under "shares", with the list of all
