@@ -113,8 +113,18 @@ def wait_until_committed(
             if w.poll() not in (None, -signal.SIGKILL, 0):
                 raise AssertionError(f"worker exited with {w.returncode}: {w.stderr.read().decode()[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"committed offsets stuck at {got} (< {at_least}) after {timeout}s")
+            raise AssertionError(f"committed offsets stuck at {got} (< {at_least}) after {timeout}s\n{last_words(job)}")
         time.sleep(0.2)
+
+
+def last_words(job: Job) -> str:
+    """Stop the workers still running and return the end of every worker's log: what a
+    stuck test shows (a live worker's log can be read only once it has exited)."""
+    job.stop_all(timeout=20.0)
+    return "\n".join(
+        f"worker {i} (exit {w.returncode}): {w.stderr.read().decode(errors='replace')[-3000:] if w.stderr else ''}"
+        for i, w in enumerate(job.workers)
+    )
 
 
 def read_state(job: Job, processors: int) -> tuple[dict[str, dict[str, Any]], dict[int, dict[Any, int]]]:
