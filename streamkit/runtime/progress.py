@@ -246,7 +246,8 @@ class ProgressLog:
             body["swept"] = [list(tp) for tp in swept]
         if sweep_ends:
             body["sweep_ends"] = [[t, p, a, e] for (t, p, a), e in sorted(sweep_ends.items())]
-        if bounded := [tp for tp in swept if tp in set(no_copies_beyond)]:
+        clean = set(no_copies_beyond)
+        if bounded := [tp for tp in swept if tp in clean]:
             ends = {t: await self.io.topic_ends(t) for t in {t for t, _ in bounded}}
             body["copies_after"] = [[t, p, sorted(ends[t].items())] for t, p in bounded]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)

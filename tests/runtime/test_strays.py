@@ -112,7 +112,7 @@ def test_a_plain_producer_loses_nothing_around_reserved_capacity_and_an_expansio
     status = cli(job, "status", "tests.runtime.job_app:app")  # the workers' last words
     state, _ = read_state(job, P0)  # fails if a key is in two processors' stores
     expected = reference(before + after)
-    assert {k: (v["n"], v["sum"]) for k, v in state.items()} == {k: (v["n"], v["sum"]) for k, v in expected.items()}
+    assert counts(state) == counts(expected)
     copies = [r for r in read_topic(broker, topic) if any(h[0] == "streamkit.stray.from" for h in r.headers)]
     strays = misplaced(before, ACTIVE) + misplaced(after, 6)
     # a forwarder that lost its partitions in a rebalance before its checkpoint wrote some
@@ -192,23 +192,15 @@ def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_agai
         activated, ends = sweep_of(broker, job, 2)
         job.stop_all()
         assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
-        expected = {k: (v["n"], v["sum"]) for k, v in reference(before + during).items()}
-        state, _ = read_state(job, 1)
-        assert {k: (v["n"], v["sum"]) for k, v in state.items()} == expected
+        assert_applied_once(job, before + during)
         # the race this is about happened: the sweep forwarded records beyond the activation
         assert activated is not None and ends.get(activated, 0) > activated, (activated, ends)
-        shutil.rmtree(tmp_path / "state")  # a new machine: the processor is rebuilt from history
-        job.workers.clear()
-        job.start_worker()
-        after = make_records(4, 200, start=9000)  # committed only once the rebuild is done
-        produce_json(broker, topic, after)
-        wait_drained(job, capacity=4)
+        after = make_records(4, 200, start=9000)
+        rebuild_on_a_new_machine(job, tmp_path / "state", after)
     finally:
         job.stop_all()
     assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
-    rebuilt, _ = read_state(job, 1)
-    expected = {k: (v["n"], v["sum"]) for k, v in reference(before + during + after).items()}
-    assert {k: (v["n"], v["sum"]) for k, v in rebuilt.items()} == expected
+    assert_applied_once(job, before + during + after)
 
 
 def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_across_an_expansion(
@@ -249,25 +241,37 @@ def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_acro
         wait_drained(job, capacity=4)
         job.stop_all()
         assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
-        expected = {k: (v["n"], v["sum"]) for k, v in reference(before + after).items()}
-        state, _ = read_state(job, 1)
-        assert {k: (v["n"], v["sum"]) for k, v in state.items()} == expected
+        assert_applied_once(job, before + after)
         dests: dict[bytes, set[int]] = {}
         for d, o in copy_dests(broker, topic):
             dests.setdefault(o, set()).add(d)
         assert all(len(d) == 1 for d in dests.values()), {o: d for o, d in dests.items() if len(d) > 1}
-        shutil.rmtree(tmp_path / "state")  # a new machine: the processor is rebuilt from history
-        job.workers.clear()
-        job.start_worker()
         last = make_records(4, 300, start=3600)
-        produce_json(broker, topic, last)
-        wait_drained(job, capacity=4)
+        rebuild_on_a_new_machine(job, tmp_path / "state", last)
     finally:
         job.stop_all()
     assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
-    rebuilt, _ = read_state(job, 1)
-    expected = {k: (v["n"], v["sum"]) for k, v in reference(before + after + last).items()}
-    assert {k: (v["n"], v["sum"]) for k, v in rebuilt.items()} == expected
+    assert_applied_once(job, before + after + last)
+
+
+def counts(state: dict[str, dict]) -> dict[str, tuple[int, int]]:
+    return {k: (v["n"], v["sum"]) for k, v in state.items()}
+
+
+def assert_applied_once(job: Job, records: list) -> None:
+    """The one processor's state is every record applied once."""
+    state, _ = read_state(job, 1)
+    assert counts(state) == counts(reference(records))
+
+
+def rebuild_on_a_new_machine(job: Job, state_dir: Path, records: list) -> None:
+    """Lose the stores, start a worker (its processor is rebuilt from history) and wait
+    until ``records``, written now, are committed: only once the rebuild is done."""
+    shutil.rmtree(state_dir)
+    job.workers.clear()
+    job.start_worker()
+    produce_json(job.bootstrap, job.topic, records)
+    wait_drained(job, capacity=4)
 
 
 def copy_dests(broker: str, topic: str) -> list[tuple[int, bytes]]:
