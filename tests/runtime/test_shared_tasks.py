@@ -151,6 +151,7 @@ def test_key_concurrent_processing_killed_again_and_again_applies_every_record_o
     shown to skip the records inside the ranges."""
     job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
     job.env["SK_TEST_CONCURRENCY"] = "20"
+    job.env["STREAMKIT_MAX_BATCH_RECORDS"] = "10000"  # more records in flight per batch: kills find IC ranges sooner
     with_ranges: list[int] = []
 
     async def kill_repeatedly(io: KafkaIO) -> None:
