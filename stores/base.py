@@ -29,7 +29,9 @@ __all__ = [
     "StoreLockedError",
 ]
 
-#: ``{table: {key: value or None (= delete)}}``, the argument of :meth:`Store.commit`.
+#: ``{table: {key: value or None (= delete)}}``, the argument of :meth:`Store.commit`. A
+#: table's mapping may also offer ``write_to(put, delete, cf)`` (``cache.PendingChanges``):
+#: a backend that writes one change at a time may call it instead of iterating.
 Changes = Mapping[str, Mapping[bytes, "bytes | None"]]
 
 _CHECKPOINT_FORMAT = 1

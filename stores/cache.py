@@ -65,12 +65,12 @@ machine while shared with other work (so read as upper bounds):
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
 from .base import Checkpoint, Store, StoreError
-from .serde import Serde, serde_for
+from .serde import RawSerde, Serde, serde_for
 
 __all__ = ["CacheBudget", "CachedTable", "commit_cached"]
 
@@ -388,11 +388,35 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
         for k, v in self._dirty.items():
             yield kdumps(k), (None if v is _ABSENT else vdumps(v))
 
+    def write_to(self, put: Callable[[bytes, bytes, Any], None], delete: Callable[[bytes, Any], None], cf: Any) -> None:
+        """Hand each change to ``put(key, value, cf)`` or ``delete(key, cf)``: what :meth:`items`
+        gives, without a tuple per key, and raw keys passed as they are (a store that takes
+        only bytes refuses anything else). At a million keys, where nearly every record
+        dirties a key of its own, this was 60 ns of each record's 5 µs."""
+        vdumps = self._vdumps
+        if self._kdumps == _RAW_DUMPS:
+            for k, v in self._dirty.items():
+                if v is _ABSENT:
+                    delete(k, cf)
+                else:
+                    put(k, vdumps(v), cf)
+            return
+        kdumps = self._kdumps
+        for k, v in self._dirty.items():
+            if v is _ABSENT:
+                delete(kdumps(k), cf)
+            else:
+                put(kdumps(k), vdumps(v), cf)
+
     def __getitem__(self, key: bytes) -> bytes | None:
         for k, v in self.items():  # for completeness: commits iterate
             if k == key:
                 return v
         raise KeyError(key)
+
+
+_RAW_DUMPS = RawSerde().dumps
+"""Equal to the ``dumps`` of every ``RawSerde`` (bound methods compare by function)."""
 
 
 def _first(t: tuple[bytes, Any, Any]) -> bytes:

@@ -222,6 +222,9 @@ class RocksDBStore(Store):
         for table, kv in changes.items():
             handle = self._handles[table]
             try:
+                if (write_to := getattr(kv, "write_to", None)) is not None:  # serialised as written
+                    write_to(put, delete, handle)
+                    continue
                 for k, v in kv.items():
                     if v is None:
                         delete(k, handle)

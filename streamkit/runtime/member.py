@@ -29,7 +29,7 @@ from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import fetch as lean_fetch
 from streamkit.layout.model import PartitionMode, TopicLayout
-from streamkit.runtime import checkpointing
+from streamkit.runtime import checkpointing, collector
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
@@ -520,6 +520,7 @@ class GroupMember:
             ):
                 async with lock:
                     await self._checkpoint()
+                collector.settle()
                 self.services.beat()
                 self._since_checkpoint = 0
                 self._next_checkpoint = time.monotonic() + settings.commit_interval

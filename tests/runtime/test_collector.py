@@ -21,3 +21,33 @@ def test_none_leaves_the_collector_alone() -> None:
     found = gc.get_threshold()
     with fewer_collections(None):
         assert gc.get_threshold() == found and gc.get_freeze_count() == 0
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_settle_freezes_what_is_alive_and_a_thaw_collects_the_cycles_frozen_meanwhile() -> None:
+    import time
+    import weakref
+
+    from streamkit.runtime.collector import THAW_EVERY, settle
+
+    assert settle() is None and gc.get_freeze_count() == 0  # outside: nothing
+    with fewer_collections(50_000):
+        start = time.monotonic()
+        value = [1, 2]  # a state cache's value: alive at the checkpoint
+        garbage = _Cycle()
+        gone = weakref.ref(garbage)
+        before = gc.get_freeze_count()
+        assert settle(start) is None
+        assert gc.get_freeze_count() > before  # frozen: no collection walks them now
+        del garbage
+        gc.collect()
+        assert gone() is not None  # a frozen cycle waits for the thaw
+        assert settle(start + THAW_EVERY / 2) is None and gone() is not None
+        found = settle(start + THAW_EVERY + 1)
+        assert found is not None and found >= 1 and gone() is None
+        assert gc.get_freeze_count() > 0 and value == [1, 2]
+    assert gc.get_freeze_count() == 0

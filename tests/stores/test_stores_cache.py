@@ -357,3 +357,22 @@ def test_stores_sharing_memory_stay_exact(tmp_path) -> None:
             assert store.get("t", b"k123") == b"v%d-123" % n and store.get("t", b"absent") is None
         finally:
             store.close()
+
+
+def test_raw_keys_commit_as_they_are_and_anything_else_is_refused(open_store) -> None:
+    """A raw-key table hands its keys to the store's batch unconverted: puts and deletes
+    land, and a key that is not bytes fails the commit whole, leaving the changes dirty."""
+    store = open_store(["t"])
+    t = CachedTable(store, "t", "raw", "json")
+    t[b"a"], t[b"b"], t[b"c"] = 1, [2, 3], {"x": 4}
+    commit_cached(store, [t], CP)
+    del t[b"b"]
+    t[b"c"] = 5
+    commit_cached(store, [t], CP)
+    assert committed(store) == {b"a": b"1", b"c": b"5"}
+    t[b"d"] = 6
+    t["e"] = 7  # not bytes
+    with pytest.raises(TypeError, match="bytes"):
+        commit_cached(store, [t], CP)
+    assert committed(store) == {b"a": b"1", b"c": b"5"}
+    assert t.dirty_count == 2
