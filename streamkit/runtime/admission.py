@@ -236,11 +236,16 @@ class Admission:
         if rule.everything:
             return [], records
         known = rule.known_in_place(records[0].offset) or _NONE_KNOWN  # a bare record of one is in place
-        odd = [
-            r for r in records
-            if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
-            or (not h and r.key not in known)
-        ]  # fmt: skip
+        if not records[0].headers:  # a plain producer's batch: one test per record, then the few left
+            odd = [r for r in records if r.headers or r.key not in known]
+            if odd:
+                odd = [r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
+        else:
+            odd = [
+                r for r in records
+                if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
+                or (not h and r.key not in known)
+            ]  # fmt: skip
         if not odd:
             return records, []
         seen = route.proc.seen_strays

@@ -113,8 +113,8 @@ class Dispatcher:
             nonlocal ran
             ran += 1
             try:
-                k = kl(rec.key) if rec.key is not None else None
-                v = vl(rec.value) if rec.value is not None else None
+                k = kl(rec.key) if rec.key is not None and kl is not None else rec.key
+                v = vl(rec.value) if rec.value is not None and vl is not None else rec.value
             except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
                 failures.append((rec, _decode_reason(rec, kl), exc, ""))
                 return
@@ -171,10 +171,10 @@ class Dispatcher:
                     ctx.stream_time = times[j]
                 try:
                     k = rec.key
-                    if k is not None:
+                    if k is not None and kl is not None:
                         k = kl(k)
                     v = rec.value
-                    if v is not None:
+                    if v is not None and vl is not None:
                         v = vl(v)
                 except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
                     failures.append((rec, _decode_reason(rec, kl), exc, ""))
@@ -234,8 +234,8 @@ def by_processor(routes: Iterable[tuple[Any, Route]], only: set[Any] | None = No
     return out
 
 
-def _decode_reason(rec: Any, key_loads: Callable[[bytes], Any]) -> str:
-    if rec.key is not None:
+def _decode_reason(rec: Any, key_loads: Callable[[bytes], Any] | None) -> str:
+    if rec.key is not None and key_loads is not None:
         try:
             key_loads(rec.key)
         except Exception:  # noqa: BLE001

@@ -10,7 +10,7 @@ import orjson
 
 from assignors.linear_hashing import bucket_modulus
 from assignors.placement import KeyFilter
-from stores.serde import JsonSerde, Serde
+from stores.serde import JsonSerde, RawSerde, Serde
 from streamkit.app import HandlerSpec
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import epoch_bytes
@@ -19,10 +19,13 @@ from streamkit.runtime.keyorder import KeyScheduler
 from streamkit.runtime.processor import Position, ProcessorState
 
 
-def decoder(serde: Serde) -> Callable[[bytes], Any]:
-    """The fastest callable that decodes like `serde.loads` (orjson's C function for JSON)."""
+def decoder(serde: Serde) -> Callable[[bytes], Any] | None:
+    """The fastest callable that decodes like `serde.loads` (orjson's C function for JSON),
+    or None for raw bytes: a record's key and value are bytes already, taken as they are."""
     if type(serde) is JsonSerde:
         return orjson.loads
+    if type(serde) is RawSerde:
+        return None
     return serde.loads
 
 
@@ -60,8 +63,9 @@ class Route:
 
     proc: ProcessorState
     handlers: list[HandlerSpec]
-    key_loads: Callable[[bytes], Any]
-    value_loads: Callable[[bytes], Any]
+    key_loads: Callable[[bytes], Any] | None
+    """None: keys are used as the raw bytes they are."""
+    value_loads: Callable[[bytes], Any] | None
     position_key: Position
     rebuild_until: int  # offsets below this were already handled by the group: emit nothing
     committed: int  # the group's committed offset as last known
