@@ -28,11 +28,11 @@ class _Cycle:
         self.me = self
 
 
-def test_settle_freezes_what_is_alive_and_a_thaw_collects_the_cycles_frozen_meanwhile() -> None:
+def test_settle_freezes_what_is_alive_and_collects_frozen_cycles_once_they_have_grown() -> None:
     import time
     import weakref
 
-    from streamkit.runtime.collector import THAW_EVERY, settle
+    from streamkit.runtime.collector import THAW_EVERY, THAW_GROWTH, settle
 
     assert settle() is None and gc.get_freeze_count() == 0  # outside: nothing
     with fewer_collections(50_000):
@@ -45,9 +45,12 @@ def test_settle_freezes_what_is_alive_and_a_thaw_collects_the_cycles_frozen_mean
         assert gc.get_freeze_count() > before  # frozen: no collection walks them now
         del garbage
         gc.collect()
-        assert gone() is not None  # a frozen cycle waits for the thaw
-        assert settle(start + THAW_EVERY / 2) is None and gone() is not None
+        assert gone() is not None  # a frozen cycle waits for a whole collection
+        assert settle(start + THAW_EVERY + 1) is None and gone() is not None  # not grown: none
+        grown = [[] for _ in range(int(gc.get_freeze_count() * (THAW_GROWTH - 1)) + 1000)]
+        assert settle(start + THAW_EVERY / 2) is None and gone() is not None  # grown, too soon
         found = settle(start + THAW_EVERY + 1)
         assert found is not None and found >= 1 and gone() is None
-        assert gc.get_freeze_count() > 0 and value == [1, 2]
+        assert gc.get_freeze_count() > len(grown) and value == [1, 2]
+        assert settle(start + 3 * THAW_EVERY) is None  # measured again after it: not grown since
     assert gc.get_freeze_count() == 0
