@@ -247,7 +247,7 @@ class CachedTable:
     def changes(self) -> PendingChanges:
         """The same changes as :meth:`pending`, serialised one at a time as a commit reads
         them: a commit of many keys never holds all their serialised values at once."""
-        return PendingChanges(self._dirty, self._kdumps, self._vdumps)
+        return PendingChanges(self._dirty, self._kdumps, self._vdumps, raw_keys=type(self.key_serde) is RawSerde)
 
     @property
     def dirty_count(self) -> int:
@@ -371,10 +371,11 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
     a checkpoint; a store's commit that reads these one by one into its write batch
     keeps one alive at a time."""
 
-    __slots__ = ("_dirty", "_kdumps", "_vdumps")
+    __slots__ = ("_dirty", "_kdumps", "_vdumps", "_raw_keys")
 
-    def __init__(self, dirty: dict[Any, Any], kdumps: Any, vdumps: Any) -> None:
+    def __init__(self, dirty: dict[Any, Any], kdumps: Any, vdumps: Any, *, raw_keys: bool = False) -> None:
         self._dirty, self._kdumps, self._vdumps = dirty, kdumps, vdumps
+        self._raw_keys = raw_keys
 
     def __len__(self) -> int:
         return len(self._dirty)
@@ -393,7 +394,7 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
         only bytes refuses anything else). At a million keys, where nearly every record
         dirties a key of its own, this was 60 ns of each record's 5 µs."""
         vdumps = self._vdumps
-        if self._kdumps == _RAW_DUMPS:
+        if self._raw_keys:
             for k, v in self._dirty.items():
                 if v is _ABSENT:
                     delete(k, cf)
@@ -412,10 +413,6 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
             if k == key:
                 return v
         raise KeyError(key)
-
-
-_RAW_DUMPS = RawSerde().dumps
-"""Equal to the ``dumps`` of every ``RawSerde`` (bound methods compare by function)."""
 
 
 def _first(t: tuple[bytes, Any, Any]) -> bytes:

@@ -376,3 +376,13 @@ def test_raw_keys_commit_as_they_are_and_anything_else_is_refused(open_store) ->
         commit_cached(store, [t], CP)
     assert committed(store) == {b"a": b"1", b"c": b"5"}
     assert t.dirty_count == 2
+
+
+def test_raw_keys_are_handed_to_the_store_unconverted() -> None:
+    """The store, not the serde, refuses a raw key that is not bytes: the commit path does
+    not call the key serde per key."""
+    t = CachedTable(MemoryStore(["t"]), "t", "raw", "json")
+    t[b"a"], t["b"] = 1, 2
+    got: list[tuple[Any, bytes, str]] = []
+    t.changes().write_to(lambda k, v, cf: got.append((k, v, cf)), lambda k, cf: None, "cf")
+    assert got == [(b"a", b"1", "cf"), ("b", b"2", "cf")]
