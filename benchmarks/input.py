@@ -8,9 +8,9 @@ fraction of the work) is the first n records of the same sequence.
 
 Every topic gets a streamkit layout of P partitions (adopted as Kafka placed it, as
 ``streamkit topics create`` would; other clients do not see it). The *stamped* input
-holds the same records, each with the stamp streamkit's producer writes: batches and
-placement are the same, so a contender reading it differs from one reading the plain
-input only by the stamp.
+holds the same records, stamped as streamkit's producer stamps them (one header on the
+first record of each batch): batches and placement are the same, so a contender
+reading it differs from one reading the plain input only by the stamp.
 
 ``prepare_topic`` creates the topic and produces the records with several producer
 processes in parallel (each owns a disjoint set of partitions, so each partition's
@@ -100,7 +100,7 @@ def _produce_worker(worker: int, workers: int) -> int:
             for i in range(start, min(n, start + CHUNK))
             if placement[ks[i]] % workers == worker
         ]
-        written += produce_json(bootstrap, topic, records, headers=headers, batch_bytes=512 * 1024)
+        written += produce_json(bootstrap, topic, records, batch_headers=headers, batch_bytes=512 * 1024)
     return written
 
 

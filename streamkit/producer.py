@@ -10,10 +10,11 @@
   ``lh_bucket(key_hash(key), n0, active)`` (``streamkit.layout.placement``): never a
   ReadOnly or None partition.  Topics without a layout use Kafka's default
   partitioner over the physical count.  Records without a key go round robin.
-- **Stamps.**  Every record carries one header, ``sk``: this producer's tag (the six
-  hex digits that end its id) and the layout epoch it was placed with (ASCII digits;
-  0 for a topic without a layout), so consumers can detect late records
-  (``streamkit.layout.stamps``).
+- **Stamps.**  Every record is stamped with this producer's tag (the six hex digits
+  that end its id) and the layout epoch it was placed with (ASCII digits; 0 for a topic
+  without a layout), so consumers can detect late records: one header, ``sk``, on the
+  first record of each batch and on every record with headers of its own; the other
+  records of a batch carry it through their batch (``streamkit.layout.stamps``).
 - **The change protocol** (``streamkit.layout.protocol``): the producer polls the
   layout registry every ``refresh_ms``, heartbeats every ``heartbeat_ms`` and holds a
   lease of ``lease_ms``; on an announced change it switches placement, re-places the
@@ -60,6 +61,8 @@ __all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]  # Deliv
 log = logging.getLogger("streamkit.producer")
 
 Headers = Sequence[tuple[str, bytes]] | None
+_UNSTAMPED: list[tuple[str, bytes]] = []
+"""The headers of a record that its batch stamps (a list: aiokafka's builder takes no other; never mutated)."""
 
 
 class Producer:
@@ -298,13 +301,15 @@ class Producer:
         ob = self._open.get(k)
         if ob is None:
             ob = self._open[k] = OpenBatch(st.topic, p, self._kp.create_batch(), st.epoch)
-        hdrs = st.headers if not headers else st.headers + list(headers)
+        # The stamp goes on a batch's first record and on records with headers of their
+        # own; the others carry it through their batch (streamkit.layout.stamps).
+        hdrs = st.headers + list(headers) if headers else st.headers if not ob.records else _UNSTAMPED
         meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
         full = None
         if meta is None:
             full = ob
             ob = self._open[k] = OpenBatch(st.topic, p, self._kp.create_batch(), st.epoch)
-            meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
+            meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs or st.headers)
             if meta is None:
                 del self._open[k]
                 raise ValueError(

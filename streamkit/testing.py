@@ -129,12 +129,16 @@ async def aproduce_json(
     records: Iterable[Record],
     *,
     headers: Sequence[tuple[str, bytes]] | None = None,
+    batch_headers: Sequence[tuple[str, bytes]] | None = None,
     timestamp_ms: int | None = None,
     batch_bytes: int = 256 * 1024,
     compression_type: str | None = None,
     producer: AIOKafkaProducer | None = None,
 ) -> int:
     """Produce keyed JSON records fast; returns how many were written (all acknowledged).
+
+    ``headers`` go on every record; ``batch_headers`` on the first record of each batch
+    (and before ``headers`` there), as streamkit's producer writes its stamp.
 
     ``records`` are ``(key, value)`` or ``(key, value, partition)``. Keys are bytes, str
     (UTF-8) or None; values are orjson-encoded unless already ``bytes`` (None is a
@@ -181,17 +185,19 @@ async def aproduce_json(
             count += 1
 
         hdrs = list(headers or ())
+        first = list(batch_headers or ()) + hdrs
         futures: list[asyncio.Future] = []
 
         async def send_partition(part: int, items: list) -> None:
             batch = sender.create_batch()
             for key, value in items:
                 ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
-                if batch.append(timestamp=ts, key=key, value=value, headers=hdrs) is None:
+                h = hdrs if batch.record_count() else first
+                if batch.append(timestamp=ts, key=key, value=value, headers=h) is None:
                     batch.close()
                     futures.append(await sender.send_batch(batch, topic, partition=part))
                     batch = sender.create_batch()
-                    if batch.append(timestamp=ts, key=key, value=value, headers=hdrs) is None:
+                    if batch.append(timestamp=ts, key=key, value=value, headers=first) is None:
                         raise ValueError(f"record larger than batch_bytes={batch_bytes}")
             if batch.record_count():
                 batch.close()

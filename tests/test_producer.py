@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from aiokafka.record.memory_records import MemoryRecords
 
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import kafka_partition, key_hash
@@ -58,6 +59,42 @@ def test_places_by_layout_stamps_epoch_and_batches(broker: str) -> None:
             for r in lst:
                 assert [k for k, _ in r.headers] == [STAMP_HEADER]  # one compact header
                 assert record_epoch(r.headers) == 2 and p.producer_id.endswith("-" + record_producer(r.headers))
+
+    asyncio.run(go())
+
+
+def test_the_stamp_is_written_once_per_batch_and_every_record_is_read_stamped(broker: str) -> None:
+    """The header goes on a batch's first record and on records with headers of their
+    own; a reader sees every record stamped, also when it starts in mid-batch."""
+    topic = name("prod-batchstamp")
+
+    async def go() -> None:
+        async with LayoutCoordinator(broker) as co:
+            await co.create(topic, 1, capacity=1)
+        async with Producer(broker, client_id="batched", batch_bytes=16 * 1024) as p:
+            for i in range(3000):
+                await p.send(topic, f"k{i}", {"i": i}, headers=[("mine", b"%d" % i)] if i % 100 == 7 else None)
+            await p.flush()
+        async with KafkaIO(broker) as io:
+            raw: list[list[list[str]]] = []  # per batch, per record: the header names written
+            offset = 0
+            while offset < 3000:
+                _, _, data = await io._fetch_raw(topic, 0, offset, max_wait_ms=100, max_bytes=1 << 20)
+                mr = MemoryRecords(data)
+                while (batch := mr.next_batch()) is not None:
+                    raw.append([[k for k, _ in r.headers] for r in batch])
+                    offset = batch.next_offset
+            records = (await io.read(topic, 0, 0))[0]
+            middle = (await io.read(topic, 0, len(raw[0]) + 5))[0]
+        assert len(raw) > 3 and sum(map(len, raw)) == 3000
+        assert all(b[0][0] == STAMP_HEADER for b in raw)
+        names = [h for b in raw for h in b[1:]]
+        assert names.count([]) == len(names) - names.count([STAMP_HEADER, "mine"]) > 2000
+        assert [record_epoch(r.headers) for r in records] == [1] * 3000
+        assert all(record_producer(r.headers) == p.producer_id[-6:] for r in records)
+        assert middle[0].offset == len(raw[0]) + 5 and record_epoch(middle[0].headers) == 1
+        mine = [r for r in records if r.offset % 100 == 7]
+        assert all([k for k, _ in r.headers] == [STAMP_HEADER, "mine"] for r in mine)
 
     asyncio.run(go())
 

@@ -37,6 +37,7 @@ from aiokafka.structs import TopicPartition
 
 from streamkit.connection import Connection, as_connection, connect_failure, quiet_bootstrap
 from streamkit.errors import StreamkitError, TopicNotFoundError
+from streamkit.layout.stamps import NO_HEADERS, batch_stamp
 
 __all__ = ["CREATE_CONFIGS", "HOLE_CONFIRM_SECONDS", "FetchedRecord", "KafkaIO", "KafkaIOError"]
 
@@ -263,9 +264,18 @@ class KafkaIO:
             expected = max(expected, batch.next_offset)
             if batch.is_control_batch:
                 continue
+            base, inherited = batch.base_offset, NO_HEADERS
             for r in batch:
+                headers = r.headers
+                if r.offset == base:
+                    inherited = batch_stamp(headers)  # the stamp is written once per batch
                 if r.offset >= offset:
-                    out.append(FetchedRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers)))
+                    out.append(
+                        FetchedRecord(
+                            topic, partition, r.offset, r.timestamp, r.key, r.value,
+                            tuple(headers) if headers else inherited,
+                        )
+                    )  # fmt: skip
         return out, None, hw
 
     async def high_watermark(self, topic: str, partition: int) -> int:

@@ -12,7 +12,10 @@ loop iterates directly (about 0.2 µs less per record). It takes this path only 
 aiokafka's own does nothing more: no key or value deserializer (streamkit decodes
 itself) and ``read_uncommitted`` (aborted transactions need the original bookkeeping);
 otherwise it runs aiokafka's code unchanged. :func:`install` puts it in aiokafka's
-fetcher for every consumer of the process: they get the same records, sooner.
+fetcher for every consumer of the process: they get the same records, sooner.  One
+difference is deliberate: a header-less record of a batch whose first record carries
+streamkit's stamp gets that stamp as its headers (the producer writes it once per
+batch; ``streamkit.layout.stamps``).
 ``tests/layout/test_lean_fetch.py`` checks it against aiokafka's on the same batches.
 """
 
@@ -24,6 +27,8 @@ from typing import Any
 import aiokafka.errors as errors
 from aiokafka.consumer import fetcher as _fetcher
 from aiokafka.structs import ConsumerRecord
+
+from streamkit.layout.stamps import NO_HEADERS, batch_stamp
 
 __all__ = ["LeanPartitionRecords", "install"]
 
@@ -47,15 +52,19 @@ class LeanPartitionRecords(_fetcher.PartitionRecords):
                 raise errors.CorruptRecordException(f"Invalid CRC - {tp}")
             if not batch.is_control_batch:
                 below: int = self.next_fetch_offset  # type: ignore[has-type]  # a batch may start before it (compressed, or compacted)
+                base, inherited = batch.base_offset, NO_HEADERS
                 for r in batch:
-                    offset = r.offset
+                    offset, headers = r.offset, r.headers
+                    if offset == base:
+                        inherited = batch_stamp(headers)
                     if offset < below:
                         continue
                     key, value = r.key, r.value
                     self.next_fetch_offset = offset + 1
                     yield record_of(
                         topic, partition, offset, r.timestamp, r.timestamp_type, key, value, r.checksum,
-                        -1 if key is None else len(key), -1 if value is None else len(value), tuple(r.headers),
+                        -1 if key is None else len(key), -1 if value is None else len(value),
+                        tuple(headers) if headers else inherited,
                     )  # fmt: skip
             self.next_fetch_offset = batch.next_offset
 
