@@ -29,6 +29,8 @@ class Job:
     state_dir: Path
     processors: int | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: dict[int, Path] = field(default_factory=dict)
+    """Each worker's log file, by process id."""
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -47,25 +49,36 @@ class Job:
         return env
 
     def start_worker(self, members: int = 1, **env: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamkit.cli",
-                "worker",
-                "tests.runtime.job_app:app",
-                "--members",
-                str(members),
-                "--log-level",
-                "WARNING",
-            ],
-            cwd=ROOT,
-            env=self.env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        """A worker process logging at INFO into a file beside the state (:meth:`log`): a
+        pipe nobody reads while the worker runs would stop it once full."""
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir.parent / f"{self.app}-worker-{len(self.workers)}.log"
+        with open(path, "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "streamkit.cli",
+                    "worker",
+                    "tests.runtime.job_app:app",
+                    "--members",
+                    str(members),
+                    "--log-level",
+                    "INFO",
+                ],
+                cwd=ROOT,
+                env=self.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.workers.append(proc)
+        self.logs[proc.pid] = path
         return proc
+
+    def log(self, worker: subprocess.Popen[bytes], tail: int | None = None) -> str:
+        """What ``worker`` has logged so far (its last ``tail`` characters)."""
+        text = self.logs[worker.pid].read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def stop_all(self, timeout: float = 30.0) -> None:
         for w in self.workers:
@@ -111,7 +124,7 @@ def wait_until_committed(
             return got
         for w in job.workers:
             if w.poll() not in (None, -signal.SIGKILL, 0):
-                raise AssertionError(f"worker exited with {w.returncode}: {w.stderr.read().decode()[-3000:]}")
+                raise AssertionError(f"worker exited with {w.returncode}: {job.log(w, 3000)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"committed offsets stuck at {got} (< {at_least}) after {timeout}s\n{last_words(job)}")
         time.sleep(0.2)
@@ -121,10 +134,7 @@ def last_words(job: Job) -> str:
     """Stop the workers still running and return the end of every worker's log: what a
     stuck test shows (a live worker's log can be read only once it has exited)."""
     job.stop_all(timeout=20.0)
-    return "\n".join(
-        f"worker {i} (exit {w.returncode}): {w.stderr.read().decode(errors='replace')[-3000:] if w.stderr else ''}"
-        for i, w in enumerate(job.workers)
-    )
+    return "\n".join(f"worker {i} (exit {w.returncode}): {job.log(w, 5000)}" for i, w in enumerate(job.workers))
 
 
 def read_state(job: Job, processors: int) -> tuple[dict[str, dict[str, Any]], dict[int, dict[Any, int]]]:

@@ -66,7 +66,7 @@ def wait_drained(job: Job, timeout: float = 120.0, capacity: int = CAPACITY) -> 
         hws, com = asyncio.run(look())
         settled = settled + 1 if all(com.get(p, 0) >= hw for p, hw in hws.items()) else 0
         for w in job.workers:
-            assert w.poll() is None, f"worker exited with {w.returncode}: {w.stderr.read().decode()[-3000:]}"
+            assert w.poll() is None, f"worker exited with {w.returncode}: {job.log(w, 3000)}"
         assert time.monotonic() < deadline, f"not drained after {timeout} s: committed {com}, high watermarks {hws}"
         time.sleep(0.5)
     return hws
@@ -104,7 +104,7 @@ def test_a_plain_producer_loses_nothing_around_reserved_capacity_and_an_expansio
         described = cli(job, "topics", "describe", topic, "--group", f"streamkit-{job.app}")
     finally:
         job.stop_all()
-    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
     for partition, parent in ((4, 0), (5, 1)):  # their gates opened long ago: passed, nothing pending
         assert re.search(rf"│ +{partition} │ ReadWrite .*│ +│ after p{parent}@\d+ \(e2\) +│\n", described.stdout), (
             described.stdout
@@ -191,7 +191,7 @@ def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_agai
         wait_drained(job, capacity=4)
         activated, ends = sweep_of(broker, job, 2)
         job.stop_all()
-        assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+        assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
         assert_applied_once(job, before + during)
         # the race this is about happened: the sweep forwarded records beyond the activation
         assert activated is not None and ends.get(activated, 0) > activated, (activated, ends)
@@ -199,7 +199,7 @@ def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_agai
         rebuild_on_a_new_machine(job, tmp_path / "state", after)
     finally:
         job.stop_all()
-    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
     assert_applied_once(job, before + during + after)
 
 
@@ -227,7 +227,7 @@ def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_acro
             origins = Counter(o.split(b":")[0] for o in copies_from(broker, topic))
             if all(origins[str(q).encode()] >= n for q, n in stray_offsets.items()):
                 break
-            assert job.workers[0].poll() is None, job.workers[0].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            assert job.workers[0].poll() is None, job.log(job.workers[0], 3000)
             assert time.monotonic() < deadline, (origins, stray_offsets)
             time.sleep(0.2)
         job.kill_all()
@@ -240,7 +240,7 @@ def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_acro
         produce_json(broker, topic, after)
         wait_drained(job, capacity=4)
         job.stop_all()
-        assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+        assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
         assert_applied_once(job, before + after)
         dests: dict[bytes, set[int]] = {}
         for d, o in copy_dests(broker, topic):
@@ -250,7 +250,7 @@ def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_acro
         rebuild_on_a_new_machine(job, tmp_path / "state", last)
     finally:
         job.stop_all()
-    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
     assert_applied_once(job, before + after + last)
 
 

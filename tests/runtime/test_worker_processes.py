@@ -56,7 +56,7 @@ def test_three_workers_process_100k_records_exactly(broker: str, tmp_path: Path)
         wait_until_committed(job, PARTITIONS, N)
     finally:
         job.stop_all()
-    assert all(w.returncode == 0 for w in job.workers), [w.stderr.read()[-2000:] for w in job.workers]
+    assert all(w.returncode == 0 for w in job.workers), [job.log(w, 2000) for w in job.workers]
     assert_exact(job, records)
 
 
@@ -109,7 +109,7 @@ def test_restart_with_a_different_initial_processor_count_is_refused(broker: str
     job.processors = 2
     refused = job.start_worker()
     assert refused.wait(60) == 1
-    err = refused.stderr.read().decode()
+    err = job.log(refused)
     assert f"job '{job.app}' was created with 3 processors" in err
     assert "processors=2" in err
     assert "Traceback" not in err
@@ -173,7 +173,7 @@ def test_a_handler_failing_on_every_record_is_loud_in_logs_and_status(broker: st
     assert "FAILING" in status.stdout
     dead_rows = [line.split("│") for line in status.stdout.splitlines() if line.startswith("│ handler")]
     assert [int(row[2]) for row in dead_rows] == [len(records)]
-    log = worker.stderr.read().decode()
+    log = job.log(worker)
     assert "records all failed" in log and "ValueError: asked to fail" in log
 
 
@@ -181,10 +181,10 @@ def test_one_line_errors_for_a_missing_topic_and_an_unreachable_broker(broker: s
     job = Job(broker, f"app-{uuid.uuid4().hex[:8]}", f"missing-{uuid.uuid4().hex[:8]}", tmp_path / "state", 3)
     missing = job.start_worker()
     assert missing.wait(60) == 1
-    err = missing.stderr.read().decode()
+    err = job.log(missing)
     assert f"topic '{job.topic}' does not exist" in err and "Traceback" not in err
     job.bootstrap = "127.0.0.1:1"
     unreachable = job.start_worker()
     assert unreachable.wait(60) == 1
-    err = unreachable.stderr.read().decode()
+    err = job.log(unreachable)
     assert "no Kafka broker answers at 127.0.0.1:1" in err and "Traceback" not in err

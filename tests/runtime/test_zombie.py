@@ -72,7 +72,7 @@ def test_a_paused_processor_is_fenced_and_its_checkpoint_rejected(broker: str, t
         wait_until_committed(job, PARTITIONS, len(records), timeout=180)
     finally:
         job.stop_all()
-    log = zombie.stderr.read().decode()
+    log = job.log(zombie)
     assert f"checkpoint of generation {generation} rejected" in log, log[-3000:]
     state, _ = read_state(job, 4)
     assert state == reference(records)
