@@ -240,12 +240,16 @@ class Admission:
             odd = [r for r in records if r.headers or r.key not in known]
             if odd:
                 odd = [r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
-        else:
-            odd = [
-                r for r in records
-                if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
-                or (not h and r.key not in known)
-            ]  # fmt: skip
+        else:  # the records of a producer batch share its stamp (one object): an identity test each
+            h0 = records[0].headers
+            passes = h0[0][0] in _STAMP_KEYS and h0[-1][0] != STRAY_HEADER  # a stamp, not a stray's copy
+            odd = [r for r in records if r.headers is not h0] if passes else records
+            if odd:
+                odd = [
+                    r for r in odd
+                    if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
+                    or (not h and r.key not in known)
+                ]  # fmt: skip
         if not odd:
             return records, []
         seen = route.proc.seen_strays
@@ -301,7 +305,10 @@ class Admission:
         if eb is None or not records:
             return records, stop_at, []
         current = route.stamps_current
-        odd = [r for r in records if (h := r.headers) and h[0][1] not in current]
+        h0 = records[0].headers  # shared by the records of its batch: one identity test each
+        odd = [r for r in records if (h := r.headers) is not h0 and h and h[0][1] not in current]
+        if h0 and h0[0][1] not in current:
+            odd.append(records[0])
         if odd:  # a new producer's stamp (learnt if it carries our epoch), or another epoch
             if len(current) > STAMPS_KEPT:
                 current.clear()

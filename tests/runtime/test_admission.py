@@ -207,6 +207,18 @@ def test_a_late_record_of_a_moved_key_is_reported_not_applied() -> None:
     assert rec.offset == 11 and report["status"] == "late" and report["moved"] and report["producer"] == TAG.decode()
 
 
+def test_late_records_sharing_their_batch_s_stamp_are_all_reported() -> None:
+    """The fetch path hands a batch's one stamp object to its records; an old epoch there
+    is inspected like one on every record."""
+    layout = expanded()
+    admission, _, _ = make(layout, position=10)
+    moved = key_moved_to_1()
+    shared = (stamp_header(TAG, 1),)
+    batch = [Rec("orders", 0, o, moved, b"1", shared) for o in range(10, 14)]
+    [(_, out)] = admission.admit(TP, batch)
+    assert out.deliver == [] and [r.offset for r, _ in out.late] == [10, 11, 12, 13]
+
+
 def test_records_with_an_earlier_stamp_are_checked_as_before() -> None:
     layout = expanded()
     admission, _, _ = make(layout, position=10)
@@ -315,6 +327,30 @@ def test_an_unstamped_record_of_a_key_the_layout_places_elsewhere_is_a_stray() -
     admission.routes[TP] = [Route.build(route.proc, route.handlers, ("orders", 0), 0, layout)]
     [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o], b"1", stamp(layout)) for o in range(20)])
     assert offsets(out.deliver) == list(range(20)) and out.strays == []
+
+
+def test_a_stray_beside_records_sharing_a_batch_stamp_is_found() -> None:
+    """Records sharing their batch's stamp pass on an identity test; a record with headers
+    of its own (a foreign producer's) or none is still checked, first in the batch or not."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+
+    layout = capacity_only()
+    admission, _, route = make(layout)
+    keys = [f"k{i}".encode() for i in range(40)]
+    elsewhere = [k for k in keys if lh_bucket(key_hash(k), 2, 2) != 0]
+    shared = stamp(layout)
+    foreign = (("trace", b"t1"),)
+    batch = [Rec("orders", 0, 0, elsewhere[0], b"1", foreign)]  # first, with a header that is not a stamp
+    batch += [Rec("orders", 0, o, elsewhere[o], b"1", shared) for o in range(1, 5)]
+    batch += [Rec("orders", 0, 5, elsewhere[5])]  # unstamped, placed elsewhere
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.strays) == [0, 5] and offsets(out.deliver) == [1, 2, 3, 4]
+    route.position = 0
+    admission.routes[TP] = [Route.build(route.proc, route.handlers, ("orders", 0), 0, layout)]
+    batch = [Rec("orders", 0, o, elsewhere[o], b"1", shared) for o in range(4)] + [Rec("orders", 0, 4, elsewhere[4])]
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.strays) == [4] and offsets(out.deliver) == [0, 1, 2, 3]
 
 
 def test_a_topic_placed_like_kafkas_default_has_no_stray_check() -> None:
