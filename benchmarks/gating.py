@@ -4,15 +4,16 @@
 
 1. Steady state. Topics with layouts of 4 active partitions, each holding the same N
    records. "on" and "off": room for 8 partitions, ordered delivery on or off, records
-   written by the streamkit producer (every record carries its epoch stamp and the
-   consumer checks it). "no stray check": no reserved partitions, where a plain
+   written by the streamkit producer (every record is stamped with its epoch, once per
+   batch, and the consumer checks it). "no stray check": no reserved partitions, where a plain
    producer places keys like the layout, so the consumer never looks for strays. The
    "unstamped" pair: records of a plain producer (in place), with room for 8 (every key
    hashed to check its placement) and without. The streamkit count+sum job
    (benchmarks.contenders.streamkit_app) consumes each, cycling through the modes
-   `--runs` times; records/s first to last record, median per mode. A cost is the
-   median over rounds of the ratio within a round (the modes of a round run back to
-   back, so a machine whose speed drifts between rounds does not show as a cost).
+   `--runs` times (every other round in reverse order); records/s first to last record,
+   median per mode. A cost is the median over rounds of the ratio within a round (the
+   two modes of a pair run back to back, each first in every other round, so a machine
+   whose speed drifts does not show as a cost).
    Beside records/s, each run's CPU per record (every thread of the job's process,
    first record to last), which that drift moves least; its cost is paired the same way.
 2. Under load. A producer process writes at `--rate` records/s while a worker (in this
