@@ -303,7 +303,7 @@ class Producer:
             ob = self._open[k] = OpenBatch(st.topic, p, self._kp.create_batch(), st.epoch)
         # The stamp goes on a batch's first record and on records with headers of their
         # own; the others carry it through their batch (streamkit.layout.stamps).
-        hdrs = st.headers + list(headers) if headers else st.headers if not ob.records else _UNSTAMPED
+        hdrs = st.headers + list(headers) if headers else (_UNSTAMPED if ob.records else st.headers)
         meta = ob.builder.append(timestamp=ts, key=kb, value=vb, headers=hdrs)
         full = None
         if meta is None:
