@@ -100,6 +100,17 @@ class ProcessorAssignment:
     sweeps: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     """Per processor of this member: the partitions it reads only to forward strays."""
 
+    def outdated(self, p: int, shapes: Mapping[str, TopicShape]) -> str | None:
+        """Why this assignment does not fit a job of ``p`` processors with topics of these
+        ``shapes`` (None: it fits). A change seen during the rebalance can be newer than
+        what the leader placed by (and aiokafka drops a rejoin asked for while joining)."""
+        if p != self.p:
+            return f"assignment placed {self.p} processors, the job has {p}"
+        for topic, shape in shapes.items():
+            if shape.epoch > self.epochs.get(topic, -1):
+                return f"assignment used epoch {self.epochs.get(topic)} of {topic}, the layout is at {shape.epoch}"
+        return None
+
     def encode(self) -> bytes:
         return orjson.dumps(
             {
@@ -164,6 +175,26 @@ def sharers_of(slots: Mapping[int, list[PartitionSlot]]) -> dict[tuple[str, int]
     return {tp: tuple(pids) for tp, pids in sharers.items()}
 
 
+@dataclass(frozen=True)
+class JobPlacement:
+    """Where the processors of a job read: each one's slots, the partitions each one sweeps,
+    and the processors sharing each shared partition."""
+
+    slots: dict[int, list[PartitionSlot]]
+    sweeps: dict[int, list[tuple[str, int]]]
+    sharers: dict[tuple[str, int], tuple[int, ...]]
+
+    def shared_only_among(self, pids: Iterable[int]) -> bool:
+        """Whether no partition of ``pids`` is shared with a processor outside them."""
+        pids = set(pids)
+        return all(set(self.sharers.get((t, q), ())) <= pids for pid in pids for t, q, _ in self.slots.get(pid, ()))
+
+
+def place_job(shapes: Mapping[str, TopicShape], p0: int, p: int) -> JobPlacement:
+    slots = processor_slots(shapes, p0, p)
+    return JobPlacement(slots, sweep_slots(shapes, p0, p), sharers_of(slots))
+
+
 class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
     """One instance per consumer: `info` is sent on join, `assignment` is set on sync."""
 
@@ -207,9 +238,8 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
                 log.warning("no partition metadata for topic %s; not assigning it", topic)
                 continue
             shapes[topic] = TopicShape(len(parts), len(parts))
-        slots = processor_slots(shapes, p0, p)
-        sweeps = sweep_slots(shapes, p0, p)
-        sharers = sharers_of(slots)
+        placed = place_job(shapes, p0, p)
+        slots, sweeps, sharers = placed.slots, placed.sweeps, placed.sharers
         together = [list(pids) for _, pids in sorted(sharers.items())]
         hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p, together)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}

@@ -11,30 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from assignors.group import (
-    MemberInfo,
-    PartitionSlot,
-    StreamkitAssignor,
-    TopicShape,
-    processor_slots,
-    sharers_of,
-    sweep_slots,
-)
+from assignors.group import MemberInfo, StreamkitAssignor, TopicShape, place_job
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import fetch as lean_fetch
-from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.model import TopicLayout
 from streamkit.runtime import checkpointing, collector
 from streamkit.runtime.admission import Admission
+from streamkit.runtime.catchup import CatchUp, Stamp, shape_of
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.rebuild import RebuildPlan, plan_left_history, plan_rebuild, rebuild, rebuild_unfinished
+from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routing import Router, Starts
 from streamkit.runtime.scaling import (
     bootstrap_step,
@@ -48,12 +40,6 @@ from streamkit.runtime.services import Services
 log = logging.getLogger(__name__)
 
 GATE_POLL_SECONDS = 0.1
-
-
-def shape_of(layout: TopicLayout) -> TopicShape:
-    draining = tuple(p for p in range(layout.physical) if layout.mode(p) == PartitionMode.READ_ONLY)
-    swept = tuple(p for p in range(layout.physical) if layout.mode(p) == PartitionMode.NONE)
-    return TopicShape(layout.n0, layout.active, draining, layout.epoch, swept)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -120,6 +106,10 @@ class GroupMember:
             self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges
         )
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
+        self.catchup = CatchUp(
+            self.name, services.io, services.registry, services.progress, app.handlers, app.input_topics,
+            self.dispatcher, app.group_id, s.commit_every, self._send_output,
+        )  # fmt: skip
 
     # -- what the worker reads -------------------------------------------------------------
     def serving(self) -> list[ProcessorState]:
@@ -266,6 +256,7 @@ class GroupMember:
             settings = self.app.settings
             self.job_p = assignment.p
             starts = Starts()
+            stamp = self._stamp(generation)
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
                 proc = await open_for_count(
@@ -284,11 +275,11 @@ class GroupMember:
                 ]  # fmt: skip
                 if behind or rebuild_unfinished(proc.loaded):
                     try:
-                        await self._rebuild(proc, generation)
+                        await self.catchup.rebuild(proc, stamp, assignment.p0, assignment.p)
                     except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                         self.fatal = exc
                         return
-                await self._read_left_history(proc, generation, assignment.p0, assignment.p, slots)
+                await self.catchup.read_left_history(proc, stamp, assignment.p0, assignment.p, slots)
                 starts.update(self.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
                 starts.update(self.router.sweeps(proc, assignment.sweeps.get(pid, [])))
             for tp in self.admission.routes:
@@ -310,26 +301,10 @@ class GroupMember:
                 generation,
                 sorted(self.admission.routes),
             )
-            # A layout or job change seen during the rebalance may be newer than the one
-            # the leader placed by (aiokafka drops a rejoin request made while joining).
-            job = self.services.jobs.job
-            if job.p != assignment.p:
-                log.info("%s: assignment placed %d processors, the job has %d: rebalancing again",
-                         self.name, assignment.p, job.p)  # fmt: skip
+            outdated = assignment.outdated(self.services.jobs.job.p, self._shapes())
+            if outdated is not None:
+                log.info("%s: %s: rebalancing again", self.name, outdated)
                 self.consumer._coordinator.request_rejoin()
-                return
-            used = assignment.epochs
-            for topic, shape in self._shapes().items():
-                if shape.epoch > used.get(topic, -1):
-                    log.info(
-                        "%s: assignment used epoch %s of %s, the layout is at %d: rebalancing again",
-                        self.name,
-                        used.get(topic),
-                        topic,
-                        shape.epoch,
-                    )
-                    self.consumer._coordinator.request_rejoin()
-                    break
 
     async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
         """A growth step whose splitting processor is hosted here, beside the joined one:
@@ -343,15 +318,8 @@ class GroupMember:
         old = self.processors.get(split)
         if generation != self.assigned_generation or old is None:
             return False
-        shapes = {
-            t: shape_of(lay) if lay is not None else TopicShape(n, n)
-            for t, (lay, n) in (await self._input_topics()).items()
-        }
-        slots = processor_slots(shapes, job.p0, job.p)
-        sweeps = sweep_slots(shapes, job.p0, job.p)
-        sharers = sharers_of(slots)
-        if any(not set(sharers.get((t, q), ())) <= {split, joined.id} for pid in (split, joined.id)
-               for t, q, _ in slots.get(pid, ())):  # fmt: skip
+        placed = place_job(await self.catchup.shapes(), job.p0, job.p)
+        if not placed.shared_only_among((split, joined.id)):
             return False
         moving = [tp for tp, r in self.admission if r.proc is old]
         await self.dispatcher.fire(self.app.keys_revoked_callbacks, {old: moving})
@@ -367,11 +335,13 @@ class GroupMember:
         self.assignor.info.hosted = sorted(self.processors)
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
-        await self._read_left_history(joined, generation, job.p0, job.p, slots.get(joined.id, []), old.positions)
+        await self.catchup.read_left_history(
+            joined, self._stamp(generation), job.p0, job.p, placed.slots.get(joined.id, []), old.positions
+        )
         starts = Starts()
         for proc in (old, joined):
-            starts.update(self.router.slots(proc, slots.get(proc.id, []), sharers, job.p0, job.p))
-            starts.update(self.router.sweeps(proc, sweeps.get(proc.id, [])))
+            starts.update(self.router.slots(proc, placed.slots.get(proc.id, []), placed.sharers, job.p0, job.p))
+            starts.update(self.router.sweeps(proc, placed.sweeps.get(proc.id, [])))
         for tp in moving:
             self.consumer.seek(tp, self.admission.fetch_position(tp))
         await self.router.record(self.name, generation, self.layout_epochs, starts)
@@ -383,64 +353,9 @@ class GroupMember:
                  "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip
         return True
 
-    async def _input_topics(self) -> dict[str, tuple[TopicLayout | None, int]]:
-        """Per input topic: its layout (None: a plain topic) and physical partition count."""
-        io, registry = self.services.io, self.services.registry
-        return {t: (registry.get(t), await io.partition_count(t) or 0) for t in self.app.input_topics}
-
-    async def _read_left_history(
-        self,
-        proc: ProcessorState,
-        generation: int,
-        p0: int,
-        p: int,
-        slots: list[PartitionSlot],
-        handled: Mapping[tuple[str, int], int] | None = None,
-    ) -> None:
-        """Read what ``proc`` still lacks of partitions it does not consume (``plan_left_history``)."""
-        registry = self.services.registry
-        left = plan_left_history(
-            proc.id, p0, p, proc.positions, {(t, q) for t, q, _ in slots},
-            {t: registry.get(t) for t in self.app.handlers}, handled,
-        )  # fmt: skip
-        if left.targets:
-            await self._rebuild(proc, generation, left)
-
-    async def _rebuild(self, proc: ProcessorState, generation: int, left: RebuildPlan | None = None) -> None:
-        """Bring a processor whose store is behind the group (new on this machine, or an
-        old copy) up to where the group is: from the whole history of its keys, without
-        output (``rebuild``). With ``left``: read what it still lacks of partitions it no
-        longer consumes (``plan_left_history``), with output where the group had not
-        handled them."""
-        started = time.monotonic()
-        io, registry = self.services.io, self.services.registry
-        progress = self.services.progress
-        if left is None:
-            topics = await self._input_topics()
-            where = lambda t, q: progress.position(t, q, proc.id)  # noqa: E731
-            plan = await plan_rebuild(io, proc.id, self.services.p0, self.job_p, topics, where)
-            what = "is behind the group here: rebuilding it from %d partitions (up to %d records) without output"
-        else:  # no checkpoint before the end: a restart reads it again (a rebuild would emit nothing)
-            plan = left
-            what = "still has keys in %d partitions it does not read (up to %d records): reading them first"
-        log.info("%s: processor %d " + what, self.name, proc.id, len(plan.targets), plan.records)
-        read = await rebuild(
-            io=io,
-            registry=registry,
-            proc=proc,
-            handlers=self.app.handlers,
-            plan=plan,
-            dispatcher=self.dispatcher,
-            stamp=lambda: (self.layout_epochs, generation),
-            group=self.app.group_id,
-            checkpoint_every=self.app.settings.commit_every if left is None else 1 << 62,
-            extra={"p": self.job_p},
-            before_checkpoint=self._send_output,
-            sweep_ends=progress.sweep_ends,
-        )
-        log.info(
-            "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
-        )
+    def _stamp(self, generation: int) -> Stamp:
+        """What the checkpoints of a catch-up in ``generation`` are stamped with."""
+        return lambda: (self.layout_epochs, generation)
 
     async def _bootstrap(self, proc: ProcessorState, step: Bootstrap, generation: int) -> None:
         """Bootstrap ``proc`` for the scale change's next step beside the member's loop
@@ -452,8 +367,8 @@ class GroupMember:
 
         stepped = await bootstrap_step(
             proc, job=self.services.jobs.job, step=step, io=self.services.io, registry=self.services.registry,
-            progress=self.services.progress, handlers=self.app.handlers, topics=self._input_topics,
-            dispatcher=self.dispatcher, lock=self.services.lock, stamp=lambda: (self.layout_epochs, generation),
+            progress=self.services.progress, handlers=self.app.handlers, topics=self.catchup.topics,
+            dispatcher=self.dispatcher, lock=self.services.lock, stamp=self._stamp(generation),
             group=self.app.group_id, checkpoint_every=self.app.settings.commit_every,
             checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
             report=report, by=self.name,
