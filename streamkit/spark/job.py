@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from stores.base import Checkpoint
 from streamkit.errors import ReplayError
 from streamkit.spark import tasks
-from streamkit.spark.plan import _Plan
+from streamkit.spark.backfill_plan import BackfillPlan
 from streamkit.spark.positions import _final_positions, _stamp
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import spark_partition_keys
@@ -44,7 +44,7 @@ def _translate(exc: BaseException) -> BaseException | None:
 
 
 def _run(
-    plan: _Plan,
+    plan: BackfillPlan,
     spark: SparkSession,
     build: Callable[[Staging, int, int, list[int], Any], DataFrame],
     reporter: Reporter,

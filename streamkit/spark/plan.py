@@ -1,12 +1,11 @@
 """The shared set-up of both modes: resolving the app, the processor counts, the
-layout of the job, input checks, and the :class:`_Plan` the driver runs."""
+layout of the job, input checks, and the ``BackfillPlan`` the driver runs."""
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,47 +13,13 @@ from streamkit.app import App
 from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark._deps import require
+from streamkit.spark.backfill_plan import BackfillPlan
+from streamkit.spark.workerpath import app_ref
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from streamkit.spark.preflight import ClusterView
-
-
-@dataclass
-class _Plan:
-    """The shared part of both modes (what the driver needs to run and publish)."""
-
-    app: App
-    mode: str
-    tables: list[str]  # tables written
-    p0: int
-    p: int
-    subs: int
-    num_partitions: int
-    state_dir: Path
-    positions: dict[tuple[str, int], int]
-    derive_positions: bool
-    topics: list[str]  # topics the positions must cover
-    layout_epochs: dict[str, int]
-    allow_partial: bool
-    from_start: bool
-    fail_at: str | None
-    keep_backup: bool
-    topic_partitions: dict[str, tuple[int, int]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    verify_unique: bool = False  # fused mode 1: check that no key was written twice
-    first: int = 0
-    """The first processor whose store is built (those below belong to a running job)."""
-    cluster: ClusterView | None = None
-    allow_skipped: bool = False
-    """Rows left out (no key, rejected by a handler, undecodable) do not fail the run."""
-    rows_in: int = 0
-    """Rows in the input (all tables), left-out ones included."""
-    left_out: dict[str, int] = field(default_factory=dict)
-    """Why -> how many rows the stores do not reflect."""
-    incarnation: str = ""
-    """The job's incarnation in the cluster, stamped into the stores ("": no cluster)."""
 
 
 def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int | None) -> tuple[int, int]:
@@ -66,21 +31,6 @@ def _layout(spark: SparkSession, p: int, num_partitions: int | None, subs: int |
     return subs, n
 
 
-def _find_ref(app: App) -> str | None:
-    """``module:attr`` under which ``app`` is importable (not ``__main__``)."""
-    for name, module in list(sys.modules.items()):
-        if module is None or name == "__main__" or name.startswith(("pyspark", "py4j", "numpy", "pandas")):
-            continue
-        try:
-            attrs = vars(module)
-        except TypeError:
-            continue
-        for attr, value in list(attrs.items()):
-            if value is app:
-                return f"{name}:{attr}"
-    return None
-
-
 def _resolve_app(app: App | str) -> tuple[App, str | None]:
     if isinstance(app, str):
         from streamkit.loader import load_app
@@ -88,7 +38,7 @@ def _resolve_app(app: App | str) -> tuple[App, str | None]:
         return load_app(app), app
     if not isinstance(app, App):
         raise TypeError(f"expected a streamkit.App or 'module:attr', got {type(app).__name__}")
-    return app, _find_ref(app)
+    return app, app_ref(app)
 
 
 def _counts(
@@ -196,10 +146,10 @@ class _Prepared:
         allow_skipped: bool,
         fail_at: str | None,
         keep_backup: bool,
-    ) -> _Plan:
+    ) -> BackfillPlan:
         """The plan the driver runs, laid out over ``spark``'s parallelism."""
         subs_, nparts = _layout(spark, self.p, num_partitions, subs)
-        return _Plan(
+        return BackfillPlan(
             app=self.app,
             mode=mode,
             tables=tables,
@@ -305,7 +255,7 @@ def _check_columns(history: Any, wanted: Mapping[str, list[str]], what: str) -> 
         raise ConfigError("; ".join(errors))
 
 
-def _drop_keyless(plan: _Plan, df: DataFrame, key_col: str, what: str) -> DataFrame:
+def _drop_keyless(plan: BackfillPlan, df: DataFrame, key_col: str, what: str) -> DataFrame:
     """``df`` without its rows that have no key, counted into ``plan`` (refused unless the
     plan allows skipped rows: :func:`_keyless_rows`)."""
     F = require("pyspark.sql.functions")

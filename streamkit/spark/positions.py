@@ -12,7 +12,7 @@ from streamkit.errors import ConfigError
 from streamkit.spark.staging import BackfillError
 
 if TYPE_CHECKING:
-    from streamkit.spark.plan import _Plan
+    from streamkit.spark.backfill_plan import BackfillPlan
 
 __all__ = ["Positions", "parse_positions"]
 
@@ -56,7 +56,7 @@ def _layouts(spec: Mapping[str, int | tuple[int, int]] | None) -> dict[str, tupl
 
 
 def _stamp(
-    plan: _Plan, positions: Mapping[tuple[str, int], int], owners: Mapping[tuple[str, int], set[int]]
+    plan: BackfillPlan, positions: Mapping[tuple[str, int], int], owners: Mapping[tuple[str, int], set[int]]
 ) -> tuple[dict[int, dict[tuple[str, int], int]], set[tuple[str, int]]]:
     """Which processors' checkpoints get which positions.
 
@@ -99,7 +99,7 @@ def _stamp(
     return per_proc, everywhere
 
 
-def _final_positions(plan: _Plan, max_off: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+def _final_positions(plan: BackfillPlan, max_off: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
     """The positions stamped into the stores (:func:`.preflight.check_final_positions`)."""
     from streamkit.spark.preflight import check_final_positions
 

@@ -169,7 +169,7 @@ def backfill_replay(
 
         app_pickle = cloudpickle.dumps(app_obj)
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
-    from streamkit.spark.session import worker_pythonpath
+    from streamkit.spark.workerpath import worker_pythonpath
 
     codecs = tuple(tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde) for n in names)
     ddl = _REPLAY_A_DDL + "".join(f", _o{i} {ty}" for i, ty in enumerate(order_types))

@@ -20,26 +20,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamkit.spark._deps import require
+from streamkit.spark.workerpath import worker_pythonpath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_session", "local_session", "worker_pythonpath"]
+__all__ = ["check_session", "local_session"]
 
 ARROW_BATCH_ROWS = 65536
-
-
-def worker_pythonpath() -> str:
-    """The driver's import path, for the workers (existing directories only)."""
-    seen: list[str] = []
-    cwd = os.getcwd()
-    for p in [cwd, *sys.path]:
-        p = os.path.abspath(p or cwd)
-        if os.path.isdir(p) and p not in seen:
-            seen.append(p)
-    return os.pathsep.join(seen)
 
 
 def local_session(

@@ -200,7 +200,7 @@ def read_stores(
     """The stores of ``app`` (an App, ``MODULE:APP``, or None with ``path``) as a DataFrame
     of ``(processor, key, value)``, one Spark partition per store."""
     from streamkit.app import App
-    from streamkit.spark.session import worker_pythonpath
+    from streamkit.spark.workerpath import app_ref, worker_pythonpath
 
     if table is None:
         raise ValueError("read_stores needs the table name")
@@ -208,9 +208,7 @@ def read_stores(
     reader = spark.read.format(NAME).option("table", table).option("decode", str(decode).lower())
     ref: str | None = None
     if isinstance(app, App):
-        from streamkit.spark.plan import _find_ref
-
-        ref = _find_ref(app)
+        ref = app_ref(app)
         if path is None:
             path = Path(state_dir or app.settings.state_dir).absolute() / app.name
         if decode and ref is None:
