@@ -131,6 +131,8 @@ class GroupMember:
         return coordinator.generation if coordinator is not None else -1
 
     def _shapes(self) -> dict[str, TopicShape]:
+        """The input topics with a layout, as the registry knows them (no broker call): what
+        this member tells the leader. ``CatchUp.shapes`` adds plain topics, asking the broker."""
         registry = self.services.registry
         return {t: shape_of(layout) for t in self.app.input_topics if (layout := registry.get(t)) is not None}
 

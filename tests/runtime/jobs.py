@@ -132,7 +132,7 @@ def wait_until_committed(
 
 def last_words(job: Job) -> str:
     """Stop the workers still running and return the end of every worker's log: what a
-    stuck test shows (a live worker's log can be read only once it has exited)."""
+    stuck test shows (stopped first, so that each log ends with how its worker left)."""
     job.stop_all(timeout=20.0)
     return "\n".join(f"worker {i} (exit {w.returncode}): {job.log(w, 5000)}" for i, w in enumerate(job.workers))
 
