@@ -1,6 +1,6 @@
 """The cost of ordered delivery: steady throughput on vs off, and gate waits during expansions.
 
-    python -m benchmarks.gating [--records 1000000] [--rate 20000] [--runs 2]
+    python -m benchmarks.gating [--records 1000000] [--rate 20000] [--runs 2] [--pairs ordered,stamped,plain]
 
 1. Steady state. Topics with layouts of 4 active partitions, each holding the same N
    records. "on" and "off": room for 8 partitions, ordered delivery on or off, records
@@ -14,7 +14,8 @@
    median per mode. A cost is the median over rounds of the ratio within a round (the
    two modes of a pair run back to back, each first in every other round, so a machine
    whose speed drifts does not show as a cost).
-   Beside records/s, each run's CPU per record (every thread of the job's process,
+   `--pairs` picks the costs to measure (fewer modes per round, so more rounds in the
+   same time). Beside records/s, each run's CPU per record (every thread of the job's process,
    first record to last), which that drift moves least; its cost is paired the same way.
 2. Under load. A producer process writes at `--rate` records/s while a worker (in this
    process) consumes; the topic expands 4 -> 6 -> 8. For every partition created, the
@@ -98,6 +99,14 @@ STEADY_MODES = {
 }
 
 
+PAIRS = {
+    # cost: (mode, the mode it is compared with, what it is)
+    "ordered": ("on", "off", "ordered delivery"),
+    "stamped": ("on", "no stray check", "stray check, stamped input"),
+    "plain": ("unstamped, checked", "unstamped, no check", "stray check, plain producer's input (every key hashed)"),
+}
+
+
 async def produce_plain(bootstrap: str, topic: str, n: int, keys: int) -> None:
     """A plain Kafka producer writing where linear hashing over 4 partitions places each key
     (so nothing is a stray, but the consumer must hash every key to know it)."""
@@ -114,7 +123,7 @@ async def produce_plain(bootstrap: str, topic: str, n: int, keys: int) -> None:
 
 
 async def steady(
-    bootstrap: str, n: int, runs: int, console: Console
+    bootstrap: str, n: int, runs: int, modes: list[str], console: Console
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per mode, per round: records/s, and the job's CPU µs per record (every thread of
     its process, first record to last: what the modes cost, whatever else the machine does)."""
@@ -122,19 +131,20 @@ async def steady(
 
     topics = {}
     async with LayoutCoordinator(bootstrap) as coord:
-        for mode, (ordered, physical, stamped) in STEADY_MODES.items():
+        for mode in modes:
+            ordered, physical, stamped = STEADY_MODES[mode]
             topics[mode] = f"gating-{mode.replace(' ', '').replace(',', '-')}-{uuid.uuid4().hex[:6]}"
             await coord.create(topics[mode], 4, capacity=physical, ordered_delivery=ordered)
             t0 = time.monotonic()
             await (produce if stamped else produce_plain)(bootstrap, topics[mode], n, 10_000)
             what = "stamped" if stamped else "unstamped"
             console.print(f"produced {n} {what} records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
-    rates: dict[str, list[float]] = {mode: [] for mode in STEADY_MODES}
-    cpu: dict[str, list[float]] = {mode: [] for mode in STEADY_MODES}
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
     for i in range(runs):
         # every other round in reverse: a machine that speeds up or slows down over a
         # pair of rounds favours each mode of a pair once
-        for mode in list(STEADY_MODES) if i % 2 == 0 else reversed(STEADY_MODES):
+        for mode in modes if i % 2 == 0 else reversed(modes):
             with tempfile.TemporaryDirectory() as wd:
                 r = run_job(bootstrap, topics[mode], n, wd)
             assert r["check"]["count"] == n, r
@@ -208,23 +218,30 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rate", type=float, default=20_000)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--pairs", default=",".join(PAIRS), help=f"costs to measure, of {', '.join(PAIRS)}")
     ap.add_argument("--bootstrap")
     ap.add_argument("--produce-only", metavar="TOPIC")
     a = ap.parse_args()
     if a.produce_only:
         asyncio.run(produce(a.bootstrap, a.produce_only, a.records, 10_000, a.rate))
         return
+    pairs = [p.strip() for p in a.pairs.split(",") if p.strip()]
+    if unknown := [p for p in pairs if p not in PAIRS]:
+        ap.error(f"--pairs: unknown {', '.join(unknown)} (known: {', '.join(PAIRS)})")
+    # in the order of STEADY_MODES: the two modes of each pair run back to back
+    modes = [m for m in STEADY_MODES if any(m in PAIRS[p][:2] for p in pairs)]
     from streamkit.broker import EmbeddedBroker
 
     console = Console()
     with EmbeddedBroker() as broker:
-        rates, cpu = asyncio.run(steady(broker.bootstrap, a.records, a.runs, console))
+        rates, cpu = asyncio.run(steady(broker.bootstrap, a.records, a.runs, modes, console))
         waits = asyncio.run(under_load(broker.bootstrap, a.rate, console))
     med = {mode: statistics.median(r) for mode, r in rates.items()}
     table = Table(title=f"steady state ({a.records:,} records, 4 active partitions, median of {a.runs})")
     for col in ("mode", "ordered delivery", "physical", "input", "records/s", "runs", "CPU µs/record"):
         table.add_column(col)
-    for mode, (ordered, physical, stamped) in STEADY_MODES.items():
+    for mode in modes:
+        ordered, physical, stamped = STEADY_MODES[mode]
         table.add_row(
             mode, "on" if ordered else "off", str(physical), "stamped" if stamped else "plain producer",
             f"{med[mode]:,.0f}", ", ".join(f"{r:,.0f}" for r in rates[mode]),
@@ -249,9 +266,8 @@ def main() -> None:
             f"medians {statistics.median(cpu[mode]):.2f} / {statistics.median(cpu[base]):.2f} µs"
         )
 
-    cost("on", "off", "ordered delivery")
-    cost("on", "no stray check", "stray check, stamped input")
-    cost("unstamped, checked", "unstamped, no check", "stray check, plain producer's input (every key hashed)")
+    for p in pairs:
+        cost(*PAIRS[p])
     gates = Table(title=f"gates during expansions 4 -> 6 -> 8 under {a.rate:,.0f} records/s")
     for col in ("topic", "partition", "gated for (s)"):
         gates.add_column(col)

@@ -28,7 +28,8 @@ Per partition batch, in this order:
    were forwarded then: dropped).
 
 3, 4 and 6 cost nothing when the topic has no pending change and records carry the
-current epoch (6 also nothing on a topic a plain producer places like the layout).
+current epoch (6 also nothing on a topic a plain producer places like the layout). On
+a plain producer's records whose keys are known in place, 4 and 6 share one pass.
 Admission touches the consumer only through pause, resume and seek, so it is tested
 against an in-memory consumer (``tests/runtime/test_admission.py``).
 """
@@ -57,7 +58,7 @@ from streamkit.layout.stamps import (
     record_producer,
     violation_record,
 )
-from streamkit.layout.strays import STRAY_HEADER, SweepEnds, no_sweep_ends, parse_origin, stray_rule
+from streamkit.layout.strays import STRAY_HEADER, StrayRule, SweepEnds, no_sweep_ends, parse_origin, stray_rule
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
@@ -187,7 +188,9 @@ class Admission:
             if not records:
                 return None
         checked = records
-        records, stop_at, late = self._gate_and_check(tp, route, records)
+        rule = route.strays
+        quiet = rule is not None and _plain_and_in_place(rule, records)  # steps 4 and 6 in one pass
+        records, stop_at, late = self._gate_and_check(tp, route, records, epochs=not quiet)
         ahead = route.proc.ahead.get(route.position_key)
         if ahead and records:  # gap amending: applied before a restart, beyond the stable offset
             keep, amended = skip_applied([r.offset for r in records], ahead)
@@ -197,7 +200,7 @@ class Admission:
                 log.info("%s: %s[%d]: skipped %d records applied before a restart (IC ranges of the last checkpoint)",
                          self.name, tp.topic, tp.partition, amended)  # fmt: skip
         strays: list[Any] = []
-        if route.strays is not None and records:
+        if rule is not None and records and not quiet:
             records, strays = self._take_strays(tp, route, records)
             if strays and route.key_filter is not None and not route.null_keys:
                 strays = []  # in no sharer's key range: the sharer taking keyless records takes them
@@ -291,9 +294,10 @@ class Admission:
         return records
 
     def _gate_and_check(
-        self, tp: TopicPartition, route: Route, records: list[Any]
+        self, tp: TopicPartition, route: Route, records: list[Any], *, epochs: bool = True
     ) -> tuple[list[Any], int | None, list[tuple[Any, dict[str, Any]]]]:
-        """(records to deliver, offset to stop and seek back to or None, late-record reports)."""
+        """(records to deliver, offset to stop and seek back to or None, late-record reports);
+        ``epochs=False``: the records carry no stamp, so only the gate is applied."""
         stop_at = None
         limit = route.limit
         if limit is not None and records[-1].offset >= limit:
@@ -302,7 +306,7 @@ class Admission:
             stop_at = max(limit, records[0].offset)
             records = [r for r in records if r.offset < limit]
         eb = route.epoch_bytes
-        if eb is None or not records:
+        if eb is None or not records or not epochs:
             return records, stop_at, []
         current = route.stamps_current
         h0 = records[0].headers  # shared by the records of its batch: one identity test each
@@ -455,6 +459,19 @@ class Admission:
         elif new is None and tp in self.gate_closed_at:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
+
+
+def _plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:
+    """Whether ``records`` all lack headers (a plain producer's) and all have keys known in
+    place: then no record has an epoch to check or is a stray. One pass tells both, where
+    the two checks would each take one; any other batch takes the two."""
+    h0 = records[0].headers
+    if h0:
+        return False
+    known = rule.known_in_place(records[0].offset)
+    if not known:
+        return False
+    return not [r for r in records if r.headers is not h0 or r.key not in known]
 
 
 def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:

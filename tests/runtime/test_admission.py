@@ -353,6 +353,37 @@ def test_a_stray_beside_records_sharing_a_batch_stamp_is_found() -> None:
     assert offsets(out.strays) == [4] and offsets(out.deliver) == [0, 1, 2, 3]
 
 
+def test_a_plain_batch_of_known_keys_still_shows_a_new_stray_a_header_and_a_newer_epoch() -> None:
+    """Once a plain producer's keys are known in place, a batch of them passes on one test
+    per record; a misplaced key, a foreign header or a newer stamp among them is still seen."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+
+    layout = capacity_only()
+    admission, consumer, route = make(layout)
+    keys = [f"k{i}".encode() for i in range(60)]
+    mine = [k for k in keys if lh_bucket(key_hash(k), 2, 2) == 0]
+    elsewhere = [k for k in keys if lh_bucket(key_hash(k), 2, 2) != 0]
+    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, mine[o % 5]) for o in range(10)])  # learnt
+    assert offsets(out.deliver) == list(range(10)) and out.strays == []
+    route.position = out.next_position
+    [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, mine[o % 5]) for o in range(10, 20)])
+    assert offsets(out.deliver) == list(range(10, 20)) and out.strays == []
+    route.position = out.next_position
+    batch = [Rec("orders", 0, o, mine[o % 5]) for o in range(20, 30)]
+    batch[4] = Rec("orders", 0, 24, elsewhere[0])
+    batch[6] = Rec("orders", 0, 26, elsewhere[1], b"1", (("trace", b"t1"),))
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.strays) == [24, 26] and offsets(out.deliver) == [o for o in range(20, 30) if o not in (24, 26)]
+    route.position = out.next_position
+    newer = transitions.expand(layout, 3, now_ms=1)
+    batch = [Rec("orders", 0, o, mine[o % 5]) for o in range(30, 35)]
+    batch[3] = Rec("orders", 0, 33, mine[0], b"1", stamp(newer))
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.deliver) == [30, 31, 32] and out.next_position == 33 and consumer.seeks[-1] == (TP, 33)
+    assert admission.take_stale_epochs() == {"orders": newer.epoch}
+
+
 def test_a_topic_placed_like_kafkas_default_has_no_stray_check() -> None:
     plain = transitions.create("orders", 3, capacity=3, now_ms=0)
     _, _, route = make(plain)
