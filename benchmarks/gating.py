@@ -14,9 +14,12 @@
    median per mode. A cost is the median over rounds of the ratio within a round (the
    two modes of a pair run back to back, each first in every other round, so a machine
    whose speed drifts does not show as a cost).
-   `--pairs` picks the costs to measure (fewer modes per round, so more rounds in the
-   same time). Beside records/s, each run's CPU per record (every thread of the job's process,
-   first record to last), which that drift moves least; its cost is paired the same way.
+   Beside records/s, each run's CPU per record (every thread of the job's process, first
+   record to last), which that drift moves least; its cost is paired the same way.
+   Each cost comes with a 90% bootstrap interval of its median: on a shared 2-core
+   machine one run's speed moves by a fifth or more with what the neighbours do, so a
+   cost of a few percent needs 20 rounds or more. `--pairs` picks the costs to measure
+   (fewer modes per round, so more rounds in the same time).
 2. Under load. A producer process writes at `--rate` records/s while a worker (in this
    process) consumes; the topic expands 4 -> 6 -> 8. For every partition created, the
    time it was gated (from assignment until the group passed its parent's seal) is
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -213,6 +217,15 @@ async def under_load(bootstrap: str, rate: float, console: Console) -> list[tupl
             return [w for m in worker.members for w in m.admission.gate_waits]
 
 
+def interval(ratios: list[float], level: float = 0.9) -> tuple[float, float]:
+    """Bootstrap interval of the median of ``ratios``: how far another set of as many rounds
+    on the same machine could put it (fixed seed, so a report reads the same twice)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    cut = int(len(medians) * (1 - level) / 2)
+    return medians[cut], medians[-1 - cut]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -254,15 +267,20 @@ def main() -> None:
         # first), so that a machine whose speed drifts does not show up as a cost.
         paired = [a / b for a, b in zip(rates[mode], rates[base], strict=True)]
         ratio = statistics.median(paired)
+        lo, hi = interval(paired)
         console.print(
-            f"{what}: {mode} / {base} = {ratio:.3f} ({(1 - ratio) * 100:+.1f}% cost; target under 5%), "
-            f"median of the rounds' ratios {', '.join(f'{x:.3f}' for x in paired)}; "
+            f"{what}: {mode} / {base} = {ratio:.3f} ({(1 - ratio) * 100:+.1f}% cost; target under 5%; "
+            f"90% interval {(1 - hi) * 100:+.1f}% .. {(1 - lo) * 100:+.1f}%), "
+            f"median of the {len(paired)} rounds' ratios {', '.join(f'{x:.3f}' for x in paired)}; "
             f"ratio of the medians {med[mode] / med[base]:.3f}"
         )
         # CPU per record: what the machine's drift in wall-clock speed moves least
-        extra = statistics.median(c / d for c, d in zip(cpu[mode], cpu[base], strict=True))
+        extra = [c / d for c, d in zip(cpu[mode], cpu[base], strict=True)]
+        lo, hi = interval(extra)
         console.print(
-            f"  CPU per record: {mode} / {base} = {extra:.3f} ({(extra - 1) * 100:+.1f}% cost), "
+            f"  CPU per record: {mode} / {base} = {statistics.median(extra):.3f} "
+            f"({(statistics.median(extra) - 1) * 100:+.1f}% cost; 90% interval {(lo - 1) * 100:+.1f}% .. "
+            f"{(hi - 1) * 100:+.1f}%), "
             f"medians {statistics.median(cpu[mode]):.2f} / {statistics.median(cpu[base]):.2f} µs"
         )
 
