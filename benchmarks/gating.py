@@ -1,11 +1,12 @@
 """The cost of ordered delivery: steady throughput on vs off, and gate waits during expansions.
 
-    python -m benchmarks.gating [--records 1000000] [--rate 20000] [--runs 2] [--pairs ordered,stamped,plain]
+    python -m benchmarks.gating [--records 1000000] [--keys 10000] [--rate 20000] [--runs 2]
+                                [--pairs ordered,stamped,plain]
 
 1. Steady state. Topics with layouts of 4 active partitions, each holding the same N
-   records. "on" and "off": room for 8 partitions, ordered delivery on or off, records
-   written by the streamkit producer (every record is stamped with its epoch, once per
-   batch, and the consumer checks it). "no stray check": no reserved partitions, where a plain
+   records of `--keys` keys. "on" and "off": room for 8 partitions, ordered delivery on
+   or off, records written by the streamkit producer (every record is stamped with its
+   epoch, once per batch, and the consumer checks it). "no stray check": no reserved partitions, where a plain
    producer places keys like the layout, so the consumer never looks for strays. The
    "unstamped" pair: records of a plain producer (in place), with room for 8 (every key
    hashed to check its placement) and without. The streamkit count+sum job
@@ -127,7 +128,7 @@ async def produce_plain(bootstrap: str, topic: str, n: int, keys: int) -> None:
 
 
 async def steady(
-    bootstrap: str, n: int, runs: int, modes: list[str], console: Console
+    bootstrap: str, n: int, keys: int, runs: int, modes: list[str], console: Console
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per mode, per round: records/s, and the job's CPU µs per record (every thread of
     its process, first record to last: what the modes cost, whatever else the machine does)."""
@@ -140,7 +141,7 @@ async def steady(
             topics[mode] = f"gating-{mode.replace(' ', '').replace(',', '-')}-{uuid.uuid4().hex[:6]}"
             await coord.create(topics[mode], 4, capacity=physical, ordered_delivery=ordered)
             t0 = time.monotonic()
-            await (produce if stamped else produce_plain)(bootstrap, topics[mode], n, 10_000)
+            await (produce if stamped else produce_plain)(bootstrap, topics[mode], n, keys)
             what = "stamped" if stamped else "unstamped"
             console.print(f"produced {n} {what} records to {topics[mode]} in {time.monotonic() - t0:.1f} s")
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -231,6 +232,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rate", type=float, default=20_000)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=10_000, help="distinct keys in the steady-state topics")
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"costs to measure, of {', '.join(PAIRS)}")
     ap.add_argument("--bootstrap")
     ap.add_argument("--produce-only", metavar="TOPIC")
@@ -247,10 +249,11 @@ def main() -> None:
 
     console = Console()
     with EmbeddedBroker() as broker:
-        rates, cpu = asyncio.run(steady(broker.bootstrap, a.records, a.runs, modes, console))
+        rates, cpu = asyncio.run(steady(broker.bootstrap, a.records, a.keys, a.runs, modes, console))
         waits = asyncio.run(under_load(broker.bootstrap, a.rate, console))
     med = {mode: statistics.median(r) for mode, r in rates.items()}
-    table = Table(title=f"steady state ({a.records:,} records, 4 active partitions, median of {a.runs})")
+    title = f"steady state ({a.records:,} records, {a.keys:,} keys, 4 active partitions, median of {a.runs})"
+    table = Table(title=title)
     for col in ("mode", "ordered delivery", "physical", "input", "records/s", "runs", "CPU µs/record"):
         table.add_column(col)
     for mode in modes:
