@@ -6,8 +6,9 @@
 1. Steady state. Topics with layouts of 4 active partitions, each holding the same N
    records of `--keys` keys. "on" and "off": room for 8 partitions, ordered delivery on
    or off, records written by the streamkit producer (every record is stamped with its
-   epoch, once per batch, and the consumer checks it). "no stray check": no reserved partitions, where a plain
-   producer places keys like the layout, so the consumer never looks for strays. The
+   epoch, once per batch, and the consumer checks it). "no stray check": no reserved
+   partitions, where a plain producer places keys like the layout, so the consumer never
+   looks for strays. The
    "unstamped" pair: records of a plain producer (in place), with room for 8 (every key
    hashed to check its placement) and without. The streamkit count+sum job
    (benchmarks.contenders.streamkit_app) consumes each, cycling through the modes
