@@ -191,7 +191,9 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
         for p in producers:
             if p.poll() is None:
                 p.kill()
-    assert all(w.returncode == 0 for w in workers)
+    codes = [w.returncode for w in workers]  # -9: still running 30 s after SIGTERM
+    tails = [(tmp_path / f"w{i}.log").read_text(errors="replace")[-3000:] for i, c in enumerate(codes) if c != 0]
+    assert all(c == 0 for c in codes), (codes, tails)
     assert all(not r["fences"] for r in reports)
 
     expected: dict[str, dict[str, list[int]]] = {}
