@@ -119,12 +119,24 @@ def key_ranges(job: JobLayout | None, shape: tuple[int, int] | None, partition: 
     )
 
 
-def stray_counts(forwarded: int, dead: int) -> str:
-    """A partition's strays: forwarded by the workers (as they last reported) and dead-lettered."""
+def stray_counts(forwarded: int, dead: int, waiting: int = 0) -> str:
+    """A partition's strays: forwarded by the workers (as they last reported),
+    dead-lettered, and waiting to be forwarded (see :func:`waiting_strays`)."""
     parts = [f"{forwarded} forwarded"] if forwarded else []
+    if waiting:
+        parts.append(f"[bold yellow]{waiting} waiting[/]")
     if dead:
         parts.append(f"{dead} misplaced (dead letters)")
     return ", ".join(parts) or "-"
+
+
+def waiting_strays(mode: str, committed: int | None, high_watermark: int) -> int:
+    """Strays of a partition not forwarded yet: in a partition no layout reads (mode None:
+    reserved, or drained and given up), every record beyond the group's position is a
+    stray its sweep has still to forward. A number that stays above 0 while the job
+    runs is a sweep that does not move. In a partition read in place, the strays not yet
+    read are part of its lag."""
+    return max(0, high_watermark - (committed or 0)) if mode == "None" else 0
 
 
 def caught_up(offsets: dict[tuple[str, int], tuple[int | None, int]], shapes: dict[str, tuple[int, int]]) -> bool:
@@ -213,7 +225,11 @@ def status(
             str(ic[f"{topic}/{partition}"]),
             str(hw),
             str(lag),
-            stray_counts(forwarded[f"{topic}/{partition}"], misplaced[f"{topic}/{partition}"]),
+            stray_counts(
+                forwarded[f"{topic}/{partition}"],
+                misplaced[f"{topic}/{partition}"],
+                waiting_strays(modes.get((topic, partition), "?"), com, hw),
+            ),
         )
     console.print(workers)
     console.print(processors_table(job, statuses))

@@ -46,6 +46,7 @@ __all__ = [
     "SweepEnds",
     "activation",
     "encode_origin",
+    "in_place_until",
     "no_sweep_ends",
     "parse_origin",
     "stray_rule",
@@ -235,6 +236,22 @@ def stray_rule(
         tuple(sorted({n for b, u, n in spans if b <= start and (u is None or start < u)})) for start in bounds
     )
     return StrayRule(partition, layout.n0, tuple(bounds), actives)
+
+
+def in_place_until(layout: TopicLayout | None, partition: int, end: int) -> int:
+    """Where the records of ``partition`` below ``end`` last were in place: the start of
+    the span right below ``end`` in which no layout in force read the partition (it was
+    reserved, or drained and given up, until an expansion activated it). Every record of
+    that span is a stray, forwarded by the partition's sweep: a processor's catch-up of
+    its keys there must stop before it, or it would take them as applied."""
+    rule = stray_rule(layout, partition)
+    if rule is None:
+        return end
+    seg = bisect.bisect_right(rule.starts, end - 1) - 1
+    while seg >= 0 and not rule.moduli[seg]:
+        end = min(end, rule.starts[seg])
+        seg -= 1
+    return end
 
 
 @dataclass

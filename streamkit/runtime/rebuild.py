@@ -46,7 +46,7 @@ from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.layout.strays import SweepEnds
+from streamkit.layout.strays import SweepEnds, in_place_until
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
@@ -148,6 +148,8 @@ def plan_left_history(
         if (topic, part) in owned or layout is None:
             continue
         end = mixed_history_end(layout, part)
+        if end is not None:  # strays below it are the sweep's to forward, not a catch-up's
+            end = in_place_until(layout, part, end)
         if end is None or pos >= end:
             continue
         high = {topic: high_water(layout)}

@@ -98,6 +98,15 @@ class Job:
                 w.wait()
 
 
+def wait_for_log(job: Job, worker: subprocess.Popen[bytes], text: str, timeout: float = 60.0) -> None:
+    """Until ``worker`` has logged ``text``; fail if it exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while text not in job.log(worker):
+        assert worker.poll() is None, f"worker exited with {worker.returncode}: {job.log(worker, 3000)}"
+        assert time.monotonic() < deadline, f"worker did not log {text!r} in {timeout} s: {job.log(worker, 3000)}"
+        time.sleep(0.1)
+
+
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     async def run() -> dict[int, int]:
         c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
