@@ -5,7 +5,15 @@ from __future__ import annotations
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout import transitions
-from streamkit.layout.strays import SeenStrays, activation, encode_origin, parse_origin, stray_rule, sweep_end
+from streamkit.layout.strays import (
+    SeenStrays,
+    activation,
+    encode_origin,
+    in_place_until,
+    parse_origin,
+    stray_rule,
+    sweep_end,
+)
 
 HASHES = [key_hash(f"key-{i}".encode()) for i in range(200)]
 
@@ -153,3 +161,37 @@ def test_keys_found_in_place_now_are_remembered_and_only_there() -> None:
     assert placed and {r.key for r in strays} == {r.key for r in records} - placed
     assert known == placed  # learnt: the strays are not among them
     assert stray_rule(lay, 3, swept=True).known_in_place(100) is None  # type: ignore[union-attr]
+
+
+def test_a_catch_up_stops_where_a_reserved_partitions_strays_begin() -> None:
+    """4 -> 6 -> 8 over capacity 8: partition 6 is reserved until the second expansion
+    activates it at offset 860, so none of its records below is in place and a catch-up
+    reads none of them; partition 2, split by the second expansion at its seal (300),
+    holds records in place below it; a plain topic and a partition whose history has no
+    reserved span are not changed."""
+    first = {0: 100, 1: 100, 2: 90, 3: 80, 4: 40, 5: 50, 6: 400, 7: 200}  # every partition's end
+    second = {0: 250, 1: 260, 2: 290, 3: 280, 4: 140, 5: 150, 6: 860, 7: 480}
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
+    lay = transitions.expand(lay, 6, announce_offsets=first, now_ms=1)
+    lay = transitions.seal(lay, {**first, 0: 110, 1: 120})
+    lay = transitions.expand(lay, 8, announce_offsets=second, now_ms=2)
+    lay = transitions.seal(lay, {**second, 2: 300, 3: 290})
+    assert in_place_until(lay, 6, 860) == 0 and in_place_until(lay, 7, 480) == 0
+    assert in_place_until(lay, 4, 40) == 0  # reserved until the first expansion
+    assert in_place_until(lay, 2, 300) == 300 and in_place_until(lay, 0, 110) == 110
+    assert in_place_until(None, 6, 860) == 860
+
+
+def test_a_partition_given_up_by_a_shrink_and_activated_again_keeps_its_in_place_history() -> None:
+    """Partition 4 is read in place until a shrink seals it at 70; given up after its
+    drain, plain producers go on writing strays there until an expansion activates it
+    again at 200: a catch-up reads up to 70, not into the strays."""
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
+    lay = transitions.expand(lay, 5, announce_offsets={0: 10, 4: 0}, now_ms=1)
+    lay = transitions.seal(lay, {0: 12, 4: 0})
+    lay = transitions.shrink(lay, 4, announce_offsets={0: 60, 4: 65}, now_ms=2)
+    lay = transitions.seal(lay, {0: 62, 4: 70})
+    lay = transitions.finish_drain(lay, 4, now_ms=3, force=True)
+    lay = transitions.expand(lay, 5, announce_offsets={0: 150, 4: 200}, now_ms=4)
+    lay = transitions.seal(lay, {0: 160, 4: 200})
+    assert in_place_until(lay, 4, 200) == 70
