@@ -170,14 +170,6 @@ def _outside(h: int, moduli: tuple[int, ...], partition: int) -> bool:
     return all(h % m != partition for m in moduli)
 
 
-def _needs_rule(layout: TopicLayout) -> bool:
-    """Whether a plain producer's placement can differ from the layout's: the topic has
-    reserved capacity or was ever expanded or shrunk (otherwise Kafka's modulo over the
-    physical count is linear hashing at ``n == n0``)."""
-    changed = any(s.kind in (ChangeKind.EXPAND, ChangeKind.SHRINK) for s in layout.seals)
-    return changed or layout.physical != layout.n0 or layout.active != layout.n0
-
-
 def activation(layout: TopicLayout, partition: int) -> int | None:
     """The announce offset of the expansion that made ``partition`` active last, if it
     had been reserved or given up (mode None) before: where its sweep was to end."""
@@ -206,14 +198,21 @@ def sweep_end(
 def stray_rule(
     layout: TopicLayout | None, partition: int, *, swept: bool = False, sweep_ends: Mapping[int, int] | None = None
 ) -> StrayRule | None:
-    """The rule for ``partition`` under ``layout`` (None: no record there can be a stray).
+    """The rule for ``partition`` under ``layout`` (None: a plain topic, not checked).
+
+    Every topic with a layout has one, even one never changed and without reserved
+    capacity, where Kafka's default partitioner (murmur2 modulo the partition count)
+    places keys as the layout does: librdkafka's (CRC32, confluent-kafka's and so
+    quixstreams' default) does not, and a key it put elsewhere would be applied by a
+    processor that does not own it (its state split over two when another producer
+    writes it too, or lost from view when processors are scaled).
 
     ``swept``: the partition is read only to forward what lies in it (mode None).
     ``sweep_ends``: per activation offset of the partition (:func:`activation`), where the
     group's sweep of it actually ended: a sweep that had not yet learnt of the expansion
     forwarded records beyond its announce offset, so the layout after it is in force on
     the partition from there (below, every unstamped record is a stray)."""
-    if layout is None or not _needs_rule(layout):
+    if layout is None:
         return None
     if swept:
         return StrayRule(partition, layout.n0, (0,), ((),), everything=True)

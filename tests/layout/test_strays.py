@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout import transitions
@@ -18,10 +20,17 @@ from streamkit.layout.strays import (
 HASHES = [key_hash(f"key-{i}".encode()) for i in range(200)]
 
 
-def test_no_rule_where_kafkas_default_partitioner_places_like_the_layout() -> None:
+def test_every_layout_topic_has_a_rule_for_librdkafkas_partitioner_places_keys_elsewhere() -> None:
+    """A topic never changed and without capacity: murmur2 modulo the count places keys
+    like the layout, CRC32 (librdkafka's default) does not; a plain topic is not checked."""
     assert stray_rule(None, 0) is None
-    assert stray_rule(transitions.create("t", 4, now_ms=0), 1) is None
-    assert stray_rule(transitions.create("t", 4, capacity=8, now_ms=0), 1) is not None
+    rule = stray_rule(transitions.create("t", 4, now_ms=0), 1)
+    assert rule is not None and stray_rule(transitions.create("t", 4, capacity=8, now_ms=0), 1) is not None
+    keys = [f"key-{i}".encode() for i in range(200)]
+    assert not any(rule.is_stray(0, key_hash(k)) for k in keys if key_hash(k) % 4 == 1)
+    crc_in_1 = [k for k in keys if zlib.crc32(k) % 4 == 1]
+    assert any(rule.is_stray(0, key_hash(k)) for k in crc_in_1)
+    assert all(rule.is_stray(0, key_hash(k)) == (key_hash(k) % 4 != 1) for k in crc_in_1)
 
 
 def test_reserved_and_swept_partitions_hold_only_strays() -> None:

@@ -384,11 +384,23 @@ def test_a_plain_batch_of_known_keys_still_shows_a_new_stray_a_header_and_a_newe
     assert admission.take_stale_epochs() == {"orders": newer.epoch}
 
 
-def test_a_topic_placed_like_kafkas_default_has_no_stray_check() -> None:
+def test_a_topic_never_changed_still_finds_what_librdkafkas_partitioner_misplaced() -> None:
+    """Murmur2 modulo 3 places keys like the layout; CRC32 (confluent-kafka's default)
+    puts some of them into partition 0 that linear hashing places elsewhere: strays."""
+    import zlib
+
+    from assignors.murmur2 import key_hash
+
     plain = transitions.create("orders", 3, capacity=3, now_ms=0)
-    _, _, route = make(plain)
-    assert route.strays is None
-    assert make(capacity_only())[2].strays is not None
+    admission, _, route = make(plain)
+    assert route.strays is not None
+    keys = [f"k{i}".encode() for i in range(200)]
+    crc_here = [k for k in keys if zlib.crc32(k) % 3 == 0][:10]
+    batch = [Rec("orders", 0, o, k) for o, k in enumerate(crc_here)]
+    [(_, out)] = admission.admit(TP, batch)
+    misplaced = [o for o, k in enumerate(crc_here) if key_hash(k) % 3 != 0]
+    assert misplaced and offsets(out.strays) == misplaced
+    assert offsets(out.deliver) == [o for o in range(len(crc_here)) if o not in misplaced]
 
 
 def test_a_swept_partition_forwards_everything_from_where_the_group_was() -> None:
