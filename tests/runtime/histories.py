@@ -7,7 +7,8 @@ streamkit's producer, aiokafka's and confluent-kafka's (their default partitione
 expansions, shrinks and finish-drains, worker restarts (SIGTERM), SIGKILLs, lost stores
 (every worker stopped and the state directory removed), processor scale steps, and
 waits until the group caught up. The plan keeps to what the layout allows (no
-expansion while partitions drain, never below the initial counts).
+expansion while partitions drain, never below the initial counts) and the test broker
+serves (it cannot add partitions: a topic without reserved capacity is never expanded).
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ def plan_history(seed: int, steps: int) -> History:
     n0 = rng.choice((2, 3))
     capacity = rng.choice((None, 2 * n0))
     active, draining, processors = n0, False, n0
+    most = capacity or n0  # the test broker cannot add partitions (no CreatePartitions)
     out = [Step("produce", (rng.choice(PARTITIONERS), rng.randrange(200, 600)))]
     for _ in range(steps):
         kinds = ["produce"] * 4 + ["restart", "kill", "settle", "lose-stores"]
         if not draining:
-            kinds += ["expand"] * 2 if active < 2 * n0 else []
+            kinds += ["expand"] * 2 if active < most else []
             kinds += ["shrink"] if active > n0 else []
             kinds += ["scale"]
         else:
@@ -78,7 +80,7 @@ def plan_history(seed: int, steps: int) -> History:
         if kind == "produce":
             out.append(Step(kind, (rng.choice(PRODUCERS), rng.randrange(100, 600))))
         elif kind == "expand":
-            active = rng.randint(active + 1, min(2 * n0, active + 2))
+            active = rng.randint(active + 1, min(most, active + 2))
             out.append(Step(kind, active))
         elif kind == "shrink":
             active, draining = active - 1, True
