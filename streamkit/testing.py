@@ -1,5 +1,6 @@
-"""Helpers for tests, examples and benchmarks: create topics, produce keyed JSON fast,
-read a whole topic back.
+"""Helpers for tests, examples and benchmarks: :class:`TestDriver` (an app's handlers,
+tables, windows and timers without a broker: ``streamkit.testdriver``); and, against a
+broker, create topics, produce keyed JSON fast, read a whole topic back.
 
 Every helper exists in two forms: ``async def a<name>(...)`` for code that already runs
 an event loop, and a blocking ``<name>(...)`` wrapper (``asyncio.run``) for tests and
@@ -28,9 +29,13 @@ from aiokafka.partitioner import murmur2
 
 from streamkit.connection import Connection, as_connection
 from streamkit.kafkaio import CREATE_CONFIGS, FetchedRecord, KafkaIO
+from streamkit.testdriver import DeadLetter, OutputRecord, TestDriver
 
 __all__ = [
     "DEFAULT_TOPIC_CONFIGS",
+    "DeadLetter",
+    "OutputRecord",
+    "TestDriver",
     "acreate_topic",
     "aproduce_json",
     "aread_topic",

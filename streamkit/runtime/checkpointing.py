@@ -65,6 +65,31 @@ class Slot:
     of it (a sweep's position at or beyond it has no copy beyond it)."""
 
 
+def commit_stores(
+    processors: Iterable[ProcessorState], epochs: Mapping[str, int], generation: int, extra: Mapping[str, Any] | None
+) -> None:
+    """Step 2 for every processor that moved: expired windows deleted, state changes and
+    positions written in one atomic batch per store. Every stamp is checked before any
+    store is written: all or none (``ZombieCheckpointError``)."""
+    writes: list[tuple[ProcessorState, Checkpoint]] = []
+    for proc in processors:
+        proc.expire_windows()  # deletions go into this checkpoint's batch
+        marks = proc.checkpoint_extra(extra or {})
+        moved = proc.uncommitted or proc.positions != proc.loaded.positions or marks != proc.loaded.extra
+        if moved or any(c.dirty_count for c in proc.caches.values()):  # a timer's writes too
+            stable, ranges = proc.stable()
+            new = Checkpoint(
+                positions=stable, layout_epochs=dict(epochs), generation=generation, ic_ranges=ranges, extra=marks
+            )
+            try:
+                check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
+            except ZombieError as exc:  # a newer generation wrote the store: fenced, like step 0
+                raise ZombieCheckpointError(str(exc)) from None
+            writes.append((proc, new))
+    for proc, new in writes:
+        proc.commit(new)
+
+
 async def checkpoint(
     *,
     member: str,
@@ -101,22 +126,7 @@ async def checkpoint(
     await flush_output()
     t2 = time.monotonic()
     epochs = dict(layout_epochs)
-    writes: list[tuple[ProcessorState, Checkpoint]] = []
-    for proc in processors:
-        proc.expire_windows()  # deletions go into this checkpoint's batch
-        marks = proc.checkpoint_extra(extra or {})
-        if proc.uncommitted or proc.positions != proc.loaded.positions or marks != proc.loaded.extra:
-            stable, ranges = proc.stable()
-            new = Checkpoint(
-                positions=stable, layout_epochs=epochs, generation=generation, ic_ranges=ranges, extra=marks
-            )
-            try:  # every stamp is checked before any store is written: all or none
-                check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
-            except ZombieError as exc:  # a newer generation wrote the store: fenced, like step 0
-                raise ZombieCheckpointError(str(exc)) from None
-            writes.append((proc, new))
-    for proc, new in writes:
-        proc.commit(new)
+    commit_stores(processors, epochs, generation, extra)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

@@ -27,16 +27,17 @@ log = logging.getLogger(__name__)
 class TimerContext(Context):
     """Context of a per-processor timer: no input record; `send` adds no source header."""
 
-    __slots__ = ()
+    __slots__ = ("_now",)
 
-    def __init__(self, outbox: Outbox, processor: int) -> None:
+    def __init__(self, outbox: Outbox, processor: int, now: Callable[[], float] = time.time) -> None:
         super().__init__(outbox)
         self.processor = processor
+        self._now = now
 
     @property
     def timestamp(self) -> int:
         """Now, in ms since the epoch (a timer has no record)."""
-        return int(time.time() * 1000)
+        return int(self._now() * 1000)
 
     def send(self, topic: Any, key: Any, value: Any, headers: Any = ()) -> None:
         self._outbox.add(topic, key, value, list(headers))
@@ -63,9 +64,14 @@ async def run_timer(
 
 
 async def fire(
-    spec: TimerSpec, processors: Iterable[ProcessorState], tables: Mapping[str, Table], output: Output
+    spec: TimerSpec,
+    processors: Iterable[ProcessorState],
+    tables: Mapping[str, Table],
+    output: Output,
+    now: Callable[[], float] = time.time,
 ) -> None:
-    """Fire `spec` once: once for the worker, or once per processor in `processors`."""
+    """Fire `spec` once: once for the worker, or once per processor in `processors`.
+    ``now``: the wall clock in seconds (a test driver's own, which it moves by hand)."""
     if not spec.per_processor:
         result = spec.fn()
         if inspect.isawaitable(result):
@@ -73,7 +79,7 @@ async def fire(
         return
     for proc in list(processors):
         outbox = Outbox()
-        ctx = TimerContext(outbox, proc.id)
+        ctx = TimerContext(outbox, proc.id, now)
         TableBinder(tables, ctx).bind(proc.caches)
         result = spec.fn(ctx)
         if inspect.isawaitable(result):

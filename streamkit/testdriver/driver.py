@@ -1,0 +1,267 @@
+"""Test an app without a broker: feed records, move time, read tables, output and dead
+letters, in milliseconds (as Kafka Streams' ``TopologyTestDriver``).
+
+Everything after fetching is the worker's own code: records are decoded and applied by
+the worker's ``Dispatcher`` through the routes a worker builds (tables and their
+write-back caches over real RocksDB stores in a temporary directory, windows with
+stream time, late records, key-level concurrency with per-key order, dead letters), sent
+through the worker's ``Output``, checkpointed by the worker's commit step and fired by
+the worker's timers. What the driver stands in for is the broker: each input topic is a
+list of records per partition, with as many partitions as the job has processors, a key
+placed where a streamkit producer places it (linear hashing) and partition ``q`` read by
+processor ``q``; output goes to a list instead of a topic.
+
+Time: the driver has its own wall clock, in seconds, starting at ``start_time``. A
+record sent without a timestamp gets the clock's; ``advance`` moves the clock and fires
+the ``@app.every`` timers that fall due, in order. Nothing runs in the background: the
+same calls give the same tables, output and dead letters on every run.
+
+Crashes: ``checkpoint`` commits every processor's state and positions as the worker
+does; ``restart`` drops what was not checkpointed and applies again, with output, every
+record beyond the checkpoint (exact state, at-least-once output, as a worker restarted
+after SIGKILL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+from collections.abc import Coroutine, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from assignors.linear_hashing import partition_for_key
+from assignors.placement import processors_for_partition
+from streamkit.app import App, HandlerSpec
+from streamkit.context import Header
+from streamkit.runtime import checkpointing, timers
+from streamkit.runtime.admission import Admitted
+from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.icranges import skip_applied
+from streamkit.runtime.output import Output
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.routes import Route
+from streamkit.testdriver.capture import (
+    CaptureProducer,
+    DeadLetter,
+    OutputRecord,
+    decode_dead_letter,
+    decode_output,
+)
+
+__all__ = ["TestDriver"]
+
+T = TypeVar("T")
+
+
+class InputRecord:
+    """One input record as the worker's code reads a fetched one."""
+
+    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+    ) -> None:
+        self.topic, self.partition, self.offset, self.timestamp = topic, partition, offset, timestamp
+        self.key, self.value, self.headers = key, value, headers
+
+
+class TestDriver:
+    """Runs ``app`` in this process, without a broker (see the module docstring).
+
+    >>> with TestDriver(app) as driver:
+    ...     driver.send("orders", "alice", {"amount": 100})
+    ...     assert driver.table("customer_totals")["alice"]["amount"] == 100
+    """
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    def __init__(self, app: App, processors: int | None = None, *, start_time: float = 0.0) -> None:
+        if not app.handlers:
+            raise ValueError(f"app {app.name!r} has no @app.processor handler: nothing to drive")
+        self.app = app
+        self.processors = processors or app.processor_count or 1
+        """The job's processors, and every input topic's partitions."""
+        self.now = start_time
+        """The driver's wall clock, seconds."""
+        self._loop = asyncio.new_event_loop()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"streamkit-driver-{app.name}-"))
+        self._log: dict[tuple[str, int], list[InputRecord]] = {}
+        self._round_robin = itertools.count()
+        self._producer = CaptureProducer()
+        self._next_fire = {id(spec): start_time + spec.seconds for spec in app.timers}
+        self._procs: dict[int, ProcessorState] = {}
+        self._routes: dict[tuple[str, int], Route] = {}
+        self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)  # type: ignore[arg-type]
+        self._dispatcher = self._new_dispatcher()
+        self._open()
+
+    # -- the test's side ----------------------------------------------------------------
+
+    def __enter__(self) -> TestDriver:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the stores and remove them (the driver cannot be used after)."""
+        for proc in self._procs.values():
+            proc.close()
+        self._procs.clear()
+        self._loop.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def send(
+        self,
+        topic: str,
+        key: Any,
+        value: Any,
+        *,
+        timestamp: float | None = None,
+        headers: Iterable[Header] = (),
+    ) -> None:
+        """Write one record to input ``topic`` (encoded with its serdes; ``value`` may be
+        ``bytes`` as they are, to test a record that does not decode) and apply it.
+        ``timestamp``: seconds (default: the driver's clock)."""
+        spec = self._handlers(topic)[0].topic
+        kb = key if isinstance(key, bytes) else spec.encode_key(key)
+        vb = value if isinstance(value, bytes) else spec.encode_value(value)
+        n = self.processors
+        part = partition_for_key(kb, n, n) if kb is not None else next(self._round_robin) % n
+        log = self._log.setdefault((topic, part), [])
+        ts = self.now if timestamp is None else timestamp
+        log.append(InputRecord(topic, part, len(log), int(ts * 1000), kb, vb, tuple(headers)))
+        self._run(self._pump())
+
+    def advance(self, seconds: float) -> None:
+        """Move the wall clock on by ``seconds``, firing the timers that fall due (in time
+        order; one due several times fires that many times)."""
+        if seconds < 0:
+            raise ValueError(f"time moves forward only: advance({seconds!r})")
+        end = self.now + seconds
+        while True:
+            due = [(self._next_fire[id(s)], i, s) for i, s in enumerate(self.app.timers)]
+            due = [d for d in due if d[0] <= end]
+            if not due:
+                break
+            at, _, spec = min(due)
+            self.now = at
+            self._next_fire[id(spec)] = at + spec.seconds
+            self._run(timers.fire(spec, self._procs.values(), self.app.tables, self._output, now=self._clock))
+        self.now = end
+
+    def table(self, name: str) -> dict[Any, Any]:
+        """Table ``name`` as the handlers see it now (checkpointed or not), every
+        processor's keys in one dict; a windowed table's keys are ``(key, window start ms)``."""
+        if name not in self.app.tables:
+            raise KeyError(f"app {self.app.name!r} has no table {name!r} (tables: {', '.join(self.app.tables)})")
+        out: dict[Any, Any] = {}
+        for proc in self._procs.values():
+            out.update(proc.caches[name].items())
+        return out
+
+    def output(self, topic: str) -> list[OutputRecord]:
+        """Every record sent to ``topic`` so far, in the order sent (after a restart, what
+        was sent again too: output is at least once)."""
+        spec = self.app.topics.get(topic)
+        if spec is None:
+            from streamkit.topics import Topic
+
+            spec = Topic.declare(topic)
+        return [decode_output(s, spec) for s in self._producer.sent if s.topic == topic]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every input record sent to the dead letters so far, with its reason."""
+        topic = self.app.dead_letter_topic
+        return [decode_dead_letter(s) for s in self._producer.sent if s.topic == topic]
+
+    def checkpoint(self) -> None:
+        """Commit every processor's state and input positions, as a worker's checkpoint
+        does (windows past their retention are deleted here)."""
+        self._run(self._output.flush())
+        checkpointing.commit_stores(self._procs.values(), {}, 0, {"p": self.processors})
+
+    def restart(self) -> None:
+        """A crash and a restart: drop what was not checkpointed, reopen the stores and
+        apply every record beyond the checkpoint again (with output)."""
+        for proc in self._procs.values():
+            proc.discard()
+            proc.close()
+        self._procs.clear()
+        self._routes.clear()
+        self._dispatcher = self._new_dispatcher()
+        self._open()
+
+    # -- the worker's side ------------------------------------------------------------
+
+    def _clock(self) -> float:
+        return self.now
+
+    def _new_dispatcher(self) -> Dispatcher:
+        return Dispatcher(
+            f"{self.app.name}-driver", self.app.tables, self._output,
+            failure_alarm_after=self.app.settings.failure_alarm_after,
+        )  # fmt: skip
+
+    def _handlers(self, topic: str) -> list[HandlerSpec]:
+        found = self.app.handlers.get(topic)
+        if not found:
+            raise KeyError(
+                f"app {self.app.name!r} has no handler for topic {topic!r} (inputs: {self.app.input_topics})"
+            )
+        return found
+
+    def _open(self) -> None:
+        """Open every processor's store and its partitions' routes, where its checkpoint is."""
+        n = self.processors
+        for pid in range(n):
+            path = self.app.store_path(pid, self._dir)
+            self._procs[pid] = self._run(ProcessorState.open(pid, path, self.app.tables, timeout=5.0))
+        for topic in self.app.input_topics:
+            for part in range(n):
+                [pid] = processors_for_partition(part, n, n, n, n)
+                proc = self._procs[pid]
+                self._routes[(topic, part)] = Route.for_slot(
+                    proc, self._handlers(topic), (topic, part), 0, None, key_filter=None, sharers=(), p0=n, p=n
+                )
+        assigned: dict[ProcessorState, list[Any]] = {}
+        for (topic, part), route in self._routes.items():
+            assigned.setdefault(route.proc, []).append((topic, part))
+        self._run(self._dispatcher.fire(self.app.keys_assigned_callbacks, assigned))
+        self._run(self._pump())
+
+    async def _pump(self) -> None:
+        """Apply what each partition holds beyond its route's position, as a member's
+        batch: admitted records through the dispatcher, then queued ones of
+        key-concurrent routes until none is left, then the output."""
+        for key, route in self._routes.items():
+            records: list[Any] = self._log.get(key, [])[route.position :]
+            if not records:
+                continue
+            ahead = route.proc.ahead.get(key)
+            deliver = records
+            if ahead:  # applied before the restart, beyond the stable offset (IC ranges)
+                keep, _ = skip_applied([r.offset for r in records], ahead)
+                deliver = [records[i] for i in keep]
+            admitted = Admitted([], deliver, [], [], records[-1].offset + 1, len(records))
+            await self._dispatcher.apply(route, admitted)
+            route.position = admitted.next_position
+            route.proc.uncommitted += admitted.consumed
+        for route in self._routes.values():
+            while route.scheduler is not None and route.scheduler.queued:
+                await self._dispatcher.run_queued(route)
+        await self._dispatcher.send_output()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run_until_complete(coro)
