@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import Counter as PromCounter
 
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
 from streamkit.layout.strays import STRAY_HEADER, encode_origin
-from streamkit.producer import Producer
 from streamkit.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -29,11 +28,28 @@ Header = tuple[str, bytes]
 _STAMP_HEADERS = (STAMP_HEADER, EPOCH_HEADER, PRODUCER_HEADER, STRAY_HEADER)
 
 
+class Sender(Protocol):
+    """What output goes through: the worker's ``streamkit.producer.Producer``, or a test
+    driver's capture of what was sent."""
+
+    async def send(
+        self,
+        topic: str,
+        key: Any,
+        value: Any,
+        headers: Sequence[Header] | None = None,
+        *,
+        timestamp_ms: int | None = None,
+    ) -> Any: ...
+
+    async def flush(self) -> None: ...
+
+
 class Output:
     """Sends handler output (serdes of the declared `topics`; a topic named but not
     declared gets the defaults) and dead letters to `dead_letter_topic`."""
 
-    def __init__(self, app_name: str, dead_letter_topic: str, topics: Mapping[str, Topic], producer: Producer) -> None:
+    def __init__(self, app_name: str, dead_letter_topic: str, topics: Mapping[str, Topic], producer: Sender) -> None:
         self.app_name = app_name
         self.dead_letter_topic = dead_letter_topic
         self.producer = producer

@@ -32,9 +32,15 @@ class CaptureProducer:
         self.sent: list[Sent] = []
 
     async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[Header] | None = None, **kw: Any
+        self,
+        topic: str,
+        key: Any,
+        value: Any,
+        headers: Sequence[Header] | None = None,
+        *,
+        timestamp_ms: int | None = None,
     ) -> None:
-        self.sent.append(Sent(topic, key, value, tuple(headers or ()), kw.get("timestamp_ms")))
+        self.sent.append(Sent(topic, key, value, tuple(headers or ()), timestamp_ms))
 
     async def flush(self) -> None:
         return None

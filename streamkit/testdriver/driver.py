@@ -102,7 +102,7 @@ class TestDriver:
         self._next_fire = {id(spec): start_time + spec.seconds for spec in app.timers}
         self._procs: dict[int, ProcessorState] = {}
         self._routes: dict[tuple[str, int], Route] = {}
-        self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)  # type: ignore[arg-type]
+        self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)
         self._dispatcher = self._new_dispatcher()
         self._open()
 
