@@ -237,19 +237,23 @@ def stray_rule(
     return StrayRule(partition, layout.n0, tuple(bounds), actives)
 
 
-def in_place_until(layout: TopicLayout | None, partition: int, end: int) -> int:
-    """Where the records of ``partition`` below ``end`` last were in place: the start of
-    the span right below ``end`` in which no layout in force read the partition (it was
-    reserved, or drained and given up, until an expansion activated it). Every record of
-    that span is a stray, forwarded by the partition's sweep: a processor's catch-up of
-    its keys there must stop before it, or it would take them as applied."""
+def in_place_until(layout: TopicLayout | None, partition: int, start: int, end: int) -> int:
+    """How far a processor's catch-up of its keys in ``partition`` may read from
+    ``start`` towards ``end``: up to the first span at or after ``start`` in which no
+    layout in force read the partition (it was reserved, or drained and given up, until
+    an expansion activated it). Every record of such a span is a stray, its sweep's to
+    forward; a catch-up, which reads only its own keys, would pass over them as if they
+    were forwarded. What lies beyond the span is the activated partition's, read by its
+    owner."""
     rule = stray_rule(layout, partition)
     if rule is None:
         return end
-    seg = bisect.bisect_right(rule.starts, end - 1) - 1
-    while seg >= 0 and not rule.moduli[seg]:
-        end = min(end, rule.starts[seg])
-        seg -= 1
+    starts = rule.starts
+    seg = max(0, bisect.bisect_right(starts, start) - 1)
+    while seg < len(starts) and starts[seg] < end:
+        if not rule.moduli[seg]:
+            return max(start, starts[seg])
+        seg += 1
     return end
 
 

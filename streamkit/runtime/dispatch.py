@@ -69,6 +69,9 @@ class Dispatcher:
         self.handled = 0
         self.consecutive_failures = 0
         self._last_alarm = 0.0
+        self.run_budget = RUN_BUDGET
+        """Seconds a key-concurrent route runs per call (a test driver: until none is queued,
+        so that where the wall clock cuts a run does not change what runs beside what)."""
 
     async def apply(self, route: Route, admitted: Admitted) -> None:
         """Apply one partition batch: the rebuilt records without output, then the
@@ -130,7 +133,7 @@ class Dispatcher:
                 except Exception as exc:  # noqa: BLE001 - user code
                     failures.append((rec, "handler", exc, spec.name))
 
-        await scheduler.run(handle, RUN_BUDGET)
+        await scheduler.run(handle, self.run_budget)
         if failures:
             await self._failed(failures, ran * len(route.handlers), rebuilding=False)
         elif ran:

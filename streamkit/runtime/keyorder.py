@@ -66,7 +66,7 @@ class KeyScheduler:
             if not running:
                 return
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            for task in [t for t in running if t in done]:  # in the order they started, not the set's
                 key, offset = running.pop(task)
                 task.result()  # ``handle`` reports failures itself; anything else is a bug
                 self.pending.discard(offset)

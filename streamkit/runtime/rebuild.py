@@ -148,8 +148,8 @@ def plan_left_history(
         if (topic, part) in owned or layout is None:
             continue
         end = mixed_history_end(layout, part)
-        if end is not None:  # strays below it are the sweep's to forward, not a catch-up's
-            end = in_place_until(layout, part, end)
+        if end is not None:  # strays are the sweep's to forward, not a catch-up's
+            end = in_place_until(layout, part, pos, end)
         if end is None or pos >= end:
             continue
         high = {topic: high_water(layout)}

@@ -185,10 +185,10 @@ def test_a_catch_up_stops_where_a_reserved_partitions_strays_begin() -> None:
     lay = transitions.seal(lay, {**first, 0: 110, 1: 120})
     lay = transitions.expand(lay, 8, announce_offsets=second, now_ms=2)
     lay = transitions.seal(lay, {**second, 2: 300, 3: 290})
-    assert in_place_until(lay, 6, 860) == 0 and in_place_until(lay, 7, 480) == 0
-    assert in_place_until(lay, 4, 40) == 0  # reserved until the first expansion
-    assert in_place_until(lay, 2, 300) == 300 and in_place_until(lay, 0, 110) == 110
-    assert in_place_until(None, 6, 860) == 860
+    assert in_place_until(lay, 6, 0, 860) == 0 and in_place_until(lay, 7, 0, 480) == 0
+    assert in_place_until(lay, 4, 0, 40) == 0  # reserved until the first expansion
+    assert in_place_until(lay, 2, 0, 300) == 300 and in_place_until(lay, 0, 0, 110) == 110
+    assert in_place_until(None, 6, 0, 860) == 860
 
 
 def test_a_partition_given_up_by_a_shrink_and_activated_again_keeps_its_in_place_history() -> None:
@@ -203,4 +203,19 @@ def test_a_partition_given_up_by_a_shrink_and_activated_again_keeps_its_in_place
     lay = transitions.finish_drain(lay, 4, now_ms=3, force=True)
     lay = transitions.expand(lay, 5, announce_offsets={0: 150, 4: 200}, now_ms=4)
     lay = transitions.seal(lay, {0: 160, 4: 200})
-    assert in_place_until(lay, 4, 200) == 70
+    assert in_place_until(lay, 4, 0, 200) == 70 and in_place_until(lay, 4, 30, 200) == 70
+    assert in_place_until(lay, 4, 100, 200) == 100  # from inside the strays: nothing
+
+
+def test_records_between_an_activations_announce_and_its_seal_do_not_hide_the_strays_below() -> None:
+    """Records written to partition 6 between the second expansion's announce (860) and
+    its seal (870) are in place: the strays below 860 still stop a catch-up at its start."""
+    first = {0: 100, 1: 100, 2: 90, 3: 80, 4: 40, 5: 50, 6: 400, 7: 200}
+    second = {0: 250, 1: 260, 2: 290, 3: 280, 4: 140, 5: 150, 6: 860, 7: 480}
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
+    lay = transitions.expand(lay, 6, announce_offsets=first, now_ms=1)
+    lay = transitions.seal(lay, {**first, 0: 110, 1: 120, 4: 45})
+    lay = transitions.expand(lay, 8, announce_offsets=second, now_ms=2)
+    lay = transitions.seal(lay, {**second, 2: 300, 3: 290, 6: 870, 7: 490})
+    assert in_place_until(lay, 6, 0, 870) == 0 and in_place_until(lay, 7, 300, 490) == 300
+    assert in_place_until(lay, 4, 0, 45) == 0
