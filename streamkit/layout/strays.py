@@ -49,6 +49,7 @@ __all__ = [
     "in_place_until",
     "no_sweep_ends",
     "parse_origin",
+    "plain_rule",
     "stray_rule",
     "sweep_end",
 ]
@@ -235,6 +236,15 @@ def stray_rule(
         tuple(sorted({n for b, u, n in spans if b <= start and (u is None or start < u)})) for start in bounds
     )
     return StrayRule(partition, layout.n0, tuple(bounds), actives)
+
+
+def plain_rule(partition: int, partitions: int) -> StrayRule:
+    """The rule for a partition of a plain topic (no layout) of ``partitions`` partitions:
+    keys belong where Kafka's default partitioner (murmur2) puts them, which is linear
+    hashing at a count never changed. A producer placing keys otherwise (librdkafka's
+    CRC32) would have them applied by a processor that does not own them: in a shared
+    partition, by none (every sharer's key range refuses them)."""
+    return StrayRule(partition, partitions, (0,), ((partitions,),))
 
 
 def in_place_until(layout: TopicLayout | None, partition: int, start: int, end: int) -> int:

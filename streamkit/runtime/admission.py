@@ -256,8 +256,11 @@ class Admission:
         if not odd:
             return records, []
         seen = route.proc.seen_strays
-        copies = [r for r in odd if (h := r.headers) and h[0][0] in _STAMP_KEYS]
-        strays = rule.strays_in([r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS])
+        # a forwarded copy ends with where it came from (stamped, unless its topic has no layout)
+        copies = [r for r in odd if (h := r.headers) and (h[0][0] in _STAMP_KEYS or h[-1][0] == STRAY_HEADER)]
+        strays = rule.strays_in(
+            [r for r in odd if not (h := r.headers) or (h[0][0] not in _STAMP_KEYS and h[-1][0] != STRAY_HEADER)]
+        )
         out = {id(r) for r in strays}
         for r in copies:
             origin = parse_origin(r.headers[-1][1])

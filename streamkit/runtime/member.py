@@ -103,8 +103,9 @@ class GroupMember:
             self.consumer, group=app.group_id, name=self.name, sweep_ends=services.progress.sweep_ends
         )
         self.router = Router(
-            self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges
-        )
+            self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges,
+            services.plain_partitions,
+        )  # fmt: skip
         self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
         self.catchup = CatchUp(
             self.name, services.io, services.registry, services.progress, app.handlers, app.input_topics,

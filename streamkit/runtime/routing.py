@@ -22,7 +22,7 @@ from assignors.group import PartitionSlot
 from streamkit.app import HandlerSpec
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.layout.strays import activation, stray_rule, sweep_end
+from streamkit.layout.strays import activation, plain_rule, stray_rule, sweep_end
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.copies import find_copies
 from streamkit.runtime.processor import ProcessorState
@@ -61,6 +61,8 @@ class Router:
     admission: Admission
     max_pending: int
     """Records a key-concurrent route may hold unfinished (``max_ic_ranges``)."""
+    plain_partitions: Mapping[str, int] = field(default_factory=dict)
+    """The input topics without a layout and their partition counts (``strays.plain_rule``)."""
 
     def slots(
         self,
@@ -86,6 +88,8 @@ class Router:
                 proc, self.handlers[topic], (topic, part), group_pos, layout,
                 key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.max_pending, sweep_ends=ends,
             )  # fmt: skip
+            if layout is None and topic in self.plain_partitions:
+                route.strays = plain_rule(part, self.plain_partitions[topic])
             self.admission.add(TopicPartition(topic, part), route)
             if sharers:
                 starts.shared[(topic, part, proc.id)] = (route.position, sharers)

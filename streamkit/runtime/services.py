@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from streamkit.connection import Connection
 from streamkit.kafkaio import KafkaIO
@@ -33,6 +33,9 @@ class Services:
     """Publish a heartbeat now (after a rebalance or checkpoint), not at the next tick."""
     memory: StateMemory | None = None
     """What the processors' state may use (None: the stores' and caches' own defaults)."""
+    plain_partitions: Mapping[str, int] = field(default_factory=dict)
+    """The input topics without a layout, and their partition counts at start: where
+    their keys belong (``strays.plain_rule``)."""
 
     @property
     def p0(self) -> int:

@@ -121,6 +121,7 @@ class Worker:
                 app.settings.rocksdb_block_cache_bytes,
                 app.settings.rocksdb_memtable_bytes,
             ),
+            plain_partitions={t: n for t, n in counts.items() if registry.get(t) is None},
         )
         return self.services
 

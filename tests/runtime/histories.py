@@ -9,6 +9,7 @@ expansions, shrinks and finish-drains, worker restarts (SIGTERM), SIGKILLs, lost
 waits until the group caught up. The plan keeps to what the layout allows (no
 expansion while partitions drain, never below the initial counts) and the test broker
 serves (it cannot add partitions: a topic without reserved capacity is never expanded).
+A third of the histories run on a plain topic (no layout), never expanded either.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ import orjson
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.producer import Producer
-from streamkit.testing import read_topic
+from streamkit.testing import create_topic, read_topic
 from tests.runtime.jobs import ROOT, Job, read_state, reference, wait_for_log
 from tests.runtime.plain_producers import PARTITIONERS, produce_plain
 
 KEYS = 150
 PRODUCERS = ("streamkit", *PARTITIONERS)
+PLAIN = "plain"
+"""A history's topic without a layout (created as any Kafka topic is)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class Step:
 class History:
     seed: int
     n0: int
-    capacity: int | None
+    capacity: int | str | None
+    """Reserved capacity (None: none), or :data:`PLAIN`: no layout at all."""
     workers: int
     steps: tuple[Step, ...]
 
@@ -64,9 +68,9 @@ def plan_history(seed: int, steps: int) -> History:
     """A random history of ``steps`` steps (and the writes and waits it must start and end with)."""
     rng = random.Random(seed)
     n0 = rng.choice((2, 3))
-    capacity = rng.choice((None, 2 * n0))
+    capacity = rng.choice((None, 2 * n0, PLAIN))
     active, draining, processors = n0, False, n0
-    most = capacity or n0  # the test broker cannot add partitions (no CreatePartitions)
+    most = capacity if isinstance(capacity, int) else n0  # the test broker cannot add partitions
     out = [Step("produce", (rng.choice(PARTITIONERS), rng.randrange(200, 600)))]
     for _ in range(steps):
         kinds = ["produce"] * 4 + ["restart", "kill", "settle", "lose-stores"]
@@ -130,14 +134,22 @@ class Run:
             )
 
     def terminate(self, workers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> None:
-        """SIGTERM ``workers`` once each handles it (before, it would die of it), and wait
-        until they exit."""
+        """SIGTERM ``workers`` one after the other, each once it hosts processors (before,
+        it would die of the signal, or leave the group in the middle of a rebalance: the
+        test broker then keeps it as the group's leader for ever, see docs/architecture.md,
+        "Broker behaviours"), and wait until they exit."""
         for w in workers:
-            wait_for_log(self.job, w, "connecting to broker")
+            wait_for_log(self.job, w, "hosts processors")
             self.stopped.add(w.pid)
             w.send_signal(signal.SIGTERM)
-        for w in workers:
             w.wait(timeout)
+
+    def kill(self, workers: list[subprocess.Popen[bytes]]) -> None:
+        for w in workers:
+            self.stopped.add(w.pid)
+            self.killed.add(w.pid)
+            w.send_signal(signal.SIGKILL)
+            w.wait(60)
 
     def wait_caught_up(self, timeout: float = 120.0) -> None:
         """Until the group committed every partition, reserved ones too, up to its high
@@ -166,8 +178,12 @@ def run_history(broker: str, tmp_path: Path, history: History) -> Run:
     """Run ``history`` with real processes; returns when every worker has stopped."""
     topic = f"hist-{uuid.uuid4().hex[:8]}"
     job = Job(broker, topic, topic, tmp_path / "state")
-    run = Run(history, job, history.capacity or history.n0, history.n0)
-    asyncio.run(_create(broker, topic, history.n0, history.capacity))
+    capacity = history.capacity
+    run = Run(history, job, capacity if isinstance(capacity, int) else history.n0, history.n0)
+    if capacity == PLAIN:
+        create_topic(broker, topic, history.n0)
+    else:
+        asyncio.run(_create(broker, topic, history.n0, capacity if isinstance(capacity, int) else None))
     try:
         for _ in range(history.workers):
             job.start_worker()
@@ -192,16 +208,13 @@ def run_history(broker: str, tmp_path: Path, history: History) -> Run:
                 live = run.live()
                 worker = live[step.arg % len(live)]
                 if step.kind == "kill":
-                    run.stopped.add(worker.pid)
-                    run.killed.add(worker.pid)
-                    worker.send_signal(signal.SIGKILL)
-                    worker.wait(60)
+                    run.kill([worker])
                 else:
                     run.terminate([worker])
                 job.start_worker()
-            elif step.kind == "lose-stores":  # a new machine: every processor rebuilt from history
+            elif step.kind == "lose-stores":  # a dead machine: every processor rebuilt from history
                 live = run.live()
-                run.terminate(live)
+                run.kill(live)
                 shutil.rmtree(job.state_dir, ignore_errors=True)
                 for _ in live:
                     job.start_worker()

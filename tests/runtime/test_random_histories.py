@@ -10,7 +10,7 @@ processor scale steps. CI runs a short budget; more on demand:
 
 ``STREAMKIT_HISTORY_SEED`` picks the first seed (a failure names its seed and steps, and
 ``STREAMKIT_HISTORY_SEED=<seed> STREAMKIT_HISTORIES=1`` replays it). Without a budget,
-CI runs three seeds chosen to cover every kind of step between them.
+CI runs four seeds chosen to cover every kind of step and topic between them.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.histories import PRODUCERS, plan_history, run_history, verify
+from tests.runtime.histories import PLAIN, PRODUCERS, plan_history, run_history, verify
 
-CI_SEEDS = (2, 8, 9)
+CI_SEEDS = (2, 3, 6, 8)
 """Without a budget given: confluent-kafka's and aiokafka's writes to a topic without
-capacity, then 2 -> 4 processors (2); expand, shrink and finish-drain with two workers
-and all three producers (8); SIGKILLs around an expansion, then a scale step (9)."""
+capacity, then 2 -> 4 processors (2); a plain topic (no layout) written by confluent-kafka,
+lost stores and 2 -> 4 processors (3); an expansion, then a SIGKILL (6); expand, shrink
+and finish-drain with two workers and all three producers (8)."""
 FIRST = int(os.environ.get("STREAMKIT_HISTORY_SEED", "0"))
 COUNT = os.environ.get("STREAMKIT_HISTORIES")
 SEEDS = range(FIRST, FIRST + int(COUNT)) if COUNT else CI_SEEDS
@@ -40,8 +41,8 @@ def test_plans_cover_every_kind_of_step_and_producer() -> None:
     producers = {s.arg[0] for h in plans for s in h.steps if s.kind == "produce"}
     assert kinds == {"produce", "expand", "shrink", "finish-drain", "restart", "kill", "lose-stores", "scale", "settle"}
     assert producers == set(PRODUCERS)
-    assert {h.capacity is None for h in plans} == {True, False}
-    assert all(h.capacity is not None for h in plans for s in h.steps if s.kind == "expand")
+    assert {h.capacity if not isinstance(h.capacity, int) else "capacity" for h in plans} == {None, PLAIN, "capacity"}
+    assert all(isinstance(h.capacity, int) for h in plans for s in h.steps if s.kind == "expand")
     assert plan_history(7, 12) == plan_history(7, 12)
 
 
