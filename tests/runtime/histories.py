@@ -31,6 +31,8 @@ import orjson
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.producer import Producer
+from streamkit.runtime.jobmeta import JobLayout, read_job
+from streamkit.runtime.status import WorkerStatus, read_statuses
 from streamkit.testing import create_topic, read_topic
 from tests.runtime.jobs import ROOT, Job, read_state, reference, wait_for_log
 from tests.runtime.plain_producers import PARTITIONERS, produce_plain
@@ -152,24 +154,31 @@ class Run:
             w.wait(60)
 
     def wait_caught_up(self, timeout: float = 120.0) -> None:
-        """Until the group committed every partition, reserved ones too, up to its high
-        watermark twice in a row (forwarded copies land after their originals are read)."""
+        """Until, twice in a row, the group committed every partition, reserved ones too,
+        up to its high watermark (forwarded copies land after their originals are read)
+        and the job is settled: no scale change under way, and the live workers host
+        processors ``0 .. p-1`` once each (a worker stopped in the middle of a handover
+        leaves the received keys in a staging store, which its next start adopts)."""
+        topic, parts, app = self.job.topic, range(self.physical), self.job.app
 
-        async def look() -> tuple[dict[int, int], dict[int, int]]:
+        async def look() -> tuple[dict[int, int], dict[int, int], JobLayout | None, list[WorkerStatus]]:
             async with KafkaIO(self.job.bootstrap) as io:
-                parts = range(self.physical)
-                return await io.high_watermarks(self.job.topic, parts), await io.committed(
-                    self.group, self.job.topic, parts
-                )
+                hws, com = await io.high_watermarks(topic, parts), await io.committed(self.group, topic, parts)
+                return hws, com, await read_job(io, app), await read_statuses(io, app)
 
         deadline = time.monotonic() + timeout
         settled = 0
         while settled < 2:
-            hws, com = asyncio.run(look())
-            settled = settled + 1 if all(com.get(p, 0) >= hw for p, hw in hws.items()) else 0
+            hws, com, job, statuses = asyncio.run(look())
+            live = {w.pid for w in self.live()}
+            hosted = sorted(pid for s in statuses if s.pid in live and s.alive for pid in s.processors)
+            placed = job is not None and job.target is None and hosted == list(range(job.p))
+            caught_up = all(com.get(p, 0) >= hw for p, hw in hws.items())
+            settled = settled + 1 if caught_up and placed else 0
             self.check_workers("waiting to catch up")
             assert time.monotonic() < deadline, (
-                f"{self.history.describe()}: not caught up after {timeout} s: committed {com}, high watermarks {hws}"
+                f"{self.history.describe()}: not caught up after {timeout} s: committed {com}, high watermarks {hws}, "
+                f"job {job}, hosted {hosted}"
             )
             time.sleep(0.5)
 
