@@ -11,7 +11,11 @@ import streamkit
 FAIL_ALL = os.environ.get("SK_TEST_FAIL_ALL") == "1"
 # The client's join and sync steps, so that the log of a stuck group shows where its rebalance stopped.
 logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(logging.INFO)
-app = streamkit.App(os.environ.get("SK_TEST_APP", "runtime-test"), commit_interval=0.3)
+# App(...) arguments win over STREAMKIT_* variables: a test that needs another interval says so here
+app = streamkit.App(
+    os.environ.get("SK_TEST_APP", "runtime-test"),
+    commit_interval=float(os.environ.get("SK_TEST_COMMIT_INTERVAL", "0.3")),
+)
 source = app.topic(
     os.environ.get("SK_TEST_TOPIC", "runtime-test-input"), strays=os.environ.get("SK_TEST_STRAYS", "forward")
 )

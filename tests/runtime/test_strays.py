@@ -25,7 +25,7 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import activation
 from streamkit.runtime.progress import ProgressLog
 from streamkit.testing import default_partition, produce_json, read_topic
-from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference
+from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference, wait_for_log
 
 P0 = 2
 ACTIVE, CAPACITY = 4, 8
@@ -217,11 +217,14 @@ def test_a_sweep_killed_before_its_checkpoint_leaves_one_copy_of_each_stray_acro
     job = Job(broker, f"sweepkill-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
     before = make_records(3000, 300)
     stray_offsets = {q: sum(default_partition(k.encode(), 4) == q for k, _ in before) for q in (2, 3)}
-    never = {"STREAMKIT_COMMIT_INTERVAL": "3600", "STREAMKIT_COMMIT_EVERY": "1000000000",
+    never = {"SK_TEST_COMMIT_INTERVAL": "3600", "STREAMKIT_COMMIT_EVERY": "1000000000",
              "STREAMKIT_CHECKPOINT_DIRTY_KEYS": "1000000000"}  # fmt: skip
     try:
+        # written once the worker hosts its processors: however fast it sweeps, no checkpoint
+        # follows its assignment, so the sweep's forwards outrun the progress log
+        worker = job.start_worker(**never)
+        wait_for_log(job, worker, "hosts processors")
         produce_json(broker, topic, before)
-        job.start_worker(**never)
         deadline = time.monotonic() + 60
         while True:  # until the sweep forwarded every stray of partitions 2 and 3
             origins = Counter(o.split(b":")[0] for o in copies_from(broker, topic))

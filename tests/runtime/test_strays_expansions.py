@@ -27,7 +27,7 @@ def test_strays_written_between_two_expansions_are_all_forwarded(partitioner: st
     # the middle wave puts records into 6 and 7, still reserved after the first expansion
     assert {plain_partition(partitioner, k.encode(), 8) for k, _ in waves[1]} >= {6, 7}
     try:
-        worker = job.start_worker(STREAMKIT_COMMIT_INTERVAL="2.0")  # the default: sweeps checkpoint seldom
+        worker = job.start_worker()
         wait_for_log(job, worker, "hosts processors")
         # the expansions follow the writes at once: the worker learns of each while its
         # assignment still has the earlier layout, and sweeps 6 and 7 as it catches up
