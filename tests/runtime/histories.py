@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from streamkit.errors import TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.producer import Producer
@@ -164,7 +165,11 @@ class Run:
         async def look() -> tuple[dict[int, int], dict[int, int], JobLayout | None, list[WorkerStatus]]:
             async with KafkaIO(self.job.bootstrap) as io:
                 hws, com = await io.high_watermarks(topic, parts), await io.committed(self.group, topic, parts)
-                return hws, com, await read_job(io, app), await read_statuses(io, app)
+                try:
+                    statuses = await read_statuses(io, app)
+                except TopicNotFoundError:  # no worker has sent a heartbeat yet
+                    statuses = []
+                return hws, com, await read_job(io, app), statuses
 
         deadline = time.monotonic() + timeout
         settled = 0
