@@ -137,12 +137,12 @@ class Run:
             )
 
     def terminate(self, workers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> None:
-        """SIGTERM ``workers`` one after the other, each once it hosts processors (before,
-        it would die of the signal, or leave the group in the middle of a rebalance: the
-        test broker then keeps it as the group's leader for ever, see docs/architecture.md,
-        "Broker behaviours"), and wait until they exit."""
+        """SIGTERM ``workers`` one after the other, each once the group is settled (before,
+        a worker would die of the signal, or leave the group in the middle of a rebalance:
+        the test broker then keeps it as the group's leader for ever, see
+        docs/architecture.md, "Broker behaviours"), and wait until they exit."""
         for w in workers:
-            wait_for_log(self.job, w, "hosts processors")
+            self.wait_caught_up(offsets=False)
             self.stopped.add(w.pid)
             w.send_signal(signal.SIGTERM)
             w.wait(timeout)
@@ -154,12 +154,13 @@ class Run:
             w.send_signal(signal.SIGKILL)
             w.wait(60)
 
-    def wait_caught_up(self, timeout: float = 120.0) -> None:
+    def wait_caught_up(self, timeout: float = 120.0, *, offsets: bool = True) -> None:
         """Until, twice in a row, the group committed every partition, reserved ones too,
-        up to its high watermark (forwarded copies land after their originals are read)
-        and the job is settled: no scale change under way, and the live workers host
-        processors ``0 .. p-1`` once each (a worker stopped in the middle of a handover
-        leaves the received keys in a staging store, which its next start adopts)."""
+        up to its high watermark (forwarded copies land after their originals are read;
+        ``offsets=False``: not asked) and the group is settled: no scale change under
+        way, every live worker hosts processors and together they host ``0 .. p-1`` once
+        each (a worker stopped in the middle of a handover leaves the received keys in a
+        staging store, which its next start adopts)."""
         topic, parts, app = self.job.topic, range(self.physical), self.job.app
 
         async def look() -> tuple[dict[int, int], dict[int, int], JobLayout | None, list[WorkerStatus]]:
@@ -176,14 +177,15 @@ class Run:
         while settled < 2:
             hws, com, job, statuses = asyncio.run(look())
             live = {w.pid for w in self.live()}
-            hosted = sorted(pid for s in statuses if s.pid in live and s.alive for pid in s.processors)
-            placed = job is not None and job.target is None and hosted == list(range(job.p))
-            caught_up = all(com.get(p, 0) >= hw for p, hw in hws.items())
+            hosting = {s.pid: sorted(s.processors) for s in statuses if s.pid in live and s.alive and s.processors}
+            hosted = sorted(pid for pids in hosting.values() for pid in pids)
+            placed = job is not None and job.target is None and hosted == list(range(job.p)) and set(hosting) == live
+            caught_up = not offsets or all(com.get(p, 0) >= hw for p, hw in hws.items())
             settled = settled + 1 if caught_up and placed else 0
             self.check_workers("waiting to catch up")
             assert time.monotonic() < deadline, (
-                f"{self.history.describe()}: not caught up after {timeout} s: committed {com}, high watermarks {hws}, "
-                f"job {job}, hosted {hosted}"
+                f"{self.history.describe()}: not settled after {timeout} s: committed {com}, high watermarks {hws}, "
+                f"job {job}, hosting {hosting} of live {sorted(live)}"
             )
             time.sleep(0.5)
 
