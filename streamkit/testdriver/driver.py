@@ -52,6 +52,7 @@ from streamkit.testdriver.capture import (
     decode_dead_letter,
     decode_output,
 )
+from streamkit.topics import Topic
 
 __all__ = ["TestDriver"]
 
@@ -178,11 +179,7 @@ class TestDriver:
     def output(self, topic: str) -> list[OutputRecord]:
         """Every record sent to ``topic`` so far, in the order sent (after a restart, what
         was sent again too: output is at least once)."""
-        spec = self.app.topics.get(topic)
-        if spec is None:
-            from streamkit.topics import Topic
-
-            spec = Topic.declare(topic)
+        spec = self.app.topics.get(topic) or Topic.declare(topic)  # an undeclared one: the defaults, as Output
         return [decode_output(s, spec) for s in self._producer.sent if s.topic == topic]
 
     def dead_letters(self) -> list[DeadLetter]:
