@@ -6,6 +6,7 @@ handlers killed with IC ranges in their checkpoints."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -146,9 +147,10 @@ def test_key_concurrent_processing_killed_again_and_again_applies_every_record_o
 ) -> None:
     """An async handler with concurrency 20 (slow keys queue up, others finish past them:
     checkpoints carry IC ranges), 2 workers on 2 partitions under load; the worker of
-    processor 0 is SIGKILLed and replaced until two kills have left IC ranges in its
-    store. Every record is applied exactly once, in order per key, and the restarts are
-    shown to skip the records inside the ranges."""
+    processor 0 is SIGKILLed (each time once its heartbeat shows IC ranges) and replaced
+    until two kills have left IC ranges in its store. Every record is applied exactly
+    once, in order per key, and the restarts are shown to skip the records inside the
+    ranges."""
     job = ScaleJob(broker, tmp_path, p0=2, partitions=2)
     job.env["SK_TEST_CONCURRENCY"] = "20"
     job.env["STREAMKIT_MAX_BATCH_RECORDS"] = "10000"  # more records in flight per batch: kills find IC ranges sooner
@@ -158,24 +160,31 @@ def test_key_concurrent_processing_killed_again_and_again_applies_every_record_o
         from stores.base import StoreLockedError
         from stores.rocksdb import RocksDBStore
 
-        for _ in range(12):
+        async def host_with_ranges() -> int | None:
+            """The newest live host of processor 0 whose heartbeat shows IC ranges on its
+            partitions (a kill is only worth making then: the test waits for the event
+            rather than counting on the worker's speed)."""
             live = {w.pid for w in job.live_workers}
-            hosts = sorted((s.at, s.pid) for s in await job.statuses(io) if s.processors.get(0) and s.pid in live)
-            if not hosts:
-                await job.wait_growth(io, 100)
-                continue
-            job.kill9(hosts[-1][1])
+            hosts = []
+            for s in await job.statuses(io):
+                parts = {f"{t}/{p}" for t, p in s.processors.get(0, [])}
+                if s.pid in live and parts & set(s.ic_ranges):
+                    hosts.append((s.at, s.pid))
+            return max(hosts)[1] if hosts else None
+
+        deadline = time.monotonic() + 180
+        while len(with_ranges) < 2:
+            assert time.monotonic() < deadline, f"two kills with IC ranges in the store not seen: {with_ranges}"
+            job.kill9(await job.wait_for(io, "a host of processor 0 with IC ranges", host_with_ranges, 90))
             try:
                 with RocksDBStore.open(str(job.tmp / "state" / job.app / "processor-0"), ["seen"]) as store:
                     ranges = sum(len(r) for r in store.checkpoint().ic_ranges.values())
-            except StoreLockedError:  # its status was behind a rebalance: another worker holds it
+            except StoreLockedError:  # another worker hosts processor 0 by now
                 ranges = 0
             if ranges:
                 with_ranges.append(ranges)
             job.start_worker()
             await job.wait_growth(io, 300)
-            if len(with_ranges) >= 2:
-                return
 
     reports = _run(job, 2, kill_repeatedly)
     assert len(with_ranges) >= 2, with_ranges
