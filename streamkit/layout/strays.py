@@ -37,6 +37,7 @@ from typing import Any
 
 from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash_cached
+from assignors.vectorized import key_hash_batch
 from streamkit.layout.model import ChangeKind, TopicLayout
 
 __all__ = [
@@ -140,12 +141,13 @@ class StrayRule:
                 out += run
             elif len(ms) == 1:
                 m = ms[0]
-                found = [r for r in run if (rk := r.key) is not None and key_hash_cached(rk) % m != p]
+                found = [r for r, h in zip(run, _key_hashes(run), strict=True) if h % m != p and r.key is not None]
                 out += found
                 if seg == len(starts) - 1:
                     self._learn(run, found)
             else:
-                out += [r for r in run if (rk2 := r.key) is not None and _outside(key_hash_cached(rk2), ms, p)]
+                hashes = _key_hashes(run)
+                out += [r for r, h in zip(run, hashes, strict=True) if _outside(h, ms, p) and r.key is not None]
             i = j
         return out
 
@@ -161,6 +163,19 @@ class StrayRule:
 
 
 KNOWN_IN_PLACE = 1 << 16
+
+BATCH_HASH_FROM = 64
+"""Records from which a run's keys are hashed at once (numpy) rather than one by one."""
+
+
+def _key_hashes(run: Sequence[Any]) -> list[int]:
+    """The murmur2 hash of each record's key (any number for a keyless one). A long run is
+    a plain producer's batch of keys not seen lately (more keys than a partition remembers
+    in place): hashed at once, about 0.15 µs a key, where one missing from the scalar
+    cache costs 1.2 µs in Python."""
+    if len(run) >= BATCH_HASH_FROM:
+        return key_hash_batch([r.key for r in run]).tolist()
+    return [key_hash_cached(rk) if (rk := r.key) is not None else 0 for r in run]
 
 
 def _offset_of(record: Any) -> int:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
+
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout import transitions
 from streamkit.layout.strays import (
+    BATCH_HASH_FROM,
     SeenStrays,
     activation,
     encode_origin,
@@ -131,9 +134,11 @@ def test_origins_and_second_copies() -> None:
     assert seen.first_time("t", 1, (3, 5))  # another partition it was forwarded to
 
 
-def test_a_batch_is_judged_as_record_by_record() -> None:
+@pytest.mark.parametrize("size", [30, 300])
+def test_a_batch_is_judged_as_record_by_record(size: int) -> None:
     """``strays_in`` (one modulo per record, per run of offsets under the same layouts)
-    finds exactly the records ``is_stray`` finds, across every rule above."""
+    finds exactly the records ``is_stray`` finds, across every rule above; with 300
+    records the long runs' keys are hashed at once (``BATCH_HASH_FROM``)."""
     from dataclasses import dataclass
 
     @dataclass
@@ -146,7 +151,8 @@ def test_a_batch_is_judged_as_record_by_record() -> None:
     shrunk = transitions.seal(transitions.expand(base, 3, announce_offsets={0: 0, 1: 0, 2: 0}, now_ms=1), {0: 0})
     shrunk = transitions.seal(transitions.shrink(shrunk, 2, announce_offsets={0: 4, 1: 4, 2: 10}, now_ms=2), {2: 12})
     keys = [f"key-{i}".encode() for i in range(200)]
-    batch = [Rec(o, None if o % 17 == 0 else keys[o % len(keys)]) for o in range(30)]
+    batch = [Rec(o, None if o % 17 == 0 else keys[o % len(keys)]) for o in range(size)]
+    assert (size - 20 >= BATCH_HASH_FROM) == (size == 300)
     rules = [stray_rule(base, 3), stray_rule(split, 0), stray_rule(split, 2), stray_rule(shrunk, 2)]
     for rule in rules:
         assert rule is not None
