@@ -150,7 +150,7 @@ def run_contender(
     out_path, err_path = logdir / f"{name}.stdout", logdir / f"{name}.stderr"
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": name}
     usage_path = logdir / f"{name}.rusage.json"
     usage_path.unlink(missing_ok=True)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:

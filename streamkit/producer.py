@@ -40,7 +40,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -87,6 +87,7 @@ class Producer:
         layouts_topic: str = LAYOUTS_TOPIC,
         acks_topic: str = ACKS_TOPIC,
         follow_layouts: bool = True,
+        before_ack: Callable[[str, int], Awaitable[Any]] | None = None,
     ) -> None:
         self.connection = as_connection(bootstrap)
         self.bootstrap = self.connection.bootstrap
@@ -99,6 +100,9 @@ class Producer:
         self._value = value_serializer or encode_value
         self.acks_topic = acks_topic
         self.follow_layouts = follow_layouts
+        self._before_ack = before_ack
+        """Awaited before an announced change is acknowledged: a worker's consumers first
+        take the announced layout (``streamkit.runtime.adoption``)."""
         self._kp = AIOKafkaProducer(
             **self.connection.client_kwargs(),
             client_id=client_id,
@@ -440,6 +444,8 @@ class Producer:
         pending = list(self._inflight.get(topic, ()))
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._before_ack is not None:
+            await self._before_ack(topic, epoch)
         self._acked_epoch[topic] = max(self._acked_epoch.get(topic, -1), epoch)
         # Where our records end, as the broker acknowledged them: the seal is at least
         # there even if a high watermark read lags an acknowledged produce.

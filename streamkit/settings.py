@@ -31,6 +31,11 @@ class Settings(BaseSettings):
         None, ge=1, description="the job's initial processor count; None: the first input topic's partitions"
     )
     commit_interval: float = Field(2.0, gt=0, description="seconds between checkpoints")
+    changelog: bool = Field(
+        True,
+        description="write each checkpoint's state changes to the job's changelog topic, from which a store lost "
+        "with its disk is restored without the input's history",
+    )
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
     latency: Literal["throughput", "low"] = Field(
         "throughput",

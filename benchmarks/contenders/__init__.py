@@ -84,7 +84,14 @@ __all__ = [
 ]
 
 # short name -> module under benchmarks.contenders
-ALIASES: dict[str, str] = {"faust": "faust_app", "streamkit": "streamkit_app", "streamkit-stamped": "streamkit_app"}
+ALIASES: dict[str, str] = {
+    "faust": "faust_app",
+    "streamkit": "streamkit_app",
+    "streamkit-stamped": "streamkit_app",
+    "streamkit-nolog": "streamkit_app",
+}
+"""A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
+streamkit with its changelog off)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records
 # each carrying the stamp streamkit's producer writes (benchmarks.input)

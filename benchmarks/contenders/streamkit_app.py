@@ -4,8 +4,10 @@
         --partitions P --workdir DIR --session-timeout-ms MS
 
 One worker process hosting every processor (p0 = the partition count), default settings
-(checkpoint every 2 s: state changes + positions in one RocksDB batch, then the Kafka
-offset commit). The handler stops the worker when N records have been handled; the check
+(checkpoint every 2 s: the changed keys and a marker to the job's changelog, state
+changes + positions in one RocksDB batch, then the Kafka offset commit; as
+``streamkit-nolog``, ``BENCH_CONTENDER`` says, without the changelog). The handler
+stops the worker when N records have been handled; the check
 is read back from the processors' RocksDB stores after the worker has closed them.
 ``cpu_window_s``: the process's CPU seconds (every thread) from the first record to the last.
 """
@@ -15,6 +17,7 @@ from benchmarks.contenders import PROCESS_START, check_totals, emit_result, pars
 
 # isort: split
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +39,7 @@ def main() -> None:
         broker=a.bootstrap,
         state_dir=Path(a.workdir) / "state",
         session_timeout_ms=a.session_timeout_ms,
+        changelog=os.environ.get("BENCH_CONTENDER") != "streamkit-nolog",
     )
     source = app.topic(a.topic, key_serde="raw")
     stats = app.table("stats", key_serde="raw", default=lambda: [0, 0])

@@ -99,6 +99,8 @@ def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Tab
             detail = f"T2 {lag.get('t2', 0):,}, T1 {lag.get('t1', 0):,}, lag {lag.get('lag', 0):,}" if lag else ""
         elif pid == job.retiring:
             state, detail = "retiring", f"its keys go back to processor {step.pid if step else '?'}"
+        elif host is not None and (logged := host.changelog.get(pid)):
+            detail = f"changelog at {logged[0]:,}, {logged[1]:,} keys changed since"
         table.add_row(str(pid), state if host is not None else f"{state} (no live worker)",
                       host.worker if host is not None else "-", detail)  # fmt: skip
     if job.target is not None and job.target != job.p:

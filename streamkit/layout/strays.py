@@ -46,6 +46,7 @@ __all__ = [
     "StrayRule",
     "SweepEnds",
     "activation",
+    "altered_by",
     "encode_origin",
     "in_place_until",
     "no_sweep_ends",
@@ -251,6 +252,22 @@ def stray_rule(
         tuple(sorted({n for b, u, n in spans if b <= start and (u is None or start < u)})) for start in bounds
     )
     return StrayRule(partition, layout.n0, tuple(bounds), actives)
+
+
+def altered_by(layout: TopicLayout) -> frozenset[int]:
+    """The partitions whose keys the layout's announced, unsealed expansion or shrink
+    changes (a split parent and its child, a merge target and the partition merged into
+    it): their stray rules after the seal differ from those before it."""
+    pend = layout.pending
+    if pend is None or pend.kind not in (ChangeKind.EXPAND, ChangeKind.SHRINK):
+        return frozenset()
+    n0 = layout.n0
+
+    def keys(p: int, n: int) -> int | None:
+        return bucket_modulus(p, n0, n) if p < n else None
+
+    top = max(pend.old_active, pend.new_active)
+    return frozenset(p for p in range(top) if keys(p, pend.old_active) != keys(p, pend.new_active))
 
 
 def plain_rule(partition: int, partitions: int) -> StrayRule:

@@ -58,7 +58,15 @@ from streamkit.layout.stamps import (
     record_producer,
     violation_record,
 )
-from streamkit.layout.strays import STRAY_HEADER, StrayRule, SweepEnds, no_sweep_ends, parse_origin, stray_rule
+from streamkit.layout.strays import (
+    STRAY_HEADER,
+    StrayRule,
+    SweepEnds,
+    altered_by,
+    no_sweep_ends,
+    parse_origin,
+    stray_rule,
+)
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
@@ -389,9 +397,10 @@ class Admission:
                 group[p] = pos if history else max(group.get(p, 0), pos)
             tracker = self.trackers.setdefault(topic, GateTracker())
             update = tracker.update(layout, mine, group, local, history=history)
+            altered = frozenset() if history else altered_by(layout)  # held until the seal: ``runtime.adoption``
             for p, gate in update.state.gates.items():
                 tp = TopicPartition(topic, p)
-                held = [self._apply_gate(tp, route, layout, gate) for route in mine[p]]
+                held = [self._apply_gate(tp, route, layout, gate, hold=p in altered) for route in mine[p]]
                 if all(held):  # every route of the partition is at its limit
                     self.consumer.pause(tp)
                 else:
@@ -419,8 +428,12 @@ class Admission:
                         self.consumer.pause(tp)
         return held
 
-    def _apply_gate(self, tp: TopicPartition, route: Route, layout: TopicLayout, gate: PartitionGate) -> bool:
-        """Set one route's gate; whether the route is held at its limit now."""
+    def _apply_gate(
+        self, tp: TopicPartition, route: Route, layout: TopicLayout, gate: PartitionGate, *, hold: bool = False
+    ) -> bool:
+        """Set one route's gate; whether the route is held at its limit now. ``hold``: an
+        announced change alters the partition's keys: the route stays where it is until
+        the change is sealed (``runtime.adoption``)."""
         if route.layout is not layout:
             route.layout = layout
             route.epoch_bytes = epoch_stamp(layout)
@@ -441,6 +454,8 @@ class Admission:
             route.position = pos = gate.start
             self.consumer.seek(tp, self.fetch_position(tp))
         limit = gate.start if gate.skip else gate.limit
+        if hold:
+            limit = pos if limit is None else min(limit, pos)
         self._note_gate_wait(tp, route.limit, limit)
         if limit != route.limit:
             log.info(

@@ -4,8 +4,10 @@
    partitions, the member is a zombie (paused through a rebalance) and its checkpoint
    is rejected: nothing of it is written (`ZombieCheckpointError`).
 1. Output and dead letters of every handled record are acknowledged by the broker.
-2. Each processor writes its state changes and its input positions (per partition the
-   stable offset and the IC ranges applied beyond it, `icranges`), stamped with the
+2. Each processor appends its state changes and a marker holding its checkpoint to the
+   job's changelog (if the app has one; ``streamkit.state.changelog``), then writes its
+   state changes and its input positions (per partition the stable offset and the IC
+   ranges applied beyond it, `icranges`), stamped with the
    layout epochs and the group generation, in one atomic store batch (the checkpoint).
    A stamp older than the store's is refused (`ZombieError`). After a crash, reopening
    gives exactly the state of having applied every record before those positions once.
@@ -25,6 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -38,6 +41,13 @@ from streamkit.layout.epochs import ZombieError, check_stamp
 from streamkit.runtime import icranges
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
+from streamkit.state.changelog import (
+    CHANGELOG_POSITION,
+    ChangelogWriter,
+    cached_changes,
+    position_of,
+    snapshot_changes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +75,26 @@ class Slot:
     of it (a sweep's position at or beyond it has no copy beyond it)."""
 
 
-def commit_stores(
-    processors: Iterable[ProcessorState], epochs: Mapping[str, int], generation: int, extra: Mapping[str, Any] | None
-) -> None:
-    """Step 2 for every processor that moved: expired windows deleted, state changes and
-    positions written in one atomic batch per store. Every stamp is checked before any
-    store is written: all or none (``ZombieCheckpointError``)."""
+def prepare_checkpoints(
+    processors: Iterable[ProcessorState],
+    epochs: Mapping[str, int],
+    generation: int,
+    extra: Mapping[str, Any] | None,
+    *,
+    changelog: bool = False,
+) -> list[tuple[ProcessorState, Checkpoint]]:
+    """Step 2's checkpoints, for every processor that moved (expired windows deleted
+    first: their deletions are part of it). Every stamp is checked before any store is
+    written: all or none (``ZombieCheckpointError``). ``changelog``: a processor whose
+    store is not in the changelog yet moved (its snapshot is due)."""
     writes: list[tuple[ProcessorState, Checkpoint]] = []
     for proc in processors:
         proc.expire_windows()  # deletions go into this checkpoint's batch
         marks = proc.checkpoint_extra(extra or {})
-        moved = proc.uncommitted or proc.positions != proc.loaded.positions or marks != proc.loaded.extra
-        if moved or any(c.dirty_count for c in proc.caches.values()):  # a timer's writes too
+        loaded_marks = {k: v for k, v in proc.loaded.extra.items() if k != CHANGELOG_POSITION}
+        moved = proc.uncommitted or proc.positions != proc.loaded.positions or marks != loaded_marks
+        unlogged = changelog and position_of(proc.loaded) is None
+        if moved or unlogged or any(c.dirty_count for c in proc.caches.values()):  # a timer's writes too
             stable, ranges = proc.stable()
             new = Checkpoint(
                 positions=stable, layout_epochs=dict(epochs), generation=generation, ic_ranges=ranges, extra=marks
@@ -86,7 +104,33 @@ def commit_stores(
             except ZombieError as exc:  # a newer generation wrote the store: fenced, like step 0
                 raise ZombieCheckpointError(str(exc)) from None
             writes.append((proc, new))
+    return writes
+
+
+def commit_stores(
+    processors: Iterable[ProcessorState], epochs: Mapping[str, int], generation: int, extra: Mapping[str, Any] | None
+) -> None:
+    """Step 2 without a changelog: state changes and positions in one atomic batch per
+    store (``prepare_checkpoints``)."""
+    for proc, new in prepare_checkpoints(processors, epochs, generation, extra):
+        proc.commit(new)
+
+
+async def log_and_commit_stores(
+    writes: list[tuple[ProcessorState, Checkpoint]], changelog: ChangelogWriter | None
+) -> None:
+    """Step 2 with the changelog first: per processor, its changes (or its whole state,
+    if its store is not in the changelog yet) and a marker holding the checkpoint, then
+    the store batch recording the changelog position after the marker. A crash between
+    the two leaves the store at its previous checkpoint; the next one builds on that."""
     for proc, new in writes:
+        if changelog is not None:
+            base = position_of(proc.loaded)
+            changes = cached_changes(proc.caches)
+            if base is None:
+                changes = chain(snapshot_changes(proc.store, proc.caches), changes)
+            position = await changelog.write(proc.id, changes, new, base=base)
+            new = new.replace(extra={**new.extra, CHANGELOG_POSITION: position})
         proc.commit(new)
 
 
@@ -101,6 +145,7 @@ async def checkpoint(
     flush_output: Callable[[], Awaitable[None]],
     commit_offsets: CommitOffsets,
     extra: Mapping[str, Any] | None = None,
+    changelog: ChangelogWriter | None = None,
 ) -> dict[tuple[TopicPartition, int], int]:
     """Steps 0-3 above for one member; returns the positions committed per (partition,
     processor), beyond the last known commit of each.
@@ -108,6 +153,7 @@ async def checkpoint(
     ``slots``: the assigned partitions (only those whose processor moved past its last
     commit are committed).
     ``extra`` goes into every store checkpoint (the job's processor count).
+    ``changelog``: the job's changelog (None: the app has none).
     """
     processors = list(processors)
     if not processors:
@@ -126,7 +172,8 @@ async def checkpoint(
     await flush_output()
     t2 = time.monotonic()
     epochs = dict(layout_epochs)
-    commit_stores(processors, epochs, generation, extra)
+    writes = prepare_checkpoints(processors, epochs, generation, extra, changelog=changelog is not None)
+    await log_and_commit_stores(writes, changelog)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

@@ -36,6 +36,8 @@ from streamkit.runtime.scaling import (
     staging_path,
 )
 from streamkit.runtime.services import Services
+from streamkit.state.changelog import position_of
+from streamkit.state.restore import restore_store
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,7 @@ class GroupMember:
     async def start(self) -> None:
         await self.consumer.start()
         self.consumer.subscribe(self.app.input_topics, listener=_Listener(self))
+        self.services.adoptions.register(self.name, self.app.input_topics)
 
     def on_job_change(self, job: JobLayout) -> None:
         """The job changed: a new active count moves partitions (a rebalance); the next step
@@ -260,8 +263,12 @@ class GroupMember:
             self.job_p = assignment.p
             starts = Starts()
             stamp = self._stamp(generation)
+            changelog = self.services.changelog
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
+                if changelog is not None and not path.exists():  # a lost disk, or a new machine
+                    await restore_store(self.services.io, changelog.topic, pid, path, self.app.tables,
+                                        p0=assignment.p0, log_as=self.name)  # fmt: skip
                 proc = await open_for_count(
                     pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
                     timeout=settings.store_open_timeout, log_as=self.name,
@@ -269,6 +276,8 @@ class GroupMember:
                     memory=self.services.memory,
                 )  # fmt: skip
                 self.processors[pid] = proc
+                if changelog is not None and position_of(proc.loaded) is not None:  # a zombie's markers lose
+                    await changelog.takeover(pid, proc.loaded.replace(generation=generation))
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
@@ -398,6 +407,9 @@ class GroupMember:
         """Recompute the gates; fire the key callbacks they call for."""
         self._regate_needed = False
         events = self.admission.regate(self.services.registry.get, self.services.progress.positions)
+        for topic in self.app.handlers:
+            if (layout := self.services.registry.get(topic)) is not None:
+                self.services.adoptions.adopted(self.name, topic, layout.epoch)
         if events.revoked:  # flush the keys' state, then commit at once: other members wait for it
             await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission, events.revoked))
             self._next_checkpoint = 0.0
@@ -480,6 +492,7 @@ class GroupMember:
                 flush_output=self.services.output.flush,
                 commit_offsets=self.consumer.commit,
                 extra={"p": self.job_p},
+                changelog=self.services.changelog,
             )
         except checkpointing.ZombieCheckpointError as exc:
             self.zombie_rejections += 1
@@ -502,4 +515,5 @@ class GroupMember:
                 await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission))
                 await self._checkpoint()
             self._close_all(discard=not checkpoint)
+        self.services.adoptions.unregister(self.name)
         await self.consumer.stop()

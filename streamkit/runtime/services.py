@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from streamkit.connection import Connection
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.runtime.adoption import LayoutAdoptions
 from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import StateMemory
 from streamkit.runtime.progress import ProgressLog
+from streamkit.state.changelog import ChangelogWriter
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class Services:
     plain_partitions: Mapping[str, int] = field(default_factory=dict)
     """The input topics without a layout, and their partition counts at start: where
     their keys belong (``strays.plain_rule``)."""
+    changelog: ChangelogWriter | None = None
+    """The job's changelog (None: the app has none; ``streamkit.state.changelog``)."""
+    adoptions: LayoutAdoptions = field(default_factory=LayoutAdoptions)
+    """The layout epochs the members' routes are gated with (``runtime.adoption``)."""
 
     @property
     def p0(self) -> int:

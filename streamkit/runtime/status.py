@@ -20,6 +20,7 @@ import orjson
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
+from streamkit.state.changelog import position_of
 
 STATUS_TOPIC = "__streamkit_status"
 STALE_AFTER = 15.0
@@ -44,6 +45,9 @@ class WorkerStatus:
     """IC ranges in the hosted processors' last checkpoints, per "topic/partition"."""
     strays_forwarded: dict[str, int] = field(default_factory=dict)
     """Strays this worker forwarded since it started, per "topic/partition" they lay in."""
+    changelog: dict[int, list[int]] = field(default_factory=dict)
+    """Per hosted processor in the job's changelog: [its changelog position, keys changed
+    since (what its next checkpoint writes there)]."""
 
     @property
     def stale(self) -> bool:
@@ -82,7 +86,16 @@ def snapshot(
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
         ic_ranges=ic_counts(processors),
+        changelog=changelog_positions(processors),
     )
+
+
+def changelog_positions(processors: Iterable[ProcessorState]) -> dict[int, list[int]]:
+    return {
+        proc.id: [pos, sum(c.dirty_count for c in proc.caches.values())]
+        for proc in processors
+        if (pos := position_of(proc.loaded)) is not None
+    }
 
 
 def ic_counts(processors: Iterable[ProcessorState]) -> dict[str, int]:
@@ -114,4 +127,6 @@ def decode_status(value: bytes | None, app_name: str) -> WorkerStatus | None:
         return None
     d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
     d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
-    return WorkerStatus(**d)
+    d["changelog"] = {int(k): v for k, v in d.get("changelog", {}).items()}
+    known = WorkerStatus.__dataclass_fields__
+    return WorkerStatus(**{k: v for k, v in d.items() if k in known})

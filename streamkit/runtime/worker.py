@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import uuid
+from functools import partial
 
 from aiokafka import AIOKafkaProducer
 
@@ -19,6 +20,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.producer import Producer
+from streamkit.runtime.adoption import ADOPTION_WAIT, LayoutAdoptions
 from streamkit.runtime.collector import fewer_collections
 from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
 from streamkit.runtime.member import GroupMember
@@ -28,6 +30,7 @@ from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
 from streamkit.runtime.timers import run_timer
+from streamkit.state.changelog import ChangelogWriter, changelog_topic
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +102,17 @@ class Worker:
         registry.watch(app.settings.layout_poll_interval)
         progress = ProgressLog(io, self._producer, app.group_id)
         await progress.start()
+        adoptions = LayoutAdoptions()
+        changelog = None
+        if app.settings.changelog:
+            changelog = ChangelogWriter(self._producer, io, changelog_topic(app.name))
+            await changelog.ensure(job.p)
         self._output_producer = await Producer(
             bootstrap,
             client_id=self.client_id,
             linger_ms=app.settings.output_linger_ms,
             refresh_ms=max(100, int(app.settings.layout_poll_interval * 1000)),
+            before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
         ).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
         self.services = Services(
@@ -116,6 +125,8 @@ class Worker:
             output=output,
             lock=asyncio.Lock(),
             beat=self._beat.set,
+            adoptions=adoptions,
+            changelog=changelog,
             memory=StateMemory.of(
                 app.settings.state_cache_bytes,
                 app.settings.rocksdb_block_cache_bytes,

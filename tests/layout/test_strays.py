@@ -13,6 +13,7 @@ from streamkit.layout.strays import (
     BATCH_HASH_FROM,
     SeenStrays,
     activation,
+    altered_by,
     encode_origin,
     in_place_until,
     parse_origin,
@@ -225,3 +226,20 @@ def test_records_between_an_activations_announce_and_its_seal_do_not_hide_the_st
     lay = transitions.seal(lay, {**second, 2: 300, 3: 290, 6: 870, 7: 490})
     assert in_place_until(lay, 6, 0, 870) == 0 and in_place_until(lay, 7, 300, 490) == 300
     assert in_place_until(lay, 4, 0, 45) == 0
+
+
+def test_an_announced_change_alters_the_partitions_whose_keys_it_moves() -> None:
+    """4 -> 6 splits 0 and 1 into 4 and 5: those four are held from the announcement to
+    the seal; 2 and 3 keep their keys. A shrink back merges the same ones. Nothing is
+    held once the change is sealed, nor for a topic with no change under way."""
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
+    assert altered_by(lay) == frozenset()
+    lay = transitions.expand(lay, 6, announce_offsets={p: 0 for p in range(8)}, now_ms=1)
+    assert altered_by(lay) == {0, 1, 4, 5}
+    lay = transitions.seal(lay, {p: 0 for p in range(8)})
+    assert altered_by(lay) == frozenset()
+    lay = transitions.expand(lay, 7, announce_offsets={p: 0 for p in range(8)}, now_ms=2)
+    assert altered_by(lay) == {2, 6}
+    lay = transitions.seal(lay, {p: 0 for p in range(8)})
+    lay = transitions.shrink(lay, 6, announce_offsets={p: 0 for p in range(8)}, now_ms=3)
+    assert altered_by(lay) == {2, 6}

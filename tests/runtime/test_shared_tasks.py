@@ -116,7 +116,12 @@ def test_a_sharer_killed_under_load_loses_nothing(broker: str, tmp_path: Path) -
     async def kill_and_replace(io: KafkaIO) -> None:
         job.kill9(job.workers[0].pid)
         await job.wait_growth(io, 300)  # the survivor hosts both sharers now
-        job.start_worker()
+        new = job.start_worker()
+
+        async def beating() -> bool:  # a worker stopped before it is up dies of the SIGTERM
+            return any(s.pid == new.pid for s in await job.statuses(io))
+
+        await job.wait_for(io, "the new worker's first heartbeat", beating)
 
     reports = _run(job, 2, kill_and_replace)
     assert [w.returncode for w in job.workers] == [-9, 0, 0]

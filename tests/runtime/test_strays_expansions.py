@@ -47,14 +47,8 @@ def test_strays_written_between_two_expansions_are_all_forwarded(partitioner: st
     expected = reference(records)
     assert sum(v["n"] for v in state.values()) == len(records), status.stdout
     assert counts(state) == counts(expected)
-    if partitioner == "aiokafka":
-        assert checked.returncode == 0, checked.stdout + checked.stderr
-        assert "all forwarded" in checked.stdout, checked.stdout
-    # With CRC32, `topics check` can still report a few strays of a split parent (0 or 1)
-    # as not forwarded: written just after the expansion's seal, read by the worker with
-    # the rule from before it, applied in place. Their processor is the right one (a key's
-    # processor does not depend on partitions), so the state above is exact; the report is
-    # wrong. Open in the strays issue.
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "all forwarded" in checked.stdout, checked.stdout
 
 
 def test_status_shows_the_strays_a_stuck_sweep_has_not_forwarded(broker: str, tmp_path: Path) -> None:

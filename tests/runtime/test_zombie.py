@@ -2,12 +2,14 @@
 
 The group moves on without it; when it wakes up, its checkpoint is rejected (a newer
 generation owns its partitions in the progress log), it drops what it did not commit,
-and the job's state stays exact.
+and the job's state stays exact: in the stores, and as restored from the changelog
+once every store is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import threading
 import time
@@ -18,6 +20,8 @@ import orjson
 
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.progress import PROGRESS_TOPIC
+from streamkit.state.changelog import changelog_topic
+from streamkit.state.restore import restore_store
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import Job, make_records, read_state, reference, wait_until_committed
 
@@ -83,3 +87,19 @@ def test_a_paused_processor_is_fenced_and_its_checkpoint_rejected(broker: str, t
     )
     late = [r for r in recs[fence_at:] if r["member"] == member and r["gen"] == generation]
     assert not late, f"the zombie committed after it was fenced: {late[:2]}"
+    # every store lost: each processor restored from its changelog (what a worker does
+    # on taking a processor without a store), where nothing the zombie may have written
+    # after the fence is applied
+    shutil.rmtree(job.state_dir / job.app)
+    asyncio.run(restore_all(job, PARTITIONS))
+    assert read_state(job, 4)[0] == reference(records)
+
+
+async def restore_all(job: Job, processors: int) -> None:
+    from tests.runtime.job_app import app
+
+    async with KafkaIO(job.bootstrap) as io:
+        for pid in range(processors):
+            path = job.state_dir / job.app / f"processor-{pid}"
+            plan = await restore_store(io, changelog_topic(job.app), pid, path, app.tables, p0=processors)
+            assert plan is not None, f"processor {pid} has nothing in the changelog"

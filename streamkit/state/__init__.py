@@ -1,0 +1,1 @@
+"""State beyond the local store: the job's changelog and restores from it."""

@@ -1,0 +1,211 @@
+"""A job's changelog: what each checkpoint changed in each processor's store, and markers.
+
+One topic per job (:func:`changelog_topic`), one partition per processor (partition
+``i`` is processor ``i``'s; the topic grows with the processors). A checkpoint appends
+to each processor's partition the keys its tables changed since its previous checkpoint
+(the last value of each; ``None``, a tombstone, for a delete or an expired window), each
+record naming its batch in a header, then a *marker*: the checkpoint itself (input
+positions, IC ranges, epochs, generation, extra), the batch it closes and the changelog
+position of the checkpoint the batch builds on (its *base*). The store batch records
+the position after the marker (:data:`CHANGELOG_POSITION` in the checkpoint's extra).
+
+The markers form a chain through their bases: the lineage of one store. A restore
+(``streamkit.state.restore``) follows the chain back from the newest marker of the
+newest generation and applies only the batches on it, in order:
+
+- a batch no marker closes (a crash between the changelog write and the store batch,
+  or during the write) is not on the chain;
+- neither is a batch whose marker a crash left without a store batch: the next
+  checkpoint of that store builds on the store's position, before it;
+- nor a zombie's (an old owner paused through a rebalance, writing on resume): the new
+  owner writes a marker of its newer generation when it takes the processor
+  (:meth:`ChangelogWriter.takeover`), so the chain starts from the new owner's markers.
+
+A store with no changelog position (a job that had no changelog, a store built by a
+Spark backfill or by a rebuild from the input) writes its whole state once: a
+*snapshot* batch, whose marker has no base.
+
+Compaction (``cleanup.policy=compact``) keeps the newest record of each key: markers
+have keys of their own (one per batch) and are never compacted away, so the chain
+stays whole. A record of a batch off the chain may still shadow an older value of its
+key; the restore then applies neither, and the key's next change restores it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from stores.base import Checkpoint
+from streamkit.kafkaio import CREATE_CONFIGS, KafkaIO
+
+log = logging.getLogger(__name__)
+
+CHANGELOG_POSITION = "changelog"
+"""The key of a checkpoint's ``extra`` holding the changelog position (the offset after
+its marker in the processor's partition) the store's state matches."""
+
+BATCH_HEADER = "sk.batch"
+MARKER_PREFIX = b"\xffsk.marker:"
+"""Marker keys start with this (change keys start with a table name, never 0xff)."""
+COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)}
+"""The changelog's topic configs: compaction, and an hour before a record may go (a
+restarting owner sees a zombie's records before compaction could act on them)."""
+
+RECORDS_PER_BATCH = 4096
+
+
+def changelog_topic(app: str) -> str:
+    return f"__streamkit_changelog_{app}"
+
+
+def change_key(table: str, key: bytes) -> bytes:
+    return table.encode() + b"\x00" + key
+
+
+def split_change_key(key: bytes) -> tuple[str, bytes]:
+    table, _, stored = key.partition(b"\x00")
+    return table.decode(), stored
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What closes one batch of a processor's changes (see the module docstring)."""
+
+    batch: str
+    base: int | None
+    """The changelog position the batch builds on (None: a snapshot, the whole state)."""
+    generation: int
+    checkpoint: Checkpoint
+    start: int
+    """The offset of the batch's first record (the marker's own offset if it is empty)."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "batch": self.batch,
+                "base": self.base,
+                "generation": self.generation,
+                "start": self.start,
+                "checkpoint": self.checkpoint.to_bytes().decode(),
+            }
+        )
+
+    @classmethod
+    def decode(cls, value: bytes) -> Marker:
+        doc = orjson.loads(value)
+        return cls(
+            batch=str(doc["batch"]),
+            base=None if doc["base"] is None else int(doc["base"]),
+            generation=int(doc["generation"]),
+            checkpoint=Checkpoint.from_bytes(doc["checkpoint"].encode()),
+            start=int(doc["start"]),
+        )
+
+
+Change = tuple[bytes, "bytes | None"]
+"""A changelog record's key (``change_key``) and value (None: a tombstone)."""
+
+
+def snapshot_changes(store: Any, tables: Iterable[str]) -> Iterator[Change]:
+    """Every committed key of ``tables`` in ``store``: the body of a snapshot batch."""
+    for table in tables:
+        for key, value in store.items(table):
+            yield change_key(table, key), value
+
+
+def cached_changes(caches: Mapping[str, Any]) -> Iterator[Change]:
+    """The uncommitted changes of a processor's table caches."""
+    for table, cache in caches.items():
+        for key, value in cache.changes().items():
+            yield change_key(table, key), value
+
+
+class ChangelogWriter:
+    """Appends batches and markers to a job's changelog (one producer, acks=all)."""
+
+    def __init__(self, producer: AIOKafkaProducer, io: KafkaIO, topic: str) -> None:
+        self.producer = producer
+        self.io = io
+        self.topic = topic
+        self.writer = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._partitions = 0
+        self.records_written = 0
+
+    async def ensure(self, processors: int) -> None:
+        """The topic exists with a partition for each of ``processors`` processors (it
+        grows with the job; created compacted where the broker takes the setting)."""
+        if processors <= self._partitions:
+            return
+        count = await self.io.partition_count(self.topic)
+        if count is None:
+            try:
+                await self.io.create_topic(self.topic, processors, configs={**CREATE_CONFIGS, **COMPACTED})
+            except Exception as exc:  # noqa: BLE001 - a broker without compaction settings
+                log.warning("%s: created without %s (%s)", self.topic, COMPACTED, exc)
+                await self.io.create_topic(self.topic, processors)
+            count = await self.io.partition_count(self.topic)
+        if count is not None and count < processors:
+            try:
+                await self.io.create_partitions(self.topic, processors)
+            except Exception:  # noqa: BLE001 - another worker grew it first
+                if ((await self.io.partition_count(self.topic)) or 0) < processors:
+                    raise
+            count = processors
+        self._partitions = count or 0
+
+    def _batch_id(self) -> str:
+        self._seq += 1
+        return f"{self.writer}-{self._seq}"
+
+    async def write(
+        self, partition: int, changes: Iterable[Change], checkpoint: Checkpoint, *, base: int | None
+    ) -> int:
+        """Write one batch of ``changes`` and its marker to ``partition``; the changelog
+        position after the marker (what the store batch records)."""
+        await self.ensure(partition + 1)
+        batch = self._batch_id()
+        headers = [(BATCH_HEADER, batch.encode())]
+        start: int | None = None
+        count = 0
+        builder = self.producer.create_batch()
+        for key, value in changes:
+            if (
+                builder.record_count() >= RECORDS_PER_BATCH
+                or builder.append(key=key, value=value, timestamp=None, headers=headers) is None
+            ):
+                start = await self._send(builder, partition, start)  # in order: a key may come twice
+                builder = self.producer.create_batch()
+                builder.append(key=key, value=value, timestamp=None, headers=headers)
+            count += 1
+        if count:
+            start = await self._send(builder, partition, start)
+        marker_key = MARKER_PREFIX + batch.encode()
+        # the marker's start is known only for a non-empty batch before it is sent
+        marker = Marker(batch, base, checkpoint.generation, checkpoint, -1 if start is None else start)
+        meta = await self.producer.send_and_wait(self.topic, marker.encode(), key=marker_key, partition=partition)
+        self.records_written += count + 1
+        return int(meta.offset) + 1
+
+    async def _send(self, builder: Any, partition: int, start: int | None) -> int:
+        meta = await (await self.producer.send_batch(builder, self.topic, partition=partition))
+        return int(meta.offset) if start is None else start
+
+    async def takeover(self, partition: int, checkpoint: Checkpoint) -> int:
+        """An empty batch of ``checkpoint``'s generation, building on the store's changelog
+        position: written when a member takes the processor, so that a zombie's later
+        markers (an older generation) are not the chain's head."""
+        return await self.write(partition, (), checkpoint, base=position_of(checkpoint))
+
+
+def position_of(checkpoint: Checkpoint) -> int | None:
+    """The changelog position a store's checkpoint matches (None: not in the changelog)."""
+    pos = checkpoint.extra.get(CHANGELOG_POSITION)
+    return None if pos is None else int(pos)

@@ -1,0 +1,144 @@
+"""Rebuild a processor's store from its changelog partition (``streamkit.state.changelog``).
+
+1. Read the partition to its end.
+2. Take the chain's head: the newest marker of the newest generation (an older
+   generation's markers written later are a zombie's).
+3. Follow the bases back to a snapshot or the partition's first batch: the batches on
+   the chain, in order.
+4. Apply their records, nothing else, keeping the processor's keys only (a store
+   written for fewer processors held keys that moved away since; their new owner's
+   changelog has them).
+5. Commit the state and the head's checkpoint, with the changelog position after the
+   head, in one store batch: a kill at any instant leaves no store, or the whole one.
+
+The input is then read from the head's positions: no input record below them is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from stores.base import Checkpoint
+from stores.rocksdb import RocksDBStore
+from streamkit.kafkaio import KafkaIO
+from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, split_change_key
+
+log = logging.getLogger(__name__)
+
+WINDOW_SUFFIX = 8
+"""A windowed table's stored key ends with the 8-byte window start."""
+
+
+class ChangelogError(Exception):
+    """The changelog cannot be read as a chain of markers (one line says where)."""
+
+
+@dataclass
+class RestorePlan:
+    """What a restore writes: the state per table and the checkpoint it matches."""
+
+    head: Marker
+    position: int
+    """The changelog position after the head."""
+    state: dict[str, dict[bytes, bytes | None]] = field(default_factory=dict)
+    batches: int = 0
+    records: int = 0
+    skipped: int = 0
+    """Records read and not applied (off the chain, or after the head)."""
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        cp = self.head.checkpoint
+        return cp.replace(extra={**cp.extra, CHANGELOG_POSITION: self.position})
+
+
+def plan_restore(records: Sequence[Any], *, topic: str = "", partition: int = 0) -> RestorePlan | None:
+    """The restore of one processor from its partition's ``records`` (each with
+    ``offset``, ``key``, ``value``, ``headers``); None if no marker was written yet."""
+    markers: dict[int, Marker] = {}
+    for r in records:
+        if r.key is not None and r.key.startswith(MARKER_PREFIX):
+            markers[r.offset] = Marker.decode(r.value)
+    if not markers:
+        return None
+    top = max(m.generation for m in markers.values())
+    head_at = max(o for o, m in markers.items() if m.generation == top)
+    chain: list[tuple[int, Marker]] = []
+    at: int | None = head_at
+    while at is not None:
+        marker = markers.get(at)
+        if marker is None:
+            raise ChangelogError(f"{topic}[{partition}]: a marker's base {at + 1} names no marker")
+        chain.append((at, marker))
+        at = None if marker.base is None or marker.base == 0 else marker.base - 1
+    chain.reverse()
+    plan = RestorePlan(markers[head_at], head_at + 1, batches=len(chain))
+    valid = {m.batch.encode() for _, m in chain}
+    first = chain[0][1].start if chain[0][1].start >= 0 else chain[0][0]
+    for r in records:
+        if r.key is None or r.key.startswith(MARKER_PREFIX):
+            continue
+        batch = next((v for k, v in (r.headers or ()) if k == BATCH_HEADER), None)
+        if not first <= r.offset < head_at or batch not in valid:
+            plan.skipped += 1
+            continue
+        table, key = split_change_key(r.key)
+        plan.state.setdefault(table, {})[key] = r.value
+        plan.records += 1
+    return plan
+
+
+def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str]) -> int:
+    """Drop from ``plan`` the keys processor ``pid`` does not own at the head's processor
+    count; how many were dropped."""
+    p = int(plan.head.checkpoint.extra.get("p", p0))
+    windowed = set(windowed)
+    dropped = 0
+    for table, state in plan.state.items():
+        suffix = WINDOW_SUFFIX if table in windowed else 0
+        gone = [k for k in state if lh_bucket(key_hash(k[:-suffix] if suffix else k), p0, p) != pid]
+        for k in gone:
+            del state[k]
+        dropped += len(gone)
+    return dropped
+
+
+async def restore_store(
+    io: KafkaIO, topic: str, pid: int, path: Path, tables: Mapping[str, Any], *, p0: int, log_as: str = ""
+) -> RestorePlan | None:
+    """Rebuild processor ``pid``'s store at ``path`` (which must not exist) from the
+    changelog; None (nothing written) when the changelog has no marker of it."""
+    t0 = time.monotonic()
+    if pid >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
+        return None
+    records, _ = await io.read(topic, pid, 0)
+    plan = plan_restore(records, topic=topic, partition=pid)
+    if plan is None:
+        return None
+    windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]
+    dropped = keep_own_keys(plan, pid, p0, windowed)
+    changes = {name: {k: v for k, v in plan.state.get(name, {}).items() if v is not None} for name in tables}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".restoring")
+    if staging.exists():  # a restore killed before its end
+        shutil.rmtree(staging)
+    with RocksDBStore.open(str(staging), sorted(tables)) as store:
+        store.commit(changes, plan.checkpoint)
+    staging.rename(path)
+    took = time.monotonic() - t0
+    keys = sum(len(c) for c in changes.values())
+    log.info(
+        "%s: processor %d restored from the changelog in %.2f s: %d keys from %d batches (%d records read, "
+        "%d off the chain, %d keys of other processors); input from %s",
+        log_as, pid, took, keys, plan.batches, len(records), plan.skipped, dropped,
+        {f"{t}[{p}]": o for (t, p), o in sorted(plan.head.checkpoint.positions.items())},
+    )  # fmt: skip
+    return plan

@@ -1,0 +1,41 @@
+"""The wait a worker's producer makes before acknowledging a layout change (pure logic;
+the proof with real processes is tests/runtime/test_strays_expansions.py, whose worker
+looks at layouts seldom enough to read past a seal it has not learnt of)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from streamkit.runtime.adoption import LayoutAdoptions
+
+
+def test_the_wait_ends_when_every_member_reading_the_topic_has_taken_the_epoch() -> None:
+    async def scenario() -> tuple[bool, list[str], bool]:
+        adoptions = LayoutAdoptions()
+        adoptions.register("m0", ["in"])
+        adoptions.register("m1", ["in"])
+        adoptions.register("other", ["elsewhere"])  # does not read the topic: not waited for
+        adoptions.adopted("m0", "in", 3)
+        waiting = asyncio.create_task(adoptions.wait("in", 3, timeout=30))
+        await asyncio.sleep(0)
+        behind = adoptions.behind("in", 3)
+        early = waiting.done()
+        adoptions.adopted("m1", "in", 2)  # an older epoch: still waiting
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        adoptions.adopted("m1", "in", 3)
+        return await asyncio.wait_for(waiting, 5), behind, early
+
+    taken, behind, early = asyncio.run(scenario())
+    assert taken and behind == ["m1"] and not early
+
+
+def test_a_member_that_never_takes_the_epoch_delays_the_ack_by_the_timeout_only() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        adoptions = LayoutAdoptions()
+        adoptions.register("m0", ["in"])
+        late = await adoptions.wait("in", 1, timeout=0.05)
+        adoptions.unregister("m0")  # a stopped member is not waited for
+        return late, await adoptions.wait("in", 1, timeout=30)
+
+    assert asyncio.run(scenario()) == (False, True)

@@ -1,0 +1,90 @@
+"""Which changelog records a restore applies (pure: records built by hand, as the writer
+lays them out; the proof with real processes, a real broker and kills is in
+tests/state/test_changelog_restore.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stores.base import Checkpoint
+from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, change_key
+from streamkit.state.restore import plan_restore
+
+
+@dataclass
+class Rec:
+    offset: int
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class Partition:
+    """A changelog partition written as ``ChangelogWriter.write`` does."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def batch(self, name: str, changes: dict[bytes, bytes | None], *, base: int | None, gen: int, at: int) -> int:
+        start = len(self.records)
+        for k, v in changes.items():
+            self.records.append(Rec(len(self.records), change_key("t", k), v, [(BATCH_HEADER, name.encode())]))
+        cp = Checkpoint(positions={("in", 0): at}, generation=gen)
+        marker = Marker(name, base, gen, cp, start if changes else -1)
+        self.records.append(Rec(len(self.records), MARKER_PREFIX + name.encode(), marker.encode()))
+        return len(self.records)  # the position after the marker
+
+    def orphan(self, name: str, changes: dict[bytes, bytes | None]) -> None:
+        """Records of a batch whose writer died before its marker."""
+        for k, v in changes.items():
+            self.records.append(Rec(len(self.records), change_key("t", k), v, [(BATCH_HEADER, name.encode())]))
+
+
+def test_the_chain_applies_every_batch_in_order_and_the_head_gives_positions() -> None:
+    log = Partition()
+    p1 = log.batch("a", {b"k1": b"1", b"k2": b"1"}, base=None, gen=1, at=10)
+    p2 = log.batch("b", {b"k1": b"2", b"k2": None}, base=p1, gen=1, at=20)
+    plan = plan_restore(log.records)
+    assert plan is not None
+    assert plan.state == {"t": {b"k1": b"2", b"k2": None}}
+    assert plan.checkpoint.positions == {("in", 0): 20}
+    assert plan.checkpoint.extra[CHANGELOG_POSITION] == p2 and plan.batches == 2
+
+
+def test_an_unclosed_batch_and_a_batch_the_store_never_committed_are_not_applied() -> None:
+    log = Partition()
+    p1 = log.batch("a", {b"k1": b"1"}, base=None, gen=1, at=10)
+    log.batch("lost", {b"k1": b"99", b"k3": b"99"}, base=p1, gen=1, at=30)  # marker written, store batch not
+    p3 = log.batch("b", {b"k1": b"2"}, base=p1, gen=1, at=20)  # the restarted store builds on p1
+    log.orphan("dying", {b"k1": b"77"})  # killed before its marker
+    plan = plan_restore(log.records)
+    assert plan is not None
+    assert plan.state == {"t": {b"k1": b"2"}} and plan.skipped == 3
+    assert plan.checkpoint.positions == {("in", 0): 20} and plan.position == p3
+
+
+def test_a_zombies_later_markers_of_an_older_generation_lose_to_the_takeover() -> None:
+    log = Partition()
+    p1 = log.batch("a", {b"k1": b"1"}, base=None, gen=1, at=10)
+    log.batch("takeover", {}, base=p1, gen=2, at=10)  # the new owner took the processor
+    log.batch("zombie", {b"k1": b"666"}, base=p1, gen=1, at=15)  # the old owner resumed
+    plan = plan_restore(log.records)
+    assert plan is not None
+    assert plan.state == {"t": {b"k1": b"1"}} and plan.checkpoint.generation == 2
+
+
+def test_a_snapshot_starts_the_chain_afresh() -> None:
+    log = Partition()
+    p1 = log.batch("old", {b"gone": b"1"}, base=None, gen=1, at=5)
+    log.batch("b", {b"gone": b"2"}, base=p1, gen=1, at=6)
+    log.batch("snap", {b"k1": b"5"}, base=None, gen=3, at=50)  # a store written past the changelog
+    plan = plan_restore(log.records)
+    assert plan is not None
+    assert plan.state == {"t": {b"k1": b"5"}} and plan.batches == 1
+
+
+def test_nothing_to_restore_before_the_first_marker() -> None:
+    log = Partition()
+    log.orphan("dying", {b"k1": b"1"})
+    assert plan_restore(log.records) is None
