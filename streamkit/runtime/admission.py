@@ -67,6 +67,7 @@ from streamkit.layout.strays import (
     parse_origin,
     stray_rule,
 )
+from streamkit.runtime.adoption import holding
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
 
@@ -397,7 +398,7 @@ class Admission:
                 group[p] = pos if history else max(group.get(p, 0), pos)
             tracker = self.trackers.setdefault(topic, GateTracker())
             update = tracker.update(layout, mine, group, local, history=history)
-            altered = frozenset() if history else altered_by(layout)  # held until the seal: ``runtime.adoption``
+            altered = frozenset() if history or not holding(layout) else altered_by(layout)  # ``runtime.adoption``
             for p, gate in update.state.gates.items():
                 tp = TopicPartition(topic, p)
                 held = [self._apply_gate(tp, route, layout, gate, hold=p in altered) for route in mine[p]]

@@ -17,12 +17,26 @@ import logging
 import time
 from collections.abc import Iterable
 
+from streamkit.layout.model import TopicLayout
+
 log = logging.getLogger(__name__)
 
 ADOPTION_WAIT = 3.0
 """Seconds a worker's producer waits for its members before acknowledging anyway: below
 the coordinator's default wait for acknowledgements (5 s), so a member held up (a long
 rebalance) delays the seal but never gets the producer fenced."""
+
+HOLD_LIMIT_MS = 15_000
+"""How long after an announcement routes hold the partitions it alters at most: a
+coordinator that died before sealing (``topics resume`` finishes its change) does not
+stop them for longer."""
+
+
+def holding(layout: TopicLayout, now_ms: int | None = None) -> bool:
+    """Whether the routes of ``layout``'s topic hold what its announced change alters."""
+    pend = layout.pending
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return pend is not None and now - pend.ts_ms < HOLD_LIMIT_MS
 
 
 class LayoutAdoptions:

@@ -128,7 +128,7 @@ async def log_and_commit_stores(
             base = position_of(proc.loaded)
             changes = cached_changes(proc.caches)
             if base is None:
-                changes = chain(snapshot_changes(proc.store, proc.caches), changes)
+                changes = chain(snapshot_changes(proc.store, proc.caches), changes)  # no key twice
             position = await changelog.write(proc.id, changes, new, base=base)
             new = new.replace(extra={**new.extra, CHANGELOG_POSITION: position})
         proc.commit(new)

@@ -36,7 +36,7 @@ from streamkit.runtime.scaling import (
     staging_path,
 )
 from streamkit.runtime.services import Services
-from streamkit.state.changelog import position_of
+from streamkit.state.changelog import position_of, unlogged
 from streamkit.state.restore import restore_store
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,8 @@ class GroupMember:
                 path = self.app.store_path(pid, settings.state_dir)
                 if changelog is not None and not path.exists():  # a lost disk, or a new machine
                     await restore_store(self.services.io, changelog.topic, pid, path, self.app.tables,
-                                        p0=assignment.p0, log_as=self.name)  # fmt: skip
+                                        p0=assignment.p0, incarnation=self.services.jobs.job.incarnation,
+                                        log_as=self.name)  # fmt: skip
                 proc = await open_for_count(
                     pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
                     timeout=settings.store_open_timeout, log_as=self.name,
@@ -277,7 +278,8 @@ class GroupMember:
                 )  # fmt: skip
                 self.processors[pid] = proc
                 if changelog is not None and position_of(proc.loaded) is not None:  # a zombie's markers lose
-                    await changelog.takeover(pid, proc.loaded.replace(generation=generation))
+                    if not await changelog.takeover(pid, proc.loaded.replace(generation=generation)):
+                        proc.loaded = unlogged(proc.loaded)  # its next checkpoint is a snapshot
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)

@@ -49,7 +49,7 @@ from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLa
 from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.rebuild import plan_rebuild, rebuild
-from streamkit.state.changelog import CHANGELOG_POSITION
+from streamkit.state.changelog import unlogged
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,8 @@ def purge_moved_keys(proc: ProcessorState, tables: Mapping[str, Table], p0: int,
         if gone:
             deletes[name] = gone
     loaded = proc.loaded
-    # written past the changelog: the store's next checkpoint is a snapshot
-    extra = {k: v for k, v in loaded.extra.items() if k != CHANGELOG_POSITION}
-    proc.store.commit(deletes, loaded.replace(extra={**extra, "p": p}))
+    loaded = unlogged(loaded)  # written past the changelog: the store's next checkpoint is a snapshot
+    proc.store.commit(deletes, loaded.replace(extra={**loaded.extra, "p": p}))
     proc.loaded = proc.store.checkpoint()
     for cache in proc.caches.values():
         cache.invalidate()

@@ -113,11 +113,14 @@ Change = tuple[bytes, "bytes | None"]
 """A changelog record's key (``change_key``) and value (None: a tombstone)."""
 
 
-def snapshot_changes(store: Any, tables: Iterable[str]) -> Iterator[Change]:
-    """Every committed key of ``tables`` in ``store``: the body of a snapshot batch."""
-    for table in tables:
+def snapshot_changes(store: Any, caches: Mapping[str, Any]) -> Iterator[Change]:
+    """Every committed key of the tables in ``store`` that their ``caches`` did not
+    change since (:func:`cached_changes` gives those): with them, a snapshot batch."""
+    for table, cache in caches.items():
+        changed = set(cache.changes())
         for key, value in store.items(table):
-            yield change_key(table, key), value
+            if key not in changed:
+                yield change_key(table, key), value
 
 
 def cached_changes(caches: Mapping[str, Any]) -> Iterator[Change]:
@@ -173,20 +176,22 @@ class ChangelogWriter:
         await self.ensure(partition + 1)
         batch = self._batch_id()
         headers = [(BATCH_HEADER, batch.encode())]
-        start: int | None = None
+        sent = []
         count = 0
         builder = self.producer.create_batch()
-        for key, value in changes:
+        for key, value in changes:  # a key comes once in a batch: the producer's batches may go in any order
             if (
                 builder.record_count() >= RECORDS_PER_BATCH
                 or builder.append(key=key, value=value, timestamp=None, headers=headers) is None
             ):
-                start = await self._send(builder, partition, start)  # in order: a key may come twice
+                sent.append(await self.producer.send_batch(builder, self.topic, partition=partition))
                 builder = self.producer.create_batch()
                 builder.append(key=key, value=value, timestamp=None, headers=headers)
             count += 1
         if count:
-            start = await self._send(builder, partition, start)
+            sent.append(await self.producer.send_batch(builder, self.topic, partition=partition))
+        offsets = [int((await fut).offset) for fut in sent]  # every record acknowledged
+        start = min(offsets, default=None)
         marker_key = MARKER_PREFIX + batch.encode()
         # the marker's start is known only for a non-empty batch before it is sent
         marker = Marker(batch, base, checkpoint.generation, checkpoint, -1 if start is None else start)
@@ -194,18 +199,28 @@ class ChangelogWriter:
         self.records_written += count + 1
         return int(meta.offset) + 1
 
-    async def _send(self, builder: Any, partition: int, start: int | None) -> int:
-        meta = await (await self.producer.send_batch(builder, self.topic, partition=partition))
-        return int(meta.offset) if start is None else start
-
-    async def takeover(self, partition: int, checkpoint: Checkpoint) -> int:
-        """An empty batch of ``checkpoint``'s generation, building on the store's changelog
-        position: written when a member takes the processor, so that a zombie's later
-        markers (an older generation) are not the chain's head."""
-        return await self.write(partition, (), checkpoint, base=position_of(checkpoint))
+    async def takeover(self, partition: int, checkpoint: Checkpoint) -> bool:
+        """Write an empty batch of ``checkpoint``'s generation, building on the store's
+        changelog position: a member does when it takes the processor, so that a zombie's
+        later markers (an older generation) are not the chain's head. Whether the store's
+        lineage is whole: False when records other than markers lie beyond its position
+        (another store's, or a zombie's, changes: their keys may shadow the store's values
+        once compacted): its next checkpoint should be a snapshot."""
+        base = position_of(checkpoint)
+        assert base is not None
+        await self.ensure(partition + 1)
+        tail, _ = await self.io.read(self.topic, partition, base)
+        await self.write(partition, (), checkpoint, base=base)
+        return all(r.key is not None and r.key.startswith(MARKER_PREFIX) for r in tail)
 
 
 def position_of(checkpoint: Checkpoint) -> int | None:
     """The changelog position a store's checkpoint matches (None: not in the changelog)."""
     pos = checkpoint.extra.get(CHANGELOG_POSITION)
     return None if pos is None else int(pos)
+
+
+def unlogged(checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` without its changelog position: the store's next checkpoint writes
+    its whole state (a store written past the changelog, or whose lineage was broken)."""
+    return checkpoint.replace(extra={k: v for k, v in checkpoint.extra.items() if k != CHANGELOG_POSITION})

@@ -33,6 +33,8 @@ from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_P
 
 log = logging.getLogger(__name__)
 
+INCARNATION_KEY = "incarnation"
+"""The key of a checkpoint's ``extra`` naming the job incarnation (``runtime.processor``)."""
 WINDOW_SUFFIX = 8
 """A windowed table's stored key ends with the 8-byte window start."""
 
@@ -60,13 +62,20 @@ class RestorePlan:
         return cp.replace(extra={**cp.extra, CHANGELOG_POSITION: self.position})
 
 
-def plan_restore(records: Sequence[Any], *, topic: str = "", partition: int = 0) -> RestorePlan | None:
+def plan_restore(
+    records: Sequence[Any], *, topic: str = "", partition: int = 0, incarnation: str = ""
+) -> RestorePlan | None:
     """The restore of one processor from its partition's ``records`` (each with
-    ``offset``, ``key``, ``value``, ``headers``); None if no marker was written yet."""
+    ``offset``, ``key``, ``value``, ``headers``); None if no marker of the job's
+    ``incarnation`` was written yet (markers of an earlier one, before a reset, are not
+    this job's)."""
     markers: dict[int, Marker] = {}
     for r in records:
         if r.key is not None and r.key.startswith(MARKER_PREFIX):
-            markers[r.offset] = Marker.decode(r.value)
+            marker = Marker.decode(r.value)
+            theirs = str(marker.checkpoint.extra.get(INCARNATION_KEY, ""))
+            if not (incarnation and theirs and theirs != incarnation):
+                markers[r.offset] = marker
     if not markers:
         return None
     top = max(m.generation for m in markers.values())
@@ -74,11 +83,13 @@ def plan_restore(records: Sequence[Any], *, topic: str = "", partition: int = 0)
     chain: list[tuple[int, Marker]] = []
     at: int | None = head_at
     while at is not None:
-        marker = markers.get(at)
-        if marker is None:
+        link = markers.get(at)
+        if link is None:
             raise ChangelogError(f"{topic}[{partition}]: a marker's base {at + 1} names no marker")
-        chain.append((at, marker))
-        at = None if marker.base is None or marker.base == 0 else marker.base - 1
+        chain.append((at, link))
+        if link.base is not None and link.base - 1 >= at:
+            raise ChangelogError(f"{topic}[{partition}]: the marker at {at} builds on {link.base}, after it")
+        at = None if link.base is None or link.base == 0 else link.base - 1
     chain.reverse()
     plan = RestorePlan(markers[head_at], head_at + 1, batches=len(chain))
     valid = {m.batch.encode() for _, m in chain}
@@ -112,15 +123,28 @@ def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str])
 
 
 async def restore_store(
-    io: KafkaIO, topic: str, pid: int, path: Path, tables: Mapping[str, Any], *, p0: int, log_as: str = ""
+    io: KafkaIO,
+    topic: str,
+    pid: int,
+    path: Path,
+    tables: Mapping[str, Any],
+    *,
+    p0: int,
+    incarnation: str = "",
+    log_as: str = "",
 ) -> RestorePlan | None:
     """Rebuild processor ``pid``'s store at ``path`` (which must not exist) from the
-    changelog; None (nothing written) when the changelog has no marker of it."""
+    changelog; None (nothing written: the caller rebuilds from the input) when the
+    changelog has no marker of it, or cannot be read as a chain (said in one line)."""
     t0 = time.monotonic()
     if pid >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
         return None
     records, _ = await io.read(topic, pid, 0)
-    plan = plan_restore(records, topic=topic, partition=pid)
+    try:
+        plan = plan_restore(records, topic=topic, partition=pid, incarnation=incarnation)
+    except ChangelogError as exc:
+        log.warning("%s: processor %d not restored from the changelog, rebuilt from the input: %s", log_as, pid, exc)
+        return None
     if plan is None:
         return None
     windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from streamkit.runtime.adoption import LayoutAdoptions
+from streamkit.layout import transitions
+from streamkit.runtime.adoption import HOLD_LIMIT_MS, LayoutAdoptions, holding
 
 
 def test_the_wait_ends_when_every_member_reading_the_topic_has_taken_the_epoch() -> None:
@@ -39,3 +40,14 @@ def test_a_member_that_never_takes_the_epoch_delays_the_ack_by_the_timeout_only(
         return late, await adoptions.wait("in", 1, timeout=30)
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_routes_hold_an_announced_change_only_for_a_while() -> None:
+    """A coordinator that dies before its seal does not stop the altered partitions for
+    longer than ``HOLD_LIMIT_MS`` (``topics resume`` seals its change later)."""
+    lay = transitions.create("t", 4, capacity=8, now_ms=0)
+    assert not holding(lay, now_ms=1)
+    lay = transitions.expand(lay, 6, announce_offsets={p: 0 for p in range(8)}, now_ms=1000)
+    assert holding(lay, now_ms=1000 + HOLD_LIMIT_MS - 1)
+    assert not holding(lay, now_ms=1000 + HOLD_LIMIT_MS)
+    assert not holding(transitions.seal(lay, {p: 0 for p in range(8)}), now_ms=1001)

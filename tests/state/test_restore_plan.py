@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from stores.base import Checkpoint
 from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, change_key
-from streamkit.state.restore import plan_restore
+from streamkit.state.restore import ChangelogError, plan_restore
 
 
 @dataclass
@@ -88,3 +90,24 @@ def test_nothing_to_restore_before_the_first_marker() -> None:
     log = Partition()
     log.orphan("dying", {b"k1": b"1"})
     assert plan_restore(log.records) is None
+
+
+def test_markers_of_an_earlier_incarnation_are_not_the_jobs() -> None:
+    """After `streamkit reset --cluster` the job starts over under a new incarnation: the
+    old job's markers, still in the topic, restore nothing."""
+    log = Partition()
+    log.batch("old", {b"k1": b"1"}, base=None, gen=1, at=10)
+    for r in log.records:
+        if r.key.startswith(MARKER_PREFIX):
+            m = Marker.decode(r.value)
+            stamped = m.checkpoint.replace(extra={"incarnation": "a"})
+            r.value = Marker(m.batch, m.base, m.generation, stamped, m.start).encode()
+    assert plan_restore(log.records, incarnation="b") is None
+    assert plan_restore(log.records, incarnation="a") is not None
+
+
+def test_a_base_that_does_not_lie_before_its_marker_is_refused() -> None:
+    log = Partition()
+    log.batch("a", {b"k1": b"1"}, base=5, gen=1, at=10)  # a topic deleted and made again
+    with pytest.raises(ChangelogError):
+        plan_restore(log.records)
