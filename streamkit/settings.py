@@ -36,6 +36,12 @@ class Settings(BaseSettings):
         description="write each checkpoint's state changes to the job's changelog topic, from which a store lost "
         "with its disk is restored without the input's history",
     )
+    changelog_partitions: int = Field(
+        64,
+        ge=1,
+        description="partitions the job's changelog is created with (one per processor; at least the job's "
+        "processor count): how far the job may grow on a broker that cannot add partitions (CreatePartitions)",
+    )
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
     latency: Literal["throughput", "low"] = Field(
         "throughput",

@@ -107,6 +107,7 @@ async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool,
                 shapes[topic] = (layout, physical)
         finally:
             await registry.stop()
+        await _check_changelog_room(io, app, n)
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
         await _check_history(io, app, job.p0, job.p, n, shapes)
@@ -117,6 +118,20 @@ async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool,
         console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
         if wait:
             await _follow(io, app.name, n, timeout, console)
+
+
+async def _check_changelog_room(io: KafkaIO, app: App, n: int) -> None:
+    """Refuse a growth the job's changelog has no partitions for, on a broker that cannot
+    add them (one line saying how to make room)."""
+    from streamkit.kafkaio import CREATE_PARTITIONS_API
+    from streamkit.state.changelog import changelog_topic, room_message
+
+    if not app.settings.changelog:
+        return
+    topic = changelog_topic(app.name)
+    count = await io.partition_count(topic)
+    if count is not None and count < n and not await io.supports_api(CREATE_PARTITIONS_API):
+        raise CliError(f"cannot scale {app.name} to {n} processors: {room_message(topic, count, n)}")
 
 
 async def _check_history(

@@ -106,7 +106,7 @@ class Worker:
         changelog = None
         if app.settings.changelog:
             changelog = ChangelogWriter(self._producer, io, changelog_topic(app.name))
-            await changelog.ensure(job.p)
+            await changelog.ensure(job.p, create=app.settings.changelog_partitions)
         self._output_producer = await Producer(
             bootstrap,
             client_id=self.client_id,

@@ -43,7 +43,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from stores.base import Checkpoint
-from streamkit.kafkaio import CREATE_CONFIGS, KafkaIO
+from streamkit.errors import StreamkitError
+from streamkit.kafkaio import CREATE_CONFIGS, CREATE_PARTITIONS_API, KafkaIO
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,20 @@ RECORDS_PER_BATCH = 4096
 
 def changelog_topic(app: str) -> str:
     return f"__streamkit_changelog_{app}"
+
+
+class ChangelogFullError(StreamkitError):
+    """The job has more processors than its changelog partitions, and the broker cannot
+    add partitions."""
+
+
+def room_message(topic: str, partitions: int, processors: int) -> str:
+    return (
+        f"the changelog {topic} has {partitions} partitions, fewer than {processors} processors, and this broker "
+        f"cannot add partitions (CreatePartitions): add them with the broker's own tools "
+        f"(kafka-topics --alter --topic {topic} --partitions {processors}), or give new jobs more with the "
+        f"changelog_partitions setting"
+    )
 
 
 def change_key(table: str, key: bytes) -> bytes:
@@ -142,20 +157,24 @@ class ChangelogWriter:
         self._partitions = 0
         self.records_written = 0
 
-    async def ensure(self, processors: int) -> None:
+    async def ensure(self, processors: int, create: int = 0) -> None:
         """The topic exists with a partition for each of ``processors`` processors (it
-        grows with the job; created compacted where the broker takes the setting)."""
+        grows with the job where the broker can add partitions; created compacted where
+        the broker takes the setting, with ``create`` partitions if more)."""
         if processors <= self._partitions:
             return
         count = await self.io.partition_count(self.topic)
         if count is None:
+            size = max(processors, create)
             try:
-                await self.io.create_topic(self.topic, processors, configs={**CREATE_CONFIGS, **COMPACTED})
+                await self.io.create_topic(self.topic, size, configs={**CREATE_CONFIGS, **COMPACTED})
             except Exception as exc:  # noqa: BLE001 - a broker without compaction settings
                 log.warning("%s: created without %s (%s)", self.topic, COMPACTED, exc)
-                await self.io.create_topic(self.topic, processors)
+                await self.io.create_topic(self.topic, size)
             count = await self.io.partition_count(self.topic)
         if count is not None and count < processors:
+            if not await self.io.supports_api(CREATE_PARTITIONS_API):
+                raise ChangelogFullError(room_message(self.topic, count, processors))
             try:
                 await self.io.create_partitions(self.topic, processors)
             except Exception:  # noqa: BLE001 - another worker grew it first

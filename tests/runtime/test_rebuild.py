@@ -35,6 +35,7 @@ def make_app(broker: str, name: str, topic: str, state_dir: Path, out: str, tick
         session_timeout_ms=4000,
         heartbeat_interval_ms=400,
         max_partition_fetch_bytes=4096,  # small batches: timers get the chance to run between them
+        changelog=False,  # the rebuild from the input: a job without a changelog (one with restores: tests/state)
     )
     counts = app.table("counts", default=int)
     seen: dict[str, Any] = {"handled": [], "phase": ""}
