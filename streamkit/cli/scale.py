@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from streamkit.app import App
     from streamkit.kafkaio import KafkaIO
     from streamkit.layout.model import TopicLayout
+    from streamkit.runtime.jobmeta import JobLayout
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool,
         await _check_changelog_room(io, app, n)
         for move in plan_moves(job.p0, job.p, n, topics):
             console.print(move.describe())
-        await _check_history(io, app, job.p0, job.p, n, shapes)
+        for path_taken in await _check_history(io, app, job.p0, job.p, n, shapes, job.incarnation):
+            console.print(path_taken)
         change = JobLayout(
             app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics), job.incarnation
         )
@@ -135,24 +137,71 @@ async def _check_changelog_room(io: KafkaIO, app: App, n: int) -> None:
 
 
 async def _check_history(
-    io: KafkaIO, app: App, p0: int, p: int, n: int, shapes: Mapping[str, tuple[TopicLayout | None, int]]
-) -> None:
+    io: KafkaIO,
+    app: App,
+    p0: int,
+    p: int,
+    n: int,
+    shapes: Mapping[str, tuple[TopicLayout | None, int]],
+    incarnation: str = "",
+) -> list[str]:
     """Refuse a change whose bootstraps would need history that is gone from the input
-    topics (above the stores' positions: 0, or what a backfill wrote on this machine)."""
+    topics (above where each bootstrap starts: its source's last changelog marker, or its
+    store's positions: 0, or what a backfill wrote on this machine). Returns, per step,
+    where its bootstrap reads from and why."""
     from streamkit.errors import HistoryTruncatedError
     from streamkit.runtime.jobmeta import JobLayout
     from streamkit.runtime.rebuild import check_history, plan_rebuild
     from streamkit.runtime.scaling import staging_path, store_positions
 
-    job = JobLayout(app.name, p0, p, target=n)
+    job = JobLayout(app.name, p0, p, target=n, incarnation=incarnation)
+    paths = []
     while (step := job.bootstrap) is not None:
         path = app.store_path(step.pid)
+        starts, path_taken = await _bootstrap_start(
+            io, app, job, p, store_positions(staging_path(path) if step.staging else path)
+        )
         plan = await plan_rebuild(io, step.pid, p0, step.count, shapes, lambda *_: 1 << 62)
         try:
-            await check_history(io, plan, store_positions(staging_path(path) if step.staging else path))
+            await check_history(io, plan, starts)
         except HistoryTruncatedError as exc:
             raise CliError(f"cannot scale {app.name} to {n} processors: {exc}") from None
+        paths.append(f"processor {step.pid} bootstraps {path_taken}")
         job = job.stepped(by="")
+    return paths
+
+
+async def _bootstrap_start(
+    io: KafkaIO, app: App, job: JobLayout, p: int, stored: dict[tuple[str, int], int]
+) -> tuple[dict[tuple[str, int], int], str]:
+    """Where the bootstrap of ``job``'s next step starts reading the input (``stored``: its
+    store's positions), and why."""
+    from streamkit.state.changelog import changelog_topic
+    from streamkit.state.restore import seed_plan
+
+    step = job.bootstrap
+    assert step is not None
+    if stored:
+        return stored, "from its store's positions on (a bootstrap resumed, or a backfill)"
+    if step.staging:
+        return stored, (
+            f"from the input history: the receiving processor {step.pid} rebuilds its whole key set for "
+            f"{step.count} processors beside its live store"
+        )
+    if not app.settings.changelog:
+        return stored, "from the input history: the job has no changelog"
+    if step.beside >= p:
+        return stored, f"from processor {step.beside}'s changelog once that processor has joined"
+    topic = changelog_topic(app.name)
+    plan, why = await seed_plan(
+        io, topic, step.beside, step.pid, app.tables, p0=job.p0, count=step.count, incarnation=job.incarnation
+    )
+    if plan is None:
+        return stored, f"from the input history: {why}"
+    return dict(plan.head.checkpoint.positions), (
+        f"from processor {step.beside}'s changelog, then the input from its last marker on "
+        f"({sum(plan.head.checkpoint.positions.values()):,} input records not read again)"
+    )
 
 
 async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:

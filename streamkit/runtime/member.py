@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -33,6 +34,7 @@ from streamkit.runtime.scaling import (
     delete_retired_stores,
     open_for_count,
     purge_moved_keys,
+    seed_from_changelog,
     staging_path,
 )
 from streamkit.runtime.services import Services
@@ -385,7 +387,7 @@ class GroupMember:
             dispatcher=self.dispatcher, lock=self.services.lock, stamp=self._stamp(generation),
             group=self.app.group_id, checkpoint_every=self.app.settings.commit_every,
             checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
-            report=report, by=self.name,
+            report=report, by=self.name, seed=self._changelog_seed(proc, step),
         )  # fmt: skip
         if stepped is None:
             return
@@ -400,6 +402,17 @@ class GroupMember:
                 log.info("%s: job epoch %d has %d processors: rebalancing", self.name, stepped.epoch, stepped.p)
                 self.assignor.info.p = stepped.p
                 self.consumer._coordinator.request_rejoin()
+
+    def _changelog_seed(self, proc: ProcessorState, step: Bootstrap) -> Callable[[], Awaitable[bool]] | None:
+        """A joining processor's start from its source's changelog (None: the job has no
+        changelog, or a shrink's staging store, rebuilt from the input)."""
+        changelog, job = self.services.changelog, self.services.jobs.job
+        if changelog is None or step.staging:
+            return None
+        return lambda: seed_from_changelog(
+            proc, self.processors.get(step.beside), io=self.services.io, topic=changelog.topic, count=step.count,
+            p0=job.p0, tables=self.app.tables, incarnation=job.incarnation, log_as=self.name,
+        )  # fmt: skip
 
     async def _send_output(self) -> None:
         await self.dispatcher.send_output()

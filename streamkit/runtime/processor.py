@@ -116,6 +116,14 @@ class ProcessorState:
             self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
             self.stream_at.clear()
 
+    def reload(self) -> None:
+        """Take the store as it is now (written directly, not through the caches): its
+        checkpoint and state, nothing cached, nothing pending."""
+        self.loaded = self.store.checkpoint()
+        for cache in self.caches.values():
+            cache.invalidate()
+        self.rewind()
+
     def advance(self, timestamp_ms: int) -> int:
         """Stream time with a record of ``timestamp_ms`` applied (-1: not tracked)."""
         if self.windows and timestamp_ms > self.stream_time:

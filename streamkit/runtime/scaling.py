@@ -48,8 +48,9 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLayout, publish_job
 from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.progress import ProgressLog
-from streamkit.runtime.rebuild import plan_rebuild, rebuild
-from streamkit.state.changelog import unlogged
+from streamkit.runtime.rebuild import REBUILD_MARK, plan_rebuild, rebuild
+from streamkit.state.changelog import CHANGELOG_POSITION, position_of, unlogged
+from streamkit.state.restore import live_changes, seed_plan
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,59 @@ def delete_retired_stores(app_dir: Path, hosted: int) -> list[int]:
     return gone
 
 
+SOURCE_LOGGED_WAIT = 30.0
+"""Seconds a joining processor waits for the processor it splits from to have its store
+in the changelog (its snapshot after a handover or an adoption) before reading the input
+history instead."""
+
+
+async def seed_from_changelog(
+    proc: ProcessorState,
+    source: ProcessorState | None,
+    *,
+    io: KafkaIO,
+    topic: str,
+    count: int,
+    p0: int,
+    tables: Mapping[str, Table],
+    incarnation: str,
+    log_as: str,
+) -> bool:
+    """Start joining processor ``proc``'s store (empty: a bootstrap that resumes goes on
+    from its own positions) from the changelog of ``source``, the processor its keys split
+    from, hosted by the same member: its keys' values at the changelog head, and the head's
+    input positions (IC ranges and all), marked as a rebuild in progress. The bootstrap
+    then reads the input from there, never below. Whether it was seeded (else the
+    bootstrap reads the input history from the start, said in one line)."""
+    if proc.loaded.positions:
+        return False
+    if source is None:
+        log.info("%s: processor %d bootstraps from the input: its source is not hosted here", log_as, proc.id)
+        return False
+    waited = 0.0
+    while position_of(source.loaded) is None and waited < SOURCE_LOGGED_WAIT:  # its snapshot is due
+        await asyncio.sleep(0.1)
+        waited += 0.1
+    plan, why = await seed_plan(
+        io, topic, source.id, proc.id, tables, p0=p0, count=count, incarnation=incarnation, log_as=log_as
+    )
+    if plan is None or position_of(source.loaded) is None:
+        why = why if plan is None else f"processor {source.id}'s store is not in {topic} yet"
+        log.info("%s: processor %d bootstraps from the input history: %s", log_as, proc.id, why)
+        return False
+    head = plan.head.checkpoint
+    marks = {k: v for k, v in head.extra.items() if k != CHANGELOG_POSITION} | {"p": count, REBUILD_MARK: True}
+    changes = live_changes(plan, tables)
+    proc.store.commit(changes, head.replace(extra=marks))
+    proc.reload()
+    log.info(
+        "%s: processor %d seeded from processor %d's changelog: %d keys (%s); input from %s",
+        log_as, proc.id, source.id, sum(len(c) for c in changes.values()), why,
+        {f"{t}[{p}]": o for (t, p), o in sorted(head.positions.items())},
+    )  # fmt: skip
+    return True
+
+
 async def bootstrap_step(
     proc: ProcessorState,
     *,
@@ -216,16 +270,20 @@ async def bootstrap_step(
     max_rate: float | None,
     report: Callable[[dict[str, int]], None],
     by: str,
+    seed: Callable[[], Awaitable[bool]] | None = None,
 ) -> JobLayout | None:
     """Rebuild ``proc`` for ``step.count`` processors (``job.bootstrap``) until it is within
     ``HANDOVER_LAG`` records of its keys' owners, then publish the next epoch of the job
     (returned; None if another writer changed the job first, or the bootstrap failed: a
     history that is gone stalls the change, another failure is retried at the next
-    rebalance). ``by``: the host, in logs and in the job record."""
+    rebalance). ``by``: the host, in logs and in the job record. ``seed()``: start the
+    store from the changelog first (``seed_from_changelog``; whether it did)."""
     what = "receives the retiring processor's keys" if step.staging else "joins the job"
-    log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d",
-             by, proc.id, what, step.count, sum(proc.positions.values()))  # fmt: skip
     try:
+        seeded = seed is not None and await seed()
+        log.info("%s: processor %d %s: rebuilding its state for %d processors without output, from T2 = %d (%s)",
+                 by, proc.id, what, step.count, sum(proc.positions.values()),
+                 "its changelog seed" if seeded else "its store")  # fmt: skip
         p_new = step.count
         replayed = 0
         owned_t1 = 0
@@ -233,7 +291,7 @@ async def bootstrap_step(
         def checkpointed(read: int) -> None:
             t2 = sum(proc.positions.values())
             report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read,
-                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
+                    "saved": sum(proc.loaded.positions.values()), "seeded": int(seeded)})  # fmt: skip
 
         checkpointed(0)
         owned_ever: set[TopicPartition] = set()
@@ -262,7 +320,7 @@ async def bootstrap_step(
             t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
             t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
             report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed,
-                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
+                    "saved": sum(proc.loaded.positions.values()), "seeded": int(seeded)})  # fmt: skip
             if t1 - t2 <= HANDOVER_LAG:
                 break
     except asyncio.CancelledError:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from assignors.linear_hashing import lh_bucket
+from assignors.linear_hashing import lh_bucket, nearest_ancestor_below
 from assignors.murmur2 import key_hash
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
@@ -107,10 +107,10 @@ def plan_restore(
     return plan
 
 
-def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str]) -> int:
-    """Drop from ``plan`` the keys processor ``pid`` does not own at the head's processor
-    count; how many were dropped."""
-    p = int(plan.head.checkpoint.extra.get("p", p0))
+def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str], count: int | None = None) -> int:
+    """Drop from ``plan`` the keys processor ``pid`` does not own at ``count`` processors
+    (default: the head's processor count); how many were dropped."""
+    p = int(plan.head.checkpoint.extra.get("p", p0)) if count is None else count
     windowed = set(windowed)
     dropped = 0
     for table, state in plan.state.items():
@@ -120,6 +120,32 @@ def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str])
             del state[k]
         dropped += len(gone)
     return dropped
+
+
+def head_count(plan: RestorePlan, p0: int) -> int:
+    """The processor count the head's store held its keys for."""
+    return int(plan.head.checkpoint.extra.get("p", p0))
+
+
+def live_changes(plan: RestorePlan, tables: Iterable[str]) -> dict[str, dict[bytes, bytes | None]]:
+    """The plan's state as a store batch of ``tables`` (tombstones dropped: the store is new)."""
+    return {name: {k: v for k, v in plan.state.get(name, {}).items() if v is not None} for name in tables}
+
+
+async def read_plan(
+    io: KafkaIO, topic: str, partition: int, *, incarnation: str = "", log_as: str = ""
+) -> tuple[RestorePlan | None, int]:
+    """The restore plan of ``topic[partition]`` read to its end, and the records read; no
+    plan when there is no such partition, no marker of the job's ``incarnation`` in it, or
+    the markers do not form a chain (said in one line)."""
+    if partition >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
+        return None, 0
+    records, _ = await io.read(topic, partition, 0)
+    try:
+        return plan_restore(records, topic=topic, partition=partition, incarnation=incarnation), len(records)
+    except ChangelogError as exc:
+        log.warning("%s: %s[%d] not used, the input is read instead: %s", log_as, topic, partition, exc)
+        return None, len(records)
 
 
 async def restore_store(
@@ -137,19 +163,12 @@ async def restore_store(
     changelog; None (nothing written: the caller rebuilds from the input) when the
     changelog has no marker of it, or cannot be read as a chain (said in one line)."""
     t0 = time.monotonic()
-    if pid >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
-        return None
-    records, _ = await io.read(topic, pid, 0)
-    try:
-        plan = plan_restore(records, topic=topic, partition=pid, incarnation=incarnation)
-    except ChangelogError as exc:
-        log.warning("%s: processor %d not restored from the changelog, rebuilt from the input: %s", log_as, pid, exc)
-        return None
+    plan, read = await read_plan(io, topic, pid, incarnation=incarnation, log_as=log_as)
     if plan is None:
         return None
     windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]
     dropped = keep_own_keys(plan, pid, p0, windowed)
-    changes = {name: {k: v for k, v in plan.state.get(name, {}).items() if v is not None} for name in tables}
+    changes = live_changes(plan, tables)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".restoring")
     if staging.exists():  # a restore killed before its end
@@ -162,7 +181,39 @@ async def restore_store(
     log.info(
         "%s: processor %d restored from the changelog in %.2f s: %d keys from %d batches (%d records read, "
         "%d off the chain, %d keys of other processors); input from %s",
-        log_as, pid, took, keys, plan.batches, len(records), plan.skipped, dropped,
+        log_as, pid, took, keys, plan.batches, read, plan.skipped, dropped,
         {f"{t}[{p}]": o for (t, p), o in sorted(plan.head.checkpoint.positions.items())},
     )  # fmt: skip
     return plan
+
+
+async def seed_plan(
+    io: KafkaIO,
+    topic: str,
+    source: int,
+    pid: int,
+    tables: Mapping[str, Any],
+    *,
+    p0: int,
+    count: int,
+    incarnation: str = "",
+    log_as: str = "",
+) -> tuple[RestorePlan | None, str]:
+    """Where processor ``pid``, joining as the job grows to ``count`` processors, starts:
+    the state of its keys in the changelog of processor ``source`` (the one they split
+    from), at the head's input positions (read on from there to the owner's, never below).
+    No plan, and why (its bootstrap reads the input history instead), when ``source`` has
+    no chain of markers, or its head is of a store that did not hold ``pid``'s keys (one
+    written for more processors, before a shrink gave them back)."""
+    plan, read = await read_plan(io, topic, source, incarnation=incarnation, log_as=log_as)
+    if plan is None:
+        return None, f"processor {source} has no chain of markers in {topic}"
+    held = head_count(plan, p0)
+    if held >= count or nearest_ancestor_below(pid, p0, held) != source:
+        return None, (
+            f"processor {source}'s last marker in {topic} is of its store for {held} processors, "
+            f"which did not hold processor {pid}'s keys"
+        )
+    windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]
+    dropped = keep_own_keys(plan, pid, p0, windowed, count)
+    return plan, f"{read} changelog records read, {dropped} keys of other processors left"

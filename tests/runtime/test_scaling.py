@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import shutil
 import signal
 import uuid
 from pathlib import Path
@@ -100,6 +102,50 @@ def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(bro
     assert "processor 2 took over its partitions from processor 0 in place" in logs
     assert "processor 3 took over its partitions from processor 1 in place" in logs
     assert "processor 1's store was for 4 processors, the job has 3: replaced by its staging store" in logs
+    # every growth bootstrap started from its source's changelog, reading the input from the
+    # marker's positions on (the shrink's staging store is rebuilt from the input history)
+    seeds = [(int(m[1]), int(m[2]), _positions(m[3])) for m in SEEDED.finditer(logs)]
+    assert [(pid, source) for pid, source, _ in seeds] == [(2, 0), (3, 1), (3, 1)], logs[-3000:]
+    starts = [int(m[1]) for m in JOINED.finditer(logs)]
+    assert starts == [sum(at.values()) for _, _, at in seeds] and all(starts), (starts, seeds)
+    # counted: each seeded bootstrap read fewer input records than its seed spared it
+    for i in range(len(job.workers)):
+        log = (job.tmp / f"w{i}.log").read_text()
+        steps = [(m[2], int(m[1])) for m in STEP.finditer(log)]
+        for (source, t2), replayed in zip(steps, [int(m[1]) for m in CAUGHT_UP.finditer(log)], strict=True):
+            assert source == "store" or replayed < t2, (source, t2, replayed)
+    # every store lost: each processor's own changelog alone restores it, exactly
+    shutil.rmtree(job.tmp / "state" / job.app)
+    asyncio.run(_restore_all(job, 4))
+    job.verify(reports, 4, counts=(2, 3, 4))
+
+
+SEEDED = re.compile(r"processor (\d+) seeded from processor (\d+)'s changelog: .*; input from (\{.*\})")
+JOINED = re.compile(
+    r"joins the job: rebuilding its state for \d+ processors without output, from T2 = (\d+) \(its changelog seed\)"
+)
+
+
+STEP = re.compile(
+    r"(?:joins the job|receives the retiring processor's keys): .* T2 = (\d+) \(its (changelog seed|store)\)"
+)
+CAUGHT_UP = re.compile(r"processor \d+ caught up \((\d+) records replayed")
+
+
+def _positions(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"'([^']+)': (\d+)", text)}
+
+
+async def _restore_all(job: ScaleJob, processors: int) -> None:
+    from streamkit.state.changelog import changelog_topic
+    from streamkit.state.restore import restore_store
+
+    tables = job.app_object().tables
+    async with KafkaIO(job.broker) as io:
+        for pid in range(processors):
+            path = job.tmp / "state" / job.app / f"processor-{pid}"
+            plan = await restore_store(io, changelog_topic(job.app), pid, path, tables, p0=job.p0)
+            assert plan is not None, f"processor {pid} has nothing in the changelog"
 
 
 @pytest.mark.soak
@@ -170,6 +216,8 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
         # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
         job.env["STREAMKIT_BOOTSTRAP_RATE"] = "300" if direction == "grow" else "1500"
+        if direction == "grow":  # a joining processor seeded from the changelog catches up at once:
+            job.env["STREAMKIT_CHANGELOG"] = "false"  # kill one that reads the input history
     # grow: processor 2 joins, taking keys of 0; shrink: 2 retires, its keys go back to 0
     bootstrapped, old_owner, new_owner = (2, 0, 2) if direction == "grow" else (0, 2, 0)
     counts = (2, 3) if direction == "grow" else (3, 2)
@@ -220,7 +268,9 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     job.verify(reports, counts[1], counts=(2, 3))
     if victim == "bootstrapping":  # the next host went on from the killed one's checkpoint
         starts = [
-            int(line.rsplit("T2 = ", 1)[1]) for line in job.logs().splitlines() if "rebuilding its state for" in line
+            int(line.rsplit("T2 = ", 1)[1].split()[0])
+            for line in job.logs().splitlines()
+            if "rebuilding its state for" in line
         ]
         assert len(starts) >= 2 and starts[-1] > 0, starts
 
@@ -237,7 +287,8 @@ def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broke
     given its partitions to a newer generation; woken up (SIGCONT), its checkpoint is
     refused and its state dropped, and the handover completes without it."""
     job = ScaleJob(broker, tmp_path)
-    job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"  # a bootstrap long enough to be paused in
+    job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"  # a bootstrap long enough to be paused in:
+    job.env["STREAMKIT_CHANGELOG"] = "false"  # from the input history (a changelog seed catches up at once)
     reports: list = []
     paused: list[int] = []
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from stores.rocksdb import RocksDBStore
 from streamkit.cli.scale import plan_moves
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.scaling import adopt_store, key_set_change, open_for_count, staging_path
+from streamkit.state.changelog import MARKER_PREFIX, Marker
 
 
 def test_each_step_of_a_scale_change_bootstraps_one_processor() -> None:
@@ -92,15 +95,28 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
 
 
 class _TruncatedTopic:
-    """The two reads the history check makes, of a topic whose retention removed the
-    first 500 records of partition 2 (the test broker keeps every record: it has no
-    retention and no DeleteRecords)."""
+    """The reads the history check makes, of a topic whose retention removed the first
+    500 records of partition 2 (the test broker keeps every record: it has no retention
+    and no DeleteRecords), and of the job's changelog: none, or one whose processor 0 has
+    a marker at ``marked`` input positions."""
+
+    def __init__(self, marked: dict[tuple[str, int], int] | None = None) -> None:
+        self.marked = marked
 
     async def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
         return dict.fromkeys(partitions, 1000)
 
     async def log_start_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
         return {p: 500 if p == 2 else 0 for p in partitions}
+
+    async def partition_count(self, topic: str) -> int | None:
+        return None if self.marked is None else 64
+
+    async def read(self, topic: str, partition: int, offset: int) -> tuple[list[Any], int]:
+        if self.marked is None or partition != 0:
+            return [], 0
+        head = Marker("b-1", None, 1, Checkpoint(positions=self.marked, extra={"p": 2}), -1)
+        return [SimpleNamespace(offset=0, key=MARKER_PREFIX + b"b-1", value=head.encode(), headers=[])], 1
 
 
 def test_scale_refuses_when_the_history_a_bootstrap_needs_is_gone(tmp_path: Path) -> None:
@@ -118,6 +134,16 @@ def test_scale_refuses_when_the_history_a_bootstrap_needs_is_gone(tmp_path: Path
         "(t[2] starts at offset 500, the store is at 0); seed its store from a copy of the history with a Spark "
         "backfill (streamkit backfill)"
     )
+    # with a changelog whose processor 0 (where processor 2's keys come from) has a marker
+    # beyond what is gone, the bootstrap starts there: allowed, and said
+    paths = asyncio.run(_check_history(_TruncatedTopic({("t", 0): 700, ("t", 2): 650}), app, 2, 2, 3, shapes))  # type: ignore[arg-type]
+    assert paths == [
+        "processor 2 bootstraps from processor 0's changelog, then the input from its last marker on "
+        "(1,350 input records not read again)"
+    ]
+    # a marker below what is gone does not help
+    with pytest.raises(CliError):
+        asyncio.run(_check_history(_TruncatedTopic({("t", 0): 700, ("t", 2): 400}), app, 2, 2, 3, shapes))  # type: ignore[arg-type]
     # 3 -> 4 (processor 3: partitions 1 and 3) needs none of what is gone
     asyncio.run(_check_history(_TruncatedTopic(), app, 2, 3, 4, shapes))  # type: ignore[arg-type]
     # a store seeded up to offset 600 of partition 2 (a backfill) needs none of it either
