@@ -63,7 +63,7 @@ def test_a_backfill_seeds_new_processors_and_scale_bootstraps_them_from_its_posi
             job.stop_workers()
             # the bootstraps started from the backfill's positions
             starts = {
-                int(line.split("processor ", 1)[1].split()[0]): int(line.rsplit("T2 = ", 1)[1])
+                int(line.split("processor ", 1)[1].split()[0]): int(line.rsplit("T2 = ", 1)[1].split()[0])
                 for line in job.logs().splitlines()
                 if "joins the job" in line
             }
