@@ -30,7 +30,7 @@ from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, snapshot
 from streamkit.runtime.timers import run_timer
-from streamkit.state.changelog import ChangelogWriter, changelog_topic
+from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Worker:
         self._beat = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._output_producer: Producer | None = None
+        self._changelog_producer: AIOKafkaProducer | None = None
         self._io: KafkaIO | None = None
         self._registry: LayoutRegistry | None = None
 
@@ -105,7 +106,16 @@ class Worker:
         adoptions = LayoutAdoptions()
         changelog = None
         if app.settings.changelog:
-            changelog = ChangelogWriter(self._producer, io, changelog_topic(app.name))
+            self._changelog_producer = AIOKafkaProducer(  # large batches: one round trip per CHANGELOG_BATCH_BYTES
+                **bootstrap.client_kwargs(),
+                client_id=self.client_id,
+                acks="all",
+                linger_ms=0,
+                max_batch_size=CHANGELOG_BATCH_BYTES,
+                max_request_size=2 * CHANGELOG_BATCH_BYTES,
+            )
+            await self._changelog_producer.start()
+            changelog = ChangelogWriter(self._changelog_producer, io, changelog_topic(app.name))
             await changelog.ensure(job.p, create=app.settings.changelog_partitions)
         self._output_producer = await Producer(
             bootstrap,
@@ -207,6 +217,8 @@ class Worker:
                 log.exception("%s: error while stopping", m.name)
         if self._output_producer is not None:
             await self._output_producer.stop()
+        if self._changelog_producer is not None:
+            await self._changelog_producer.stop()
         if self._registry is not None:
             await self._registry.stop()
         if self._producer is not None:
