@@ -90,11 +90,6 @@ def change_key(table: str, key: bytes) -> bytes:
     return table.encode() + b"\x00" + key
 
 
-def split_change_key(key: bytes) -> tuple[str, bytes]:
-    table, _, stored = key.partition(b"\x00")
-    return table.decode(), stored
-
-
 @dataclass(frozen=True)
 class Marker:
     """What closes one batch of a processor's changes (see the module docstring)."""

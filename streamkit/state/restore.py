@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from assignors.linear_hashing import lh_bucket, nearest_ancestor_below
-from assignors.murmur2 import key_hash
+import numpy as np
+
+from assignors.linear_hashing import lh_bucket_batch, nearest_ancestor_below
+from assignors.vectorized import key_hash_batch
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import KafkaIO
-from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, split_change_key
+from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class RestorePlan:
     records: int = 0
     skipped: int = 0
     """Records read and not applied (off the chain, or after the head)."""
+    counts: set[Any] = field(default_factory=set)
+    """The processor counts (``extra["p"]``, None where absent) of the chain's markers."""
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -92,32 +96,55 @@ def plan_restore(
         at = None if link.base is None or link.base == 0 else link.base - 1
     chain.reverse()
     plan = RestorePlan(markers[head_at], head_at + 1, batches=len(chain))
+    plan.counts = {m.checkpoint.extra.get("p") for _, m in chain}
     valid = {m.batch.encode() for _, m in chain}
     first = chain[0][1].start if chain[0][1].start >= 0 else chain[0][0]
+    # one pass over every change record: at a million keys this loop is the restore's cost
+    by_table: dict[bytes, dict[bytes, bytes | None]] = {}
+    applied = skipped = 0
     for r in records:
-        if r.key is None or r.key.startswith(MARKER_PREFIX):
+        key = r.key
+        if key is None or key.startswith(MARKER_PREFIX):
             continue
-        batch = next((v for k, v in (r.headers or ()) if k == BATCH_HEADER), None)
+        headers = r.headers
+        if headers and headers[0][0] == BATCH_HEADER:
+            batch = headers[0][1]
+        else:
+            batch = next((v for k, v in (headers or ()) if k == BATCH_HEADER), None)
         if not first <= r.offset < head_at or batch not in valid:
-            plan.skipped += 1
+            skipped += 1
             continue
-        table, key = split_change_key(r.key)
-        plan.state.setdefault(table, {})[key] = r.value
-        plan.records += 1
+        table, _, stored = key.partition(b"\x00")
+        state = by_table.get(table)
+        if state is None:
+            state = by_table[table] = {}
+        state[stored] = r.value
+        applied += 1
+    plan.state = {table.decode(): state for table, state in by_table.items()}
+    plan.records, plan.skipped = applied, skipped
     return plan
 
 
 def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str], count: int | None = None) -> int:
     """Drop from ``plan`` the keys processor ``pid`` does not own at ``count`` processors
-    (default: the head's processor count); how many were dropped."""
-    p = int(plan.head.checkpoint.extra.get("p", p0)) if count is None else count
+    (default: the head's processor count); how many were dropped. A chain written
+    wholly for that count holds no other processor's keys (a store that gave keys away
+    writes a snapshot next): nothing is dropped then, so a table keyed otherwise than by
+    the records' keys (a total under one key) is restored whole."""
+    p = head_count(plan, p0) if count is None else count
+    if plan.counts == {p} or (p == p0 and plan.counts <= {p, None}):
+        return 0
     windowed = set(windowed)
     dropped = 0
     for table, state in plan.state.items():
+        if not state:
+            continue
         suffix = WINDOW_SUFFIX if table in windowed else 0
-        gone = [k for k in state if lh_bucket(key_hash(k[:-suffix] if suffix else k), p0, p) != pid]
-        for k in gone:
-            del state[k]
+        keys = list(state)
+        hashes = key_hash_batch([k[:-suffix] for k in keys] if suffix else keys)
+        gone = np.flatnonzero(lh_bucket_batch(hashes, p0, p) != pid)
+        for i in gone.tolist():
+            del state[keys[i]]
         dropped += len(gone)
     return dropped
 

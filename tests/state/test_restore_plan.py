@@ -4,14 +4,17 @@ tests/state/test_changelog_restore.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
 from stores.base import Checkpoint
 from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, change_key
-from streamkit.state.restore import ChangelogError, plan_restore
+from streamkit.state.restore import ChangelogError, keep_own_keys, plan_restore, seed_plan
 
 
 @dataclass
@@ -28,11 +31,13 @@ class Partition:
     def __init__(self) -> None:
         self.records: list[Any] = []
 
-    def batch(self, name: str, changes: dict[bytes, bytes | None], *, base: int | None, gen: int, at: int) -> int:
+    def batch(
+        self, name: str, changes: dict[bytes, bytes | None], *, base: int | None, gen: int, at: int, p: int = 2
+    ) -> int:
         start = len(self.records)
         for k, v in changes.items():
             self.records.append(Rec(len(self.records), change_key("t", k), v, [(BATCH_HEADER, name.encode())]))
-        cp = Checkpoint(positions={("in", 0): at}, generation=gen)
+        cp = Checkpoint(positions={("in", 0): at}, generation=gen, extra={"p": p})
         marker = Marker(name, base, gen, cp, start if changes else -1)
         self.records.append(Rec(len(self.records), MARKER_PREFIX + name.encode(), marker.encode()))
         return len(self.records)  # the position after the marker
@@ -111,3 +116,61 @@ def test_a_base_that_does_not_lie_before_its_marker_is_refused() -> None:
     log.batch("a", {b"k1": b"1"}, base=5, gen=1, at=10)  # a topic deleted and made again
     with pytest.raises(ChangelogError):
         plan_restore(log.records)
+
+
+def test_a_chain_written_for_one_count_is_restored_whole_and_one_spanning_a_growth_keeps_its_keys() -> None:
+    keys = {f"k{i}".encode(): b"1" for i in range(500)}
+    uniform = Partition()
+    uniform.batch("a", keys, base=None, gen=1, at=10, p=2)
+    plan = plan_restore(uniform.records)
+    assert plan is not None
+    # every key kept: the store wrote a snapshot when it last gave keys away
+    assert keep_own_keys(plan, 0, 2, [], None) == 0 and len(plan.state["t"]) == 500
+    # the same records as the changelog of processor 0 that a processor joining at 3 starts from
+    dropped = keep_own_keys(plan, 2, 2, [], 3)
+    own = {k for k in keys if lh_bucket(key_hash(k), 2, 3) == 2}
+    assert set(plan.state["t"]) == own and dropped == 500 - len(own) and 0 < len(own) < 500
+    # a chain that spans a growth (3 -> 4, no snapshot between) holds keys processor 1 gave away
+    spanning = Partition()
+    at = spanning.batch("a", keys, base=None, gen=1, at=10, p=3)
+    spanning.batch("b", {b"k1": b"2"}, base=at, gen=2, at=20, p=4)
+    plan = plan_restore(spanning.records)
+    assert plan is not None and plan.counts == {3, 4}
+    keep_own_keys(plan, 1, 2, [], None)
+    assert set(plan.state["t"]) == {k for k in keys if lh_bucket(key_hash(k), 2, 4) == 1}
+
+
+class _OnePartition:
+    """The two reads ``seed_plan`` makes, of a changelog whose partition 0 is ``log``."""
+
+    def __init__(self, log: Partition) -> None:
+        self.log = log
+
+    async def partition_count(self, topic: str) -> int:
+        return 4
+
+    async def read(self, topic: str, partition: int, offset: int) -> tuple[list[Any], int]:
+        return (self.log.records, len(self.log.records)) if partition == 0 else ([], 0)
+
+
+def test_a_joining_processor_starts_only_from_a_store_that_held_its_keys() -> None:
+    keys = {f"k{i}".encode(): b"1" for i in range(200)}
+    tables = {"t": None}
+    log = Partition()
+    log.batch("a", keys, base=None, gen=1, at=10, p=2)
+    io = _OnePartition(log)
+    # 2 -> 3: processor 2's keys split from processor 0's store of 2 processors
+    plan, why = asyncio.run(seed_plan(io, "cl", 0, 2, tables, p0=2, count=3))  # type: ignore[arg-type]
+    assert plan is not None, why
+    assert set(plan.state["t"]) == {k for k in keys if lh_bucket(key_hash(k), 2, 3) == 2}
+    assert plan.checkpoint.positions == {("in", 0): 10}
+    # processor 3 (joining at 4) comes from processor 1, not 0
+    plan, why = asyncio.run(seed_plan(io, "cl", 0, 3, tables, p0=2, count=4))  # type: ignore[arg-type]
+    assert plan is None and "did not hold processor 3's keys" in why
+    # a head written for more processors than the job has now (before a shrink gave keys back)
+    log.batch("b", {}, base=len(log.records), gen=2, at=20, p=4)
+    plan, why = asyncio.run(seed_plan(io, "cl", 0, 2, tables, p0=2, count=3))  # type: ignore[arg-type]
+    assert plan is None and "for 4 processors" in why
+    # nothing in the changelog: the input history
+    plan, why = asyncio.run(seed_plan(io, "cl", 1, 3, tables, p0=2, count=4))  # type: ignore[arg-type]
+    assert plan is None and "no chain of markers" in why
