@@ -13,7 +13,12 @@ and the workers' logs of the same run:
   to the input rate;
 - the longest per-key output stall around the handover: the time between a key's
   consecutive outputs minus the time between their inputs (goal: under 1 s);
-- the keys that moved, as a share of all keys (one bucket: about 1/p).
+- the keys that moved, as a share of all keys (one bucket: about 1/p);
+- the bootstrap: where it started (the splitting processor's changelog, or the input
+  history), its seconds from start to caught up, and the input records it replayed.
+
+``--bootstrap changelog,input`` runs the same job twice in one invocation, with its
+changelog on and off, and prints the two bootstraps side by side.
 """
 
 from __future__ import annotations
@@ -66,7 +71,9 @@ def stalls(outputs: list[tuple[str, float, float]], window: tuple[float, float])
     return worst, where
 
 
-async def main(a: argparse.Namespace) -> None:
+async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
+    """One run, the joining processor bootstrapping from ``mode`` ("changelog" or "input");
+    (bootstrap seconds, input records it replayed)."""
     from streamkit.broker import resolve_broker
     from streamkit.kafkaio import KafkaIO
     from streamkit.runtime.jobmeta import read_job
@@ -79,7 +86,8 @@ async def main(a: argparse.Namespace) -> None:
         env = dict(os.environ, SK_BENCH_APP=app, SK_BENCH_TOPIC=topic, SK_BENCH_OUT=out, STREAMKIT_BROKER=bootstrap,
                    STREAMKIT_STATE_DIR=str(Path(work) / "state"), STREAMKIT_PROCESSORS="2",
                    STREAMKIT_SESSION_TIMEOUT_MS=str(a.session_timeout_ms),
-                   STREAMKIT_HEARTBEAT_INTERVAL_MS=str(a.session_timeout_ms // 10), PYTHONPATH=str(ROOT))  # fmt: skip
+                   STREAMKIT_HEARTBEAT_INTERVAL_MS=str(a.session_timeout_ms // 10), PYTHONPATH=str(ROOT),
+                   STREAMKIT_CHANGELOG=str(mode == "changelog").lower())  # fmt: skip
         async with KafkaIO(bootstrap) as io:
             await io.create_topic(topic, 4)
             await io.create_topic(out, 4)
@@ -120,7 +128,7 @@ async def main(a: argparse.Namespace) -> None:
         text = "".join(log.read_text() for log in logs)
         moved = _keys_of(Path(work) / "state" / app / "processor-2")
         total = len({o[0] for o in outputs})
-    report(console, a, outputs, t_scale, t_done, text, moved, total)
+    return report(console, a, outputs, t_scale, t_done, text, moved, total, mode)
 
 
 def _keys_of(path: Path) -> int:
@@ -132,8 +140,8 @@ def _keys_of(path: Path) -> int:
 
 def report(
     console: Console, a: Any, outputs: list[tuple[str, float, float]], t_scale: float, t_done: float, log: str,
-    moved: int, total: int,
-) -> None:  # fmt: skip
+    moved: int, total: int, mode: str,
+) -> tuple[float, int]:  # fmt: skip
     def rate(t0: float, t1: float) -> float:
         return sum(1 for _, _, at in outputs if t0 <= at < t1) / max(t1 - t0, 1e-9)
 
@@ -141,12 +149,15 @@ def report(
     joined = _log_time(log, "joins the job")
     caught = re.search(r"^(\S+ \S+) .*caught up \((\d+) records replayed", log, re.M)
     replay_rate = 0.0
+    replayed = int(caught.group(2)) if caught is not None else 0
     if joined is not None and caught is not None:
-        replay_rate = int(caught.group(2)) / max(_parse(caught.group(1)) - joined, 1e-9)
+        replay_rate = replayed / max(_parse(caught.group(1)) - joined, 1e-9)
+    seeded = re.search(r"seeded from processor \d+'s changelog: (\d+) keys", log)
+    until_caught = _parse(caught.group(1)) - t_scale if caught is not None else 0.0
     worst, key = stalls(outputs, (t_scale, t_done + 5))
     table = Table(
         title=f"live scale-out 2 -> 3 processors at {a.rate:,.0f} records/s, {a.keys:,} keys, "
-        f"session timeout {a.session_timeout_ms} ms"
+        f"session timeout {a.session_timeout_ms} ms, bootstrap from the {mode}"
     )
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -157,10 +168,25 @@ def report(
     table.add_row("output records/s after", f"{rate(t_done + 2, last - 1):,.0f}")
     table.add_row("input records/s (fixed)", f"{a.rate:,.0f}")
     table.add_row("bootstrap replay records/s", f"{replay_rate:,.0f}")
+    where = f"processor 0's changelog ({seeded.group(1)} keys)" if seeded else "the input history"
+    table.add_row("bootstrap started from", where)
+    table.add_row("bootstrap seconds, `scale` to caught up", f"{until_caught:.2f}")
+    table.add_row("input records the bootstrap replayed", f"{replayed:,}")
     table.add_row("longest per-key output stall around the handover", f"{worst:.3f} s ({key})")
     table.add_row("keys moved to the new processor", f"{moved:,} of {total:,} ({moved / max(total, 1):.1%})")
     console.print(table)
     console.print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return until_caught, replayed
+
+
+async def run_modes(a: argparse.Namespace) -> None:
+    results = {mode: await main(a, mode) for mode in a.bootstrap.split(",")}
+    if {"changelog", "input"} <= set(results):
+        (c_s, c_n), (i_s, i_n) = results["changelog"], results["input"]
+        Console().print(
+            f"bootstrap from the changelog: {c_s:.2f} s, {c_n:,} input records replayed; from the input: "
+            f"{i_s:.2f} s, {i_n:,} replayed; changelog / input: {c_s / max(i_s, 1e-9):.2f}x the time"
+        )
 
 
 def _parse(stamp: str) -> float:
@@ -183,4 +209,9 @@ if __name__ == "__main__":
         "--session-timeout-ms", type=int, default=6000,
         help="the workers' session timeout (the test broker holds a join for half of it: the handover's pause)",
     )  # fmt: skip
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument(
+        "--bootstrap", default="changelog",
+        help="where the joining processor starts: changelog, input (the job without a changelog), or both: "
+        "changelog,input",
+    )  # fmt: skip
+    asyncio.run(run_modes(ap.parse_args()))
