@@ -71,6 +71,17 @@ CF_PREFIX = "t:"
 _FORKED_HANDLES: list[Any] = []
 
 
+class PreparedCommit:
+    """A store's write batch built by :meth:`RocksDBStore.prepare`, not written yet."""
+
+    def __init__(self, store: RocksDBStore, batch: WriteBatch) -> None:
+        self._store, self._batch = store, batch
+
+    def finish(self, checkpoint: Checkpoint) -> None:
+        """Write the batch and ``checkpoint`` in one atomic write."""
+        self._store._write(self._batch, checkpoint)
+
+
 class RocksDBStore(Store):
     """A :class:`~stores.base.Store` in one RocksDB directory.  Use :meth:`open`."""
 
@@ -211,11 +222,16 @@ class RocksDBStore(Store):
     # -- the one write -------------------------------------------------------
 
     def commit(self, changes: Changes, checkpoint: Checkpoint) -> None:
-        db = self._db
-        if db is None:
+        self.prepare(changes).finish(checkpoint)
+
+    def prepare(self, changes: Changes) -> PreparedCommit:
+        """The write batch of ``changes``, built now (each value serialised as it goes
+        in, once), written with its checkpoint by :meth:`PreparedCommit.finish`: a caller
+        that must do something between the two (write a changelog) holds no serialised
+        value meanwhile. Nothing is written until then."""
+        if self._db is None:
             raise StoreClosedError(f"store {self.path} is closed")
         check_changes(changes, self._handles)
-        cp = checkpoint.to_bytes()
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         delete = batch.delete
@@ -234,7 +250,14 @@ class RocksDBStore(Store):
                 raise TypeError(
                     f"table {table!r}: keys must be bytes and values bytes or None ({exc}); nothing was written"
                 ) from None
-        put(CHECKPOINT_KEY, cp)  # default column family
+        return PreparedCommit(self, batch)
+
+    def _write(self, batch: WriteBatch, checkpoint: Checkpoint) -> None:
+        db = self._db
+        if db is None:
+            raise StoreClosedError(f"store {self.path} is closed")
+        cp = checkpoint.to_bytes()
+        batch.put(CHECKPOINT_KEY, cp)  # default column family
         try:
             db.write(batch, self._write_opts)
         except Exception as exc:

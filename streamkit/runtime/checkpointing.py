@@ -27,7 +27,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import orjson
@@ -44,7 +43,6 @@ from streamkit.runtime.progress import ProgressLog
 from streamkit.state.changelog import (
     CHANGELOG_POSITION,
     ChangelogWriter,
-    cached_changes,
     position_of,
     snapshot_changes,
 )
@@ -122,16 +120,21 @@ async def log_and_commit_stores(
     """Step 2 with the changelog first: per processor, its changes (or its whole state,
     if its store is not in the changelog yet) and a marker holding the checkpoint, then
     the store batch recording the changelog position after the marker. A crash between
-    the two leaves the store at its previous checkpoint; the next one builds on that."""
+    the two leaves the store at its previous checkpoint; the next one builds on that.
+    Each change is serialised once: into the store's batch, built before the changelog
+    write, and the changelog's records as it goes in."""
     for proc, new in writes:
-        if changelog is not None:
-            base = position_of(proc.loaded)
-            changes = cached_changes(proc.caches)
-            if base is None:
-                changes = chain(snapshot_changes(proc.store, proc.caches), changes)  # no key twice
-            position = await changelog.write(proc.id, changes, new, base=base)
-            new = new.replace(extra={**new.extra, CHANGELOG_POSITION: position})
-        proc.commit(new)
+        if changelog is None:
+            proc.commit(new)
+            continue
+        base = position_of(proc.loaded)
+        records = changelog.records()
+        if base is None:  # a snapshot: the keys the caches did not change, then theirs (no key twice)
+            for key, value in snapshot_changes(proc.store, proc.caches):
+                records.add(key, value)
+        prepared = proc.prepare_commit(records.add)
+        position = await changelog.send(proc.id, records, new, base=base)
+        proc.finish_commit(prepared, new.replace(extra={**new.extra, CHANGELOG_POSITION: position}))
 
 
 async def checkpoint(

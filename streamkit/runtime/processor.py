@@ -12,17 +12,18 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CacheBudget, CachedTable, commit_cached
-from stores.rocksdb import RocksDBStore, SharedMemory
+from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
 from streamkit.errors import StreamkitError
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
+from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,21 @@ class ProcessorState:
         """Write cached changes and `checkpoint` in one atomic batch."""
         checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra))
         commit_cached(self.store, self.caches.values(), checkpoint)
+        self.loaded = checkpoint
+        self.uncommitted = 0
+
+    def prepare_commit(self, add: Callable[[bytes, bytes | None], None]) -> PreparedCommit:
+        """The store batch of the caches' changes, each also handed to ``add`` as it is
+        serialised (the changelog's records); written by :meth:`finish_commit`. Nothing
+        may change the tables in between (the member's lock is held)."""
+        return self.store.prepare(teed_changes(self.caches, add))
+
+    def finish_commit(self, prepared: PreparedCommit, checkpoint: Checkpoint) -> None:
+        """Write ``prepared`` and ``checkpoint`` in one atomic batch (:meth:`commit`'s end)."""
+        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra))
+        prepared.finish(checkpoint)
+        for cache in self.caches.values():
+            cache.mark_clean()
         self.loaded = checkpoint
         self.uncommitted = 0
 

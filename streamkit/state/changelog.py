@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +131,7 @@ Change = tuple[bytes, "bytes | None"]
 
 def snapshot_changes(store: Any, caches: Mapping[str, Any]) -> Iterator[Change]:
     """Every committed key of the tables in ``store`` that their ``caches`` did not
-    change since (:func:`cached_changes` gives those): with them, a snapshot batch."""
+    change since (:func:`teed_changes` gives those): with them, a snapshot batch."""
     for table, cache in caches.items():
         changed = set(cache.changes())
         for key, value in store.items(table):
@@ -139,10 +139,87 @@ def snapshot_changes(store: Any, caches: Mapping[str, Any]) -> Iterator[Change]:
                 yield change_key(table, key), value
 
 
-def cached_changes(caches: Mapping[str, Any]) -> Iterator[Change]:
-    """The uncommitted changes of a processor's table caches."""
-    for table, cache in caches.items():
-        yield from cache.changes().prefixed(change_key(table, b""))
+class ChangelogRecords:
+    """One batch of a processor's changes as producer record batches of
+    ``RECORDS_PER_BATCH`` records at most, each record naming the batch in a header.
+
+    Records go straight into aiokafka's record batch builder (``_builder``, with the
+    batch's ``_relative_offset`` kept): its ``BatchBuilder.append`` wrapper costs a
+    quarter of a microsecond per record, which at a million keys is a tenth of the
+    changelog's cost. A key comes once in a batch: the producer batches may go in any
+    order."""
+
+    def __init__(self, producer: AIOKafkaProducer, batch: str) -> None:
+        self.producer = producer
+        self.batch = batch
+        self.headers = [(BATCH_HEADER, batch.encode())]
+        self.count = 0
+        self._full: list[BatchBuilder] = []
+        self._open = producer.create_batch()
+        self._append = self._open._builder.append
+        self._offset = 0
+
+    def add(self, key: bytes, value: bytes | None) -> None:
+        if self._offset >= RECORDS_PER_BATCH or self._append(self._offset, None, key, value, self.headers) is None:
+            self._seal()
+            if self._append(0, None, key, value, self.headers) is None:
+                raise ValueError(f"a change of {len(value or b'')} bytes exceeds a producer batch")
+        self._offset += 1
+        self.count += 1
+
+    def _seal(self) -> None:
+        self._open._relative_offset = self._offset
+        self._full.append(self._open)
+        self._open = self.producer.create_batch()
+        self._append, self._offset = self._open._builder.append, 0
+
+    def builders(self) -> list[BatchBuilder]:
+        """Every record batch, to send in order (none after this)."""
+        if self._offset:
+            self._seal()
+        return self._full
+
+
+class Teed(Mapping[bytes, "bytes | None"]):
+    """A table's pending changes (``stores.cache.PendingChanges``) as a store batch reads
+    them (``write_to``, or ``items``), each change also handed to ``add`` with the
+    table's changelog key: serialised once, for the store and the changelog both. Read
+    once: each read hands every change to ``add`` again."""
+
+    def __init__(self, pending: Any, prefix: bytes, add: Callable[[bytes, bytes | None], None]) -> None:
+        self.pending, self.prefix, self.add = pending, prefix, add
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.pending)
+
+    def __getitem__(self, key: bytes) -> bytes | None:
+        return self.pending[key]
+
+    def items(self) -> Iterator[tuple[bytes, bytes | None]]:  # type: ignore[override]
+        for key, value in self.pending.items():
+            self.add(self.prefix + key, value)
+            yield key, value
+
+    def write_to(self, put: Callable[[bytes, bytes, Any], None], delete: Callable[[bytes, Any], None], cf: Any) -> None:
+        prefix, add = self.prefix, self.add
+
+        def put_both(key: bytes, value: bytes, cf: Any) -> None:
+            put(key, value, cf)
+            add(prefix + key, value)
+
+        def delete_both(key: bytes, cf: Any) -> None:
+            delete(key, cf)
+            add(prefix + key, None)
+
+        self.pending.write_to(put_both, delete_both, cf)
+
+
+def teed_changes(caches: Mapping[str, Any], add: Callable[[bytes, bytes | None], None]) -> dict[str, Teed]:
+    """Per table, its cache's pending changes teed into ``add`` (a store's ``prepare``)."""
+    return {table: Teed(cache.changes(), change_key(table, b""), add) for table, cache in caches.items()}
 
 
 class ChangelogWriter:
@@ -183,53 +260,34 @@ class ChangelogWriter:
             count = processors
         self._partitions = count or 0
 
-    def _batch_id(self) -> str:
+    def records(self) -> ChangelogRecords:
+        """A new batch of changes, to fill (:meth:`ChangelogRecords.add`) and :meth:`send`."""
         self._seq += 1
-        return f"{self.writer}-{self._seq}"
+        return ChangelogRecords(self.producer, f"{self.writer}-{self._seq}")
 
     async def write(
         self, partition: int, changes: Iterable[Change], checkpoint: Checkpoint, *, base: int | None
     ) -> int:
         """Write one batch of ``changes`` and its marker to ``partition``; the changelog
         position after the marker (what the store batch records)."""
+        records = self.records()
+        for key, value in changes:
+            records.add(key, value)
+        return await self.send(partition, records, checkpoint, base=base)
+
+    async def send(self, partition: int, records: ChangelogRecords, checkpoint: Checkpoint, *, base: int | None) -> int:
+        """Send ``records`` to ``partition`` and, once every one is acknowledged, the marker
+        closing them; the changelog position after the marker."""
         await self.ensure(partition + 1)
-        batch = self._batch_id()
-        headers = [(BATCH_HEADER, batch.encode())]
-        sent = []
-        count = 0
-        for builder in self._batches(changes, headers):
-            sent.append(await self.producer.send_batch(builder, self.topic, partition=partition))
-            count += builder.record_count()
+        sent = [await self.producer.send_batch(b, self.topic, partition=partition) for b in records.builders()]
         offsets = [int((await fut).offset) for fut in sent]  # every record acknowledged
         start = min(offsets, default=None)
-        marker_key = MARKER_PREFIX + batch.encode()
+        marker_key = MARKER_PREFIX + records.batch.encode()
         # the marker's start is known only for a non-empty batch before it is sent
-        marker = Marker(batch, base, checkpoint.generation, checkpoint, -1 if start is None else start)
+        marker = Marker(records.batch, base, checkpoint.generation, checkpoint, -1 if start is None else start)
         meta = await self.producer.send_and_wait(self.topic, marker.encode(), key=marker_key, partition=partition)
-        self.records_written += count + 1
+        self.records_written += records.count + 1
         return int(meta.offset) + 1
-
-    def _batches(self, changes: Iterable[Change], headers: list[tuple[str, bytes]]) -> Iterator[BatchBuilder]:
-        """``changes`` in producer batches of ``RECORDS_PER_BATCH`` records at most.
-
-        Records go straight into aiokafka's record batch builder (``_builder``, with the
-        batch's ``_relative_offset`` kept): its ``BatchBuilder.append`` wrapper costs a
-        quarter of a microsecond per record, which at a million keys is a tenth of the
-        changelog's cost."""
-        builder = self.producer.create_batch()
-        append, offset = builder._builder.append, 0
-        for key, value in changes:  # a key comes once in a batch: the producer's batches may go in any order
-            if offset >= RECORDS_PER_BATCH or append(offset, None, key, value, headers) is None:
-                builder._relative_offset = offset
-                yield builder
-                builder = self.producer.create_batch()
-                append, offset = builder._builder.append, 0
-                if append(offset, None, key, value, headers) is None:
-                    raise ValueError(f"{self.topic}: a change of {len(value or b'')} bytes exceeds a producer batch")
-            offset += 1
-        if offset:
-            builder._relative_offset = offset
-            yield builder
 
     async def takeover(self, partition: int, checkpoint: Checkpoint) -> bool:
         """Write an empty batch of ``checkpoint``'s generation, building on the store's
