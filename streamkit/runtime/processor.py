@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stores.base import Checkpoint, StoreLockedError
-from stores.cache import CacheBudget, CachedTable, commit_cached
+from stores.cache import CacheBudget, CachedTable
 from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
 from streamkit.errors import StreamkitError
 from streamkit.layout.strays import SeenStrays
@@ -207,10 +207,7 @@ class ProcessorState:
 
     def commit(self, checkpoint: Checkpoint) -> None:
         """Write cached changes and `checkpoint` in one atomic batch."""
-        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra))
-        commit_cached(self.store, self.caches.values(), checkpoint)
-        self.loaded = checkpoint
-        self.uncommitted = 0
+        self.finish_commit(self.store.prepare({name: c.changes() for name, c in self.caches.items()}), checkpoint)
 
     def prepare_commit(self, add: Callable[[bytes, bytes | None], None]) -> PreparedCommit:
         """The store batch of the caches' changes, each also handed to ``add`` as it is

@@ -231,11 +231,13 @@ async def seed_from_changelog(
     while position_of(source.loaded) is None and waited < SOURCE_LOGGED_WAIT:  # its snapshot is due
         await asyncio.sleep(0.1)
         waited += 0.1
-    plan, why = await seed_plan(
-        io, topic, source.id, proc.id, tables, p0=p0, count=count, incarnation=incarnation, log_as=log_as
-    )
-    if plan is None or position_of(source.loaded) is None:
-        why = why if plan is None else f"processor {source.id}'s store is not in {topic} yet"
+    if position_of(source.loaded) is None:
+        plan, why = None, f"processor {source.id}'s store is not in {topic} yet"
+    else:
+        plan, why = await seed_plan(
+            io, topic, source.id, proc.id, tables, p0=p0, count=count, incarnation=incarnation, log_as=log_as
+        )
+    if plan is None:
         log.info("%s: processor %d bootstraps from the input history: %s", log_as, proc.id, why)
         return False
     head = plan.head.checkpoint
@@ -291,7 +293,7 @@ async def bootstrap_step(
         def checkpointed(read: int) -> None:
             t2 = sum(proc.positions.values())
             report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read,
-                    "saved": sum(proc.loaded.positions.values()), "seeded": int(seeded)})  # fmt: skip
+                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
 
         checkpointed(0)
         owned_ever: set[TopicPartition] = set()
@@ -320,7 +322,7 @@ async def bootstrap_step(
             t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
             t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
             report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed,
-                    "saved": sum(proc.loaded.positions.values()), "seeded": int(seeded)})  # fmt: skip
+                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
             if t1 - t2 <= HANDOVER_LAG:
                 break
     except asyncio.CancelledError:
