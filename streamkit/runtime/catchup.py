@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from assignors.group import PartitionSlot, TopicShape
+from assignors.group import TopicShape
 from streamkit.app import HandlerSpec
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import PartitionMode, TopicLayout
@@ -73,14 +73,16 @@ class CatchUp:
         stamp: Stamp,
         p0: int,
         p: int,
-        slots: list[PartitionSlot],
+        owned: Iterable[tuple[str, int]],
         handled: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
-        """Read what ``proc`` still lacks of partitions it does not consume (``plan_left_history``)."""
+        """Read what ``proc`` still lacks of partitions it does not consume (``owned``:
+        those it does; ``plan_left_history``). A partition whose change is not sealed yet
+        is left for a call once the seal is known: the member calls again on every layout
+        change, before the gates (which hold its own partitions until that seal) open."""
         left = plan_left_history(
-            proc.id, p0, p, proc.positions, {(t, q) for t, q, _ in slots},
-            {t: self.registry.get(t) for t in self.handlers}, handled,
-        )  # fmt: skip
+            proc.id, p0, p, proc.positions, set(owned), {t: self.registry.get(t) for t in self.handlers}, handled
+        )
         if left.targets:
             await self.rebuild(proc, stamp, p0, p, left)
 

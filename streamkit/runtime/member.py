@@ -77,6 +77,7 @@ class GroupMember:
         self._next_checkpoint = 0.0
         self._next_gate_poll = 0.0
         self._regate_needed = False
+        self._left_history_due = False
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         s = app.settings
@@ -193,7 +194,7 @@ class GroupMember:
             return
         shape = shape_of(new)
         self.assignor.info.layouts[new.topic] = shape
-        self._regate_needed = True
+        self._regate_needed = self._left_history_due = True
         before = shape_of(old) if old is not None else None
         moved = before is None or (before.active, before.draining, before.swept) != (
             shape.active,
@@ -295,7 +296,9 @@ class GroupMember:
                     except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                         self.fatal = exc
                         return
-                await self.catchup.read_left_history(proc, stamp, assignment.p0, assignment.p, slots)
+                await self.catchup.read_left_history(
+                    proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots]
+                )
                 starts.update(self.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
                 starts.update(self.router.sweeps(proc, assignment.sweeps.get(pid, [])))
             for tp in self.admission.routes:
@@ -352,7 +355,12 @@ class GroupMember:
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         await self.catchup.read_left_history(
-            joined, self._stamp(generation), job.p0, job.p, placed.slots.get(joined.id, []), old.positions
+            joined,
+            self._stamp(generation),
+            job.p0,
+            job.p,
+            [(t, q) for t, q, _ in placed.slots.get(joined.id, [])],
+            old.positions,
         )
         starts = Starts()
         for proc in (old, joined):
@@ -421,6 +429,9 @@ class GroupMember:
     async def _regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""
         self._regate_needed = False
+        if self._left_history_due:  # a seal that landed after the assignment: our keys below it first
+            self._left_history_due = False
+            await self._read_left_history()
         events = self.admission.regate(self.services.registry.get, self.services.progress.positions)
         for topic in self.app.handlers:
             if (layout := self.services.registry.get(topic)) is not None:
@@ -430,6 +441,17 @@ class GroupMember:
             self._next_checkpoint = 0.0
         if events.assigned:
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission, events.assigned))
+
+    async def _read_left_history(self) -> None:
+        """Each hosted processor reads what it lacks of partitions it no longer consumes
+        (``CatchUp.read_left_history``), now that a layout changed."""
+        assignment = self.assignor.assignment
+        if assignment is None or self.assigned_generation != self.generation:
+            return
+        stamp = self._stamp(self.assigned_generation)
+        for proc in self.processors.values():
+            owned = [(tp.topic, tp.partition) for tp, r in self.admission if r.proc is proc and not r.swept]
+            await self.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned)
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
