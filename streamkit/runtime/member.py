@@ -38,6 +38,7 @@ from streamkit.runtime.scaling import (
     staging_path,
 )
 from streamkit.runtime.services import Services
+from streamkit.runtime.staging_seed import StagingSeed
 from streamkit.state.changelog import position_of, unlogged
 from streamkit.state.restore import restore_store
 
@@ -395,7 +396,7 @@ class GroupMember:
             dispatcher=self.dispatcher, lock=self.services.lock, stamp=self._stamp(generation),
             group=self.app.group_id, checkpoint_every=self.app.settings.commit_every,
             checkpoint_interval=self.app.settings.commit_interval, max_rate=self.app.settings.bootstrap_rate,
-            report=report, by=self.name, seed=self._changelog_seed(proc, step),
+            report=report, by=self.name, seed=self._changelog_seed(proc, step, generation),
         )  # fmt: skip
         if stepped is None:
             return
@@ -411,14 +412,22 @@ class GroupMember:
                 self.assignor.info.p = stepped.p
                 self.consumer._coordinator.request_rejoin()
 
-    def _changelog_seed(self, proc: ProcessorState, step: Bootstrap) -> Callable[[], Awaitable[bool]] | None:
-        """A joining processor's start from its source's changelog (None: the job has no
-        changelog, or a shrink's staging store, rebuilt from the input)."""
+    def _changelog_seed(
+        self, proc: ProcessorState, step: Bootstrap, generation: int
+    ) -> Callable[[], Awaitable[bool]] | None:
+        """A bootstrap's start from changelogs (None: the job has no changelog): a joining
+        processor's from its source's, a shrink's staging store from those of the two
+        processors it merges (``staging_seed``)."""
         changelog, job = self.services.changelog, self.services.jobs.job
-        if changelog is None or step.staging:
+        if changelog is None:
             return None
+        source = self.processors.get(step.beside)
+        if step.staging:
+            seed = StagingSeed(self.catchup, changelog.topic, self.app.tables, job.p0, job.incarnation,
+                               self.services.lock, self._stamp(generation), self.services.memory)  # fmt: skip
+            return lambda: seed(proc, source, step.count)
         return lambda: seed_from_changelog(
-            proc, self.processors.get(step.beside), io=self.services.io, topic=changelog.topic, count=step.count,
+            proc, source, io=self.services.io, topic=changelog.topic, count=step.count,
             p0=job.p0, tables=self.app.tables, incarnation=job.incarnation, log_as=self.name,
         )  # fmt: skip
 

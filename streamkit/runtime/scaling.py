@@ -49,7 +49,8 @@ from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLa
 from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.rebuild import REBUILD_MARK, plan_rebuild, rebuild
-from streamkit.state.changelog import CHANGELOG_POSITION, position_of, unlogged
+from streamkit.runtime.staging_seed import wait_logged
+from streamkit.state.changelog import CHANGELOG_POSITION, unlogged
 from streamkit.state.restore import live_changes, seed_plan
 from streamkit.tables import Table
 
@@ -198,12 +199,6 @@ def delete_retired_stores(app_dir: Path, hosted: int) -> list[int]:
     return gone
 
 
-SOURCE_LOGGED_WAIT = 30.0
-"""Seconds a joining processor waits for the processor it splits from to have its store
-in the changelog (its snapshot after a handover or an adoption) before reading the input
-history instead."""
-
-
 async def seed_from_changelog(
     proc: ProcessorState,
     source: ProcessorState | None,
@@ -227,11 +222,7 @@ async def seed_from_changelog(
     if source is None:
         log.info("%s: processor %d bootstraps from the input: its source is not hosted here", log_as, proc.id)
         return False
-    waited = 0.0
-    while position_of(source.loaded) is None and waited < SOURCE_LOGGED_WAIT:  # its snapshot is due
-        await asyncio.sleep(0.1)
-        waited += 0.1
-    if position_of(source.loaded) is None:
+    if not await wait_logged(source):  # its snapshot is due
         plan, why = None, f"processor {source.id}'s store is not in {topic} yet"
     else:
         plan, why = await seed_plan(

@@ -103,7 +103,10 @@ def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(bro
     assert "processor 3 took over its partitions from processor 1 in place" in logs
     assert "processor 1's store was for 4 processors, the job has 3: replaced by its staging store" in logs
     # every growth bootstrap started from its source's changelog, reading the input from the
-    # marker's positions on (the shrink's staging store is rebuilt from the input history)
+    # marker's positions on; the shrink's staging store from the changelogs of the receiving
+    # and the retiring processors, brought to common positions with the input above them
+    staged = [(int(m[1]), m[2], int(m[3])) for m in STAGED.finditer(logs)]
+    assert [(pid, of) for pid, of, _ in staged] == [(1, "1, 3")], logs[-3000:]
     seeds = [(int(m[1]), int(m[2]), _positions(m[3])) for m in SEEDED.finditer(logs)]
     assert [(pid, source) for pid, source, _ in seeds] == [(2, 0), (3, 1), (3, 1)], logs[-3000:]
     starts = [int(m[1]) for m in JOINED.finditer(logs)]
@@ -112,8 +115,9 @@ def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(bro
     for i in range(len(job.workers)):
         log = (job.tmp / f"w{i}.log").read_text()
         steps = [(m[2], int(m[1])) for m in STEP.finditer(log)]
+        aligned = sum(int(m[3]) for m in STAGED.finditer(log))
         for (source, t2), replayed in zip(steps, [int(m[1]) for m in CAUGHT_UP.finditer(log)], strict=True):
-            assert source == "store" or replayed < t2, (source, t2, replayed)
+            assert source == "store" or replayed + aligned < t2, (source, t2, replayed, aligned)
     # every store lost: each processor's own changelog alone restores it, exactly
     shutil.rmtree(job.tmp / "state" / job.app)
     asyncio.run(_restore_all(job, 4))
@@ -121,6 +125,9 @@ def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(bro
 
 
 SEEDED = re.compile(r"processor (\d+) seeded from processor (\d+)'s changelog: .*; input from (\{.*\})")
+STAGED = re.compile(
+    r"processor (\d+)'s staging store seeded from the changelogs of processors \[([\d, ]+)\]: \d+ keys; (\d+) input"
+)
 JOINED = re.compile(
     r"joins the job: rebuilding its state for \d+ processors without output, from T2 = (\d+) \(its changelog seed\)"
 )
@@ -216,8 +223,8 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
         # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
         job.env["STREAMKIT_BOOTSTRAP_RATE"] = "300" if direction == "grow" else "1500"
-        if direction == "grow":  # a joining processor seeded from the changelog catches up at once:
-            job.env["STREAMKIT_CHANGELOG"] = "false"  # kill one that reads the input history
+        # a bootstrap seeded from changelogs catches up at once: kill one that reads the input history
+        job.env["STREAMKIT_CHANGELOG"] = "false"
     # grow: processor 2 joins, taking keys of 0; shrink: 2 retires, its keys go back to 0
     bootstrapped, old_owner, new_owner = (2, 0, 2) if direction == "grow" else (0, 2, 0)
     counts = (2, 3) if direction == "grow" else (3, 2)
