@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from streamkit.cli import CliError
 from streamkit.connection import Connection
@@ -183,16 +183,13 @@ async def _bootstrap_start(
     assert step is not None
     if stored:
         return stored, "from its store's positions on (a bootstrap resumed, or a backfill)"
-    if step.staging:
-        return stored, (
-            f"from the input history: the receiving processor {step.pid} rebuilds its whole key set for "
-            f"{step.count} processors beside its live store"
-        )
     if not app.settings.changelog:
         return stored, "from the input history: the job has no changelog"
+    topic = changelog_topic(app.name)
+    if step.staging:
+        return await _staging_start(io, topic, job, step.pid, step.count)
     if step.beside >= p:
         return stored, f"from processor {step.beside}'s changelog once that processor has joined"
-    topic = changelog_topic(app.name)
     plan, why = await seed_plan(
         io, topic, step.beside, step.pid, app.tables, p0=job.p0, count=step.count, incarnation=job.incarnation
     )
@@ -204,6 +201,31 @@ async def _bootstrap_start(
     )
 
 
+async def _staging_start(
+    io: KafkaIO, topic: str, job: JobLayout, receiving: int, retiring: int
+) -> tuple[dict[tuple[str, int], int], str]:
+    """Where a shrink's staging store starts reading the input: each changelog head's
+    positions for its key set (the lower of the two per partition), or the input history."""
+    from streamkit.runtime.staging_seed import holds_keys
+    from streamkit.state.restore import head_count, read_plan
+
+    starts: dict[tuple[str, int], int] = {}
+    for pid in (receiving, retiring):
+        plan, _ = await read_plan(io, topic, pid, incarnation=job.incarnation)
+        if plan is None or not holds_keys(pid, job.p0, head_count(plan, job.p0), retiring + 1):
+            return {}, (
+                f"from the input history: processor {pid} has no chain of markers for {retiring + 1} processors "
+                f"in {topic}; the receiving processor {receiving} rebuilds its whole key set for {retiring} "
+                "processors beside its live store"
+            )
+        for tp, at in plan.head.checkpoint.positions.items():
+            starts[tp] = min(starts.get(tp, at), at)
+    return starts, (
+        f"from the changelogs of processors {receiving} and {retiring}, then the input from their last markers on "
+        f"({sum(starts.values()):,} input records not read again)"
+    )
+
+
 async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:
     """Show each bootstrap (a joining processor's, or a shrink's receiving one's) until
     the job has ``n`` processors."""
@@ -212,7 +234,13 @@ async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: C
     from streamkit.runtime.status import read_statuses
 
     deadline = time.monotonic() + timeout
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         tasks: dict[int, TaskID] = {}  # per job epoch of a step: the step's bootstrap
         while True:

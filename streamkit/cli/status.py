@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Mapping
+from datetime import timedelta
 
 import typer
 from rich.console import Console
@@ -91,12 +93,17 @@ def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Tab
     live = [s for s in statuses if s.alive and not s.stale]
     step = job.bootstrap
     for pid in range(job.hosted):
-        host = next((s for s in live if pid in s.processors or pid in s.joining), None)
+        host = next((s for s in live if pid in s.processors or pid in s.joining or pid in s.restoring), None)
         state, detail = "active", ""
         if step is not None and pid == step.pid:
             lag = host.joining.get(pid, {}) if host is not None else {}
             state = "receiving" if step.staging else "bootstrapping"
-            detail = f"T2 {lag.get('t2', 0):,}, T1 {lag.get('t1', 0):,}, lag {lag.get('lag', 0):,}" if lag else ""
+            detail = bootstrap_detail(lag, time.time()) if lag else ""
+        elif host is not None and (restore := host.restoring.get(pid)):
+            state = "restoring"
+            detail = f"from the changelog: offset {restore['at']:,} of {restore['end']:,}, " + rate_and_eta(
+                restore["at"], restore["end"] - restore["at"], restore["since_ms"], time.time()
+            )
         elif pid == job.retiring:
             state, detail = "retiring", f"its keys go back to processor {step.pid if step else '?'}"
         elif host is not None and (logged := host.changelog.get(pid)):
@@ -106,6 +113,26 @@ def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Tab
     if job.target is not None and job.target != job.p:
         table.caption = f"scaling {job.p} -> {job.target} processors"
     return table
+
+
+def bootstrap_detail(lag: Mapping[str, int], now: float) -> str:
+    """Where a bootstrap reads from, how far it got (T2) towards its keys' owner (T1), and
+    at what rate."""
+    source = "from the changelog, then the input" if lag.get("seeded") else "from the input"
+    done = f"{source}: T2 {lag.get('t2', 0):,}, T1 {lag.get('t1', 0):,}, lag {lag.get('lag', 0):,}"
+    if "since_ms" not in lag:
+        return done
+    return f"{done}, " + rate_and_eta(lag.get("replayed", 0), lag.get("lag", 0), lag["since_ms"], now)
+
+
+def rate_and_eta(done: int, left: int, since_ms: int, now: float) -> str:
+    """``done`` records since ``since_ms`` as a rate, and the time ``left`` more take at it."""
+    elapsed = max(now - since_ms / 1000, 1e-3)
+    rate = done / elapsed
+    if left <= 0:
+        return f"{rate:,.0f} records/s"
+    eta = "-" if rate <= 0 else str(timedelta(seconds=round(left / rate)))
+    return f"{rate:,.0f} records/s, ETA {eta}"
 
 
 def key_ranges(job: JobLayout | None, shape: tuple[int, int] | None, partition: int) -> str:

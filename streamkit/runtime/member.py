@@ -39,6 +39,7 @@ from streamkit.runtime.scaling import (
 )
 from streamkit.runtime.services import Services
 from streamkit.runtime.staging_seed import StagingSeed
+from streamkit.runtime.status import Restores
 from streamkit.state.changelog import position_of, unlogged
 from streamkit.state.restore import restore_store
 
@@ -89,6 +90,7 @@ class GroupMember:
         self._joining: dict[int, tuple[ProcessorState, asyncio.Task[None]]] = {}
         """A processor joining the job, hosted beside the one that splits (no rebalance)."""
         self.joining: dict[int, dict[str, int]] = {}
+        self.restores = Restores(services.beat)
         """Bootstrap progress of the joining processors hosted here (status)."""
         lean_fetch.install()
         self.consumer = AIOKafkaConsumer(
@@ -271,9 +273,12 @@ class GroupMember:
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
                 if changelog is not None and not path.exists():  # a lost disk, or a new machine
-                    await restore_store(self.services.io, changelog.topic, pid, path, self.app.tables,
-                                        p0=assignment.p0, incarnation=self.services.jobs.job.incarnation,
-                                        log_as=self.name)  # fmt: skip
+                    try:
+                        await restore_store(self.services.io, changelog.topic, pid, path, self.app.tables,
+                                            p0=assignment.p0, incarnation=self.services.jobs.job.incarnation,
+                                            log_as=self.name, on_read=self.restores.tracker(pid))  # fmt: skip
+                    finally:
+                        self.restores.done(pid)
                 proc = await open_for_count(
                     pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
                     timeout=settings.store_open_timeout, log_as=self.name,

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import re
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -280,11 +281,15 @@ async def bootstrap_step(
         p_new = step.count
         replayed = 0
         owned_t1 = 0
+        since_ms = int(time.time() * 1000)
+
+        def publish(t2: int, t1: int, replayed: int) -> None:
+            """``status`` shows these (with the rate and an ETA from ``since_ms``)."""
+            report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed, "seeded": int(seeded),
+                    "saved": sum(proc.loaded.positions.values()), "since_ms": since_ms})  # fmt: skip
 
         def checkpointed(read: int) -> None:
-            t2 = sum(proc.positions.values())
-            report({"t2": t2, "t1": owned_t1, "lag": max(0, owned_t1 - t2), "replayed": replayed + read,
-                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
+            publish(sum(proc.positions.values()), owned_t1, replayed + read)
 
         checkpointed(0)
         owned_ever: set[TopicPartition] = set()
@@ -312,8 +317,7 @@ async def bootstrap_step(
                 await progress.refresh()
             t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
             t1 = sum(progress.position(tp.topic, tp.partition) for tp in plan.owned)
-            report({"t2": t2, "t1": t1, "lag": max(0, t1 - t2), "replayed": replayed,
-                    "saved": sum(proc.loaded.positions.values())})  # fmt: skip
+            publish(t2, t1, replayed)
             if t1 - t2 <= HANDOVER_LAG:
                 break
     except asyncio.CancelledError:

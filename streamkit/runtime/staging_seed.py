@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from assignors.linear_hashing import bucket_modulus
 from stores.base import Checkpoint
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState, StateMemory
@@ -86,8 +87,7 @@ class StagingSeed:
         plans: dict[int, RestorePlan] = {}
         for pid in (staging.id, retiring):
             plan, _ = await read_plan(self.catchup.io, self.changelog, pid, incarnation=self.incarnation, log_as=name)
-            held = -1 if plan is None else head_count(plan, self.p0)
-            if plan is None or held > count + 1 or (pid == retiring and held != count + 1):
+            if plan is None or not holds_keys(pid, self.p0, head_count(plan, self.p0), count + 1):
                 why = f"processor {pid} has no chain of markers for {count + 1} processors in {self.changelog}"
                 log.info(
                     "%s: processor %d's staging store is rebuilt from the input history: %s", name, staging.id, why
@@ -184,6 +184,13 @@ class StagingSeed:
 
 class SeedShortError(Exception):
     """A scratch store could not be brought to the common positions."""
+
+
+def holds_keys(pid: int, p0: int, held: int, count: int) -> bool:
+    """Whether processor ``pid``'s store for ``held`` processors holds all its keys for
+    ``count``: it existed then, and none of them had moved away (linear hashing: a key set
+    only shrinks as the count grows past its processor's split)."""
+    return held > pid and bucket_modulus(pid, p0, count) >= bucket_modulus(pid, p0, held)
 
 
 def scratch_path(staging: ProcessorState, pid: int) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,9 @@ class WorkerStatus:
     changelog: dict[int, list[int]] = field(default_factory=dict)
     """Per hosted processor in the job's changelog: [its changelog position, keys changed
     since (what its next checkpoint writes there)]."""
+    restoring: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Processors restoring their store from the changelog: {id: {"at", "end", "since_ms"}}
+    (changelog offsets read to, and to read to)."""
 
     @property
     def stale(self) -> bool:
@@ -66,6 +69,7 @@ def snapshot(
     consecutive_failures: int,
     output: Output,
     joining: Mapping[int, Mapping[str, int]] | None = None,
+    restoring: Mapping[int, Mapping[str, int]] | None = None,
     processors: Iterable[ProcessorState] = (),
     alive: bool = True,
 ) -> WorkerStatus:
@@ -85,9 +89,31 @@ def snapshot(
         consecutive_failures=consecutive_failures,
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
+        restoring={pid: dict(v) for pid, v in (restoring or {}).items()},
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
     )
+
+
+@dataclass
+class Restores:
+    """The restores a member runs, as its heartbeats show them (``beat``: publish one now)."""
+
+    beat: Callable[[], None]
+    running: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def tracker(self, pid: int) -> Callable[[int, int], None]:
+        """The progress callback of processor ``pid``'s restore."""
+        since = int(time.time() * 1000)
+
+        def on_read(at: int, end: int) -> None:
+            self.running[pid] = {"at": at, "end": end, "since_ms": since}
+            self.beat()
+
+        return on_read
+
+    def done(self, pid: int) -> None:
+        self.running.pop(pid, None)
 
 
 def changelog_positions(processors: Iterable[ProcessorState]) -> dict[int, list[int]]:
@@ -128,5 +154,6 @@ def decode_status(value: bytes | None, app_name: str) -> WorkerStatus | None:
     d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
     d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
     d["changelog"] = {int(k): v for k, v in d.get("changelog", {}).items()}
+    d["restoring"] = {int(k): v for k, v in d.get("restoring", {}).items()}
     known = WorkerStatus.__dataclass_fields__
     return WorkerStatus(**{k: v for k, v in d.items() if k in known})

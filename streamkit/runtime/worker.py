@@ -246,6 +246,7 @@ class Worker:
             consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
             output=self.services.output,
             joining={pid: lag for m in self.members for pid, lag in m.joining.items()},
+            restoring={pid: at for m in self.members for pid, at in m.restores.running.items()},
             processors=[proc for m in self.members for proc in m.processors.values()],
             alive=alive,
         )

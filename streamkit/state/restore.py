@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,15 +159,42 @@ def live_changes(plan: RestorePlan, tables: Iterable[str]) -> dict[str, dict[byt
     return {name: {k: v for k, v in plan.state.get(name, {}).items() if v is not None} for name in tables}
 
 
+ReadProgress = Callable[[int, int], None]
+"""Called as a changelog partition is read: (offset reached, offset of its end)."""
+READ_CHUNK = 100_000
+"""Offsets read between two progress reports."""
+
+
+async def read_partition(io: KafkaIO, topic: str, partition: int, on_read: ReadProgress | None = None) -> list[Any]:
+    """Every record of ``topic[partition]`` up to its end as of now, reporting progress."""
+    if on_read is None:
+        return (await io.read(topic, partition, 0))[0]
+    end = (await io.high_watermarks(topic, [partition]))[partition]
+    out: list[Any] = []
+    pos = 0
+    on_read(pos, end)
+    while pos < end:
+        records, pos = await io.read(topic, partition, pos, min(pos + READ_CHUNK, end))
+        out.extend(records)
+        on_read(pos, end)
+    return out
+
+
 async def read_plan(
-    io: KafkaIO, topic: str, partition: int, *, incarnation: str = "", log_as: str = ""
+    io: KafkaIO,
+    topic: str,
+    partition: int,
+    *,
+    incarnation: str = "",
+    log_as: str = "",
+    on_read: ReadProgress | None = None,
 ) -> tuple[RestorePlan | None, int]:
     """The restore plan of ``topic[partition]`` read to its end, and the records read; no
     plan when there is no such partition, no marker of the job's ``incarnation`` in it, or
     the markers do not form a chain (said in one line)."""
     if partition >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
         return None, 0
-    records, _ = await io.read(topic, partition, 0)
+    records = await read_partition(io, topic, partition, on_read)
     try:
         return plan_restore(records, topic=topic, partition=partition, incarnation=incarnation), len(records)
     except ChangelogError as exc:
@@ -185,12 +212,14 @@ async def restore_store(
     p0: int,
     incarnation: str = "",
     log_as: str = "",
+    on_read: ReadProgress | None = None,
 ) -> RestorePlan | None:
     """Rebuild processor ``pid``'s store at ``path`` (which must not exist) from the
     changelog; None (nothing written: the caller rebuilds from the input) when the
-    changelog has no marker of it, or cannot be read as a chain (said in one line)."""
+    changelog has no marker of it, or cannot be read as a chain (said in one line).
+    ``on_read``: the progress of the changelog's read (what a restore spends its time on)."""
     t0 = time.monotonic()
-    plan, read = await read_plan(io, topic, pid, incarnation=incarnation, log_as=log_as)
+    plan, read = await read_plan(io, topic, pid, incarnation=incarnation, log_as=log_as, on_read=on_read)
     if plan is None:
         return None
     windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]

@@ -11,7 +11,7 @@ from pathlib import Path
 import streamkit
 from stores.base import Checkpoint
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.staging_seed import aligned_positions, merge_states
+from streamkit.runtime.staging_seed import aligned_positions, holds_keys, merge_states
 from streamkit.state.changelog import Marker
 from streamkit.state.restore import RestorePlan
 from streamkit.tables import Table
@@ -48,3 +48,12 @@ def test_disjoint_states_merge_and_a_key_held_by_both_is_refused(tmp_path: Path)
     finally:
         for proc in (a, b, c):
             proc.close()
+
+
+def test_a_changelog_head_serves_only_if_its_store_held_every_key_of_the_processor() -> None:
+    # p0 = 3: processor 3 splits from 0 at 3 -> 4, processor 4 from 1 at 4 -> 5
+    assert holds_keys(0, 3, held=5, count=4)  # 0's keys are the same for 4 and 5 processors
+    assert holds_keys(0, 3, held=3, count=4)  # a superset (3's keys too): the merge keeps 0's
+    assert holds_keys(3, 3, held=4, count=4)
+    assert not holds_keys(1, 3, held=5, count=4)  # 4's keys had moved away from 1
+    assert not holds_keys(4, 3, held=4, count=5)  # 4 did not exist for 4 processors

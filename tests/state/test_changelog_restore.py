@@ -35,6 +35,22 @@ def _changelog_partitions(broker: str, app: str) -> int | None:
     return asyncio.run(look())
 
 
+def _restores_shown(broker: str, app: str) -> dict[int, dict[str, int]]:
+    """Per processor, the last restore progress any heartbeat of ``app`` showed (what
+    ``status`` reads)."""
+    from streamkit.runtime.status import STATUS_TOPIC, decode_status
+
+    async def look() -> dict[int, dict[str, int]]:
+        async with KafkaIO(broker) as io:
+            shown: dict[int, dict[str, int]] = {}
+            for rec in await io.read_topic(STATUS_TOPIC):
+                if (status := decode_status(rec.value, app)) is not None:
+                    shown.update(status.restoring)
+            return shown
+
+    return asyncio.run(look())
+
+
 def _restored(log: str) -> dict[int, dict[str, int]]:
     """Per processor restored in ``log``: the input positions its restore gave."""
     out = {}
@@ -82,6 +98,9 @@ def test_a_lost_disk_is_restored_from_the_changelog_without_reading_the_input_be
     # record of the first wave, none of which was read again (no rebuild from the input)
     assert sum(o for positions in restored.values() for o in positions.values()) == len(first), restored
     assert REBUILT not in log, log[-3000:]
+    # status showed each restore while it ran: the changelog read, against its end
+    shown = _restores_shown(broker, job.app)
+    assert sorted(shown) == [0, 1] and all(0 <= r["at"] <= r["end"] and r["end"] > 0 for r in shown.values()), shown
 
 
 def test_workers_killed_at_random_moments_with_lost_disks_keep_the_state_exact(broker: str, tmp_path: Path) -> None:
