@@ -3,6 +3,7 @@ the part both modes share after their DataFrame is built."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,8 @@ from streamkit.spark.positions import _final_positions, _stamp
 from streamkit.spark.result import BackfillResult, Reporter
 from streamkit.spark.shuffle import spark_partition_keys
 from streamkit.spark.staging import BackfillError, InjectedFailure, Staging, check_fail
+from streamkit.state.changelog import changelog_topic
+from streamkit.state.seed import log_stores
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -169,6 +172,13 @@ def _run(
                     check_fail("build", plan.fail_at)
         with reporter.phase("publish", "swap the new stores in atomically"):
             published = staging.publish(plan.p, first=plan.first)
+        if plan.cluster is not None and app.settings.changelog:  # each store held while it goes in
+            with reporter.phase("changelog", "write the new stores to the job's changelog"):
+                live = {proc: plan.state_dir / app.name / f"processor-{proc}" for proc in range(plan.first, plan.p)}
+                asyncio.run(
+                    log_stores(plan.cluster.connection, changelog_topic(app.name), live,
+                               processors=plan.p, create=app.settings.changelog_partitions)
+                )  # fmt: skip
     seconds = time.perf_counter() - t_start
     timings = dict(reporter.timings)
     timings["tasks_stage_a_cpu"] = float(acc.value) + fused_a

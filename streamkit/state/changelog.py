@@ -265,25 +265,41 @@ class ChangelogWriter:
         return ChangelogRecords(self.producer, f"{self.writer}-{self._seq}")
 
     async def write(
-        self, partition: int, changes: Iterable[Change], checkpoint: Checkpoint, *, base: int | None
+        self,
+        partition: int,
+        changes: Iterable[Change],
+        checkpoint: Checkpoint,
+        *,
+        base: int | None,
+        generation: int | None = None,
     ) -> int:
         """Write one batch of ``changes`` and its marker to ``partition``; the changelog
         position after the marker (what the store batch records)."""
         records = self.records()
         for key, value in changes:
             records.add(key, value)
-        return await self.send(partition, records, checkpoint, base=base)
+        return await self.send(partition, records, checkpoint, base=base, generation=generation)
 
-    async def send(self, partition: int, records: ChangelogRecords, checkpoint: Checkpoint, *, base: int | None) -> int:
+    async def send(
+        self,
+        partition: int,
+        records: ChangelogRecords,
+        checkpoint: Checkpoint,
+        *,
+        base: int | None,
+        generation: int | None = None,
+    ) -> int:
         """Send ``records`` to ``partition`` and, once every one is acknowledged, the marker
-        closing them; the changelog position after the marker."""
+        closing them; the changelog position after the marker. ``generation``: the
+        marker's (default: the checkpoint's)."""
         await self.ensure(partition + 1)
         sent = [await self.producer.send_batch(b, self.topic, partition=partition) for b in records.builders()]
         offsets = [int((await fut).offset) for fut in sent]  # every record acknowledged
         start = min(offsets, default=None)
         marker_key = MARKER_PREFIX + records.batch.encode()
         # the marker's start is known only for a non-empty batch before it is sent
-        marker = Marker(records.batch, base, checkpoint.generation, checkpoint, -1 if start is None else start)
+        gen = checkpoint.generation if generation is None else generation
+        marker = Marker(records.batch, base, gen, checkpoint, -1 if start is None else start)
         meta = await self.producer.send_and_wait(self.topic, marker.encode(), key=marker_key, partition=partition)
         self.records_written += records.count + 1
         return int(meta.offset) + 1

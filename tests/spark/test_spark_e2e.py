@@ -10,6 +10,7 @@ positions: the tail only. Final state must equal the reference for every key.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError
 from streamkit.spark import InjectedFailure, backfill_replay, backfill_table
+from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, changelog_topic
 from streamkit.testing import create_topic, produce_json, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,10 +241,24 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
             state_dir=workers.state_dir,
         )
     assert r1.positions == {(topic, p): c for p, c in cut.items()}
+    logged = {}
     for pid, (_, cp) in workers.raw(a1.name).items():  # each store: the partitions it reads
         assert cp.positions == {(topic, q): c for q, c in cut.items() if q % 3 == pid}
+        logged[pid] = cp.extra[CHANGELOG_POSITION]  # in the changelog before any worker serves it
+    # the disk is lost before any worker ran: each processor is restored from the backfill's
+    # snapshot in the changelog (the workers' first markers build on it), then the tail
+    shutil.rmtree(workers.state_dir / a1.name)
     workers.run_until_caught_up(a1.name, N)
     assert workers.state(a1.name) == reference
+    for pid, position in logged.items():
+        markers = [
+            Marker.decode(r.value)
+            for r in read_topic(bootstrap, changelog_topic(a1.name))
+            if r.partition == pid and r.key.startswith(MARKER_PREFIX)
+        ]
+        snapshot = next(m for m in markers if m.base is None)
+        assert snapshot.checkpoint.positions == {(topic, q): c for q, c in cut.items() if q % 3 == pid}
+        assert any(m.base == position for m in markers), (pid, position, [m.base for m in markers])
 
     # A backfill that fails midway leaves the live (now caught-up) stores untouched.
     live = workers.raw(a1.name)
