@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiokafka.structs import RecordMetadata, TopicPartition
 
+from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import kafka_partition, key_hash_cached
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.placement import Placer
@@ -49,14 +50,22 @@ def encode_value(value: Any) -> bytes | None:
 class TopicPlacement:
     """How the producer places and stamps the records of one topic (at one layout epoch)."""
 
-    __slots__ = ("topic", "layout", "epoch", "place", "headers")
+    __slots__ = ("topic", "layout", "epoch", "place", "headers", "parents")
 
-    def __init__(self, topic: str, layout: TopicLayout | None, physical: int | None, tag: bytes) -> None:
+    def __init__(
+        self, topic: str, layout: TopicLayout | None, physical: int | None, tag: bytes, *, compacted: bool = False
+    ) -> None:
         self.topic = topic
         self.layout = layout
+        self.parents: Callable[[bytes], tuple[int, ...]] | None = None
+        """For a compacted topic grown beyond its initial count: the partitions a key's
+        record is also written to (``split_from``), else None."""
         if layout is not None:
             self.epoch = layout.epoch
             self.place: Callable[[bytes | None], int] = Placer(layout)
+            if compacted and layout.active > layout.n0:
+                n0, n = layout.n0, layout.active
+                self.parents = lambda key: split_from(key_hash_cached(key), n0, n)
         else:
             self.epoch = 0
             n = physical or 1
@@ -72,6 +81,14 @@ class TopicPlacement:
 
             self.place = place
         self.headers = [stamp(tag, self.epoch)]
+
+
+def split_from(h: int, n0: int, n: int) -> tuple[int, ...]:
+    """The partitions a key of hash ``h`` lay in at the counts from ``n0`` up to ``n``
+    active partitions, other than where it lies at ``n``: the partitions its partition was
+    split from (linear hashing), which may hold its values from before the splits."""
+    now = lh_bucket(h, n0, n)
+    return tuple(sorted({q for c in range(n0, n) if (q := lh_bucket(h, n0, c)) != now}))
 
 
 REPLACED = object()

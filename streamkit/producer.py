@@ -53,7 +53,7 @@ from streamkit.fencing import FenceEvent, FenceWatch, ProducerFencedError
 from streamkit.layout.control import DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, control_record, ensure_acks_topic
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
-from streamkit.layout.stamps import TAG_BYTES
+from streamkit.layout.stamps import COPY_HEADER, TAG_BYTES
 from streamkit.lease import Lease
 
 __all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]  # Delivery and the fence types re-exported
@@ -125,6 +125,8 @@ class Producer:
             refresh_ms=refresh_ms,
         )
         self._topics: dict[str, TopicPlacement] = {}
+        self._compacted: dict[str, bool] = {}
+        """Per topic with a layout: whether it is compacted (its records get copies, ``_copy``)."""
         self._open: dict[tuple[str, int], OpenBatch] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._inflight: dict[str, set[asyncio.Future[None]]] = {}
@@ -143,12 +145,13 @@ class Producer:
             "switches": 0,
             "replaced": 0,
             "acks": 0,
+            "copies": 0,
         }
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters: records, batches, switches (layout changes followed), replaced
-        (records placed again after one), acks, lease_renewals."""
+        (records placed again after one), acks, copies (for compaction), lease_renewals."""
         return {**self._stats, "lease_renewals": self._lease.renewals}
 
     # ------------------------------------------------------------------ lifecycle
@@ -246,6 +249,8 @@ class Producer:
         d, full = self._append(st, kb, vb, headers, timestamp_ms, None)
         if full is not None:
             await self._dispatch(full)
+        if st.parents is not None and kb is not None:
+            await self._copy(st, kb, vb, timestamp_ms)
         return d
 
     async def send_and_wait(
@@ -283,11 +288,34 @@ class Producer:
         if layout is None:
             parts = await self._kp.partitions_for(topic)
             physical = len(parts)
+        elif topic not in self._compacted:
+            configs = await self.registry.io.topic_configs(topic)
+            self._compacted[topic] = "compact" in configs.get("cleanup.policy", "")
         st = self._topics.get(topic)
         if st is None:  # another task may have made it meanwhile
-            st = TopicPlacement(topic, layout, physical, self._tag)
+            st = TopicPlacement(topic, layout, physical, self._tag, compacted=self._compacted.get(topic, False))
             self._topics[topic] = st
         return st
+
+    async def _copy(self, st: TopicPlacement, kb: bytes, vb: bytes | None, ts: int | None) -> None:
+        """KIP-253's rule for compacted topics: a keyed record also goes to the partitions
+        its key's partition was split from, marked as a copy (consumers skip it), so that
+        compaction there drops the key's values from before the splits. Best effort, like
+        the proposal's acks=0: a copy that fails is logged, never the send's error."""
+        assert st.parents is not None
+        headers = [(COPY_HEADER, b"%d" % st.place(kb)), st.headers[0]]
+        pending = self._inflight.setdefault(st.topic, set())
+        for q in st.parents(kb):
+            fut = await self._kp.send(st.topic, vb, key=kb, partition=q, headers=headers, timestamp_ms=ts)
+            pending.add(fut)
+            fut.add_done_callback(self._copied)
+            self._stats["copies"] += 1
+
+    def _copied(self, fut: asyncio.Future[Any]) -> None:
+        for pending in self._inflight.values():
+            pending.discard(fut)
+        if not fut.cancelled() and (exc := fut.exception()) is not None:
+            log.warning("%s: a copy for compaction was not written: %s", self.producer_id, exc)
 
     def _append(
         self,
@@ -424,7 +452,7 @@ class Producer:
     def _switch(self, layout: TopicLayout) -> None:
         topic = layout.topic
         old = self._topics.get(topic)
-        st = TopicPlacement(topic, layout, None, self._tag)
+        st = TopicPlacement(topic, layout, None, self._tag, compacted=self._compacted.get(topic, False))
         self._topics[topic] = st
         self._stats["switches"] += 1
         # Records not yet handed to the network are placed again with the new layout.

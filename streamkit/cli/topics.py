@@ -88,13 +88,20 @@ def create(
         True, "--ordered-delivery/--no-ordered-delivery", help="gate consumers across layout changes"
     ),
     replication_factor: int = typer.Option(1, "--replication-factor", "-r", min=1),
+    compacted: bool = typer.Option(
+        False,
+        "--compacted",
+        help="cleanup.policy=compact (streamkit's producer then also writes a record to the "
+        "partitions its key's partition was split from, so compaction there drops the key's older values)",
+    ),
     broker: str | None = BrokerOpt,
 ) -> None:
     """Create a topic (if missing) and its layout; adopt an existing topic without one."""
+    configs = {"cleanup.policy": "compact"} if compacted else None
 
     async def go() -> Any:
         async with _coordinator(broker, rf=replication_factor) as co:
-            return await co.create(topic, partitions, capacity=capacity, ordered_delivery=ordered)
+            return await co.create(topic, partitions, capacity=capacity, ordered_delivery=ordered, configs=configs)
 
     lay = _run(go)
     typer.echo(f"created {topic}: {lay.active} partitions active of {lay.physical} physical, epoch {lay.epoch}")

@@ -444,6 +444,16 @@ class KafkaIO:
             out.extend(recs)
         return out
 
+    async def topic_configs(self, topic: str) -> dict[str, str]:
+        """``topic``'s configs as the broker describes them (the reference broker: only
+        those set at creation)."""
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        admin = await self.admin()
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        # each resource: (error code, error message, type, name, [(name, value, ...), ...])
+        return {e[0]: e[1] for r in responses for res in r.resources for e in res[4] if e[1] is not None}
+
     async def create_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
         admin = await self.admin()
         await admin.create_partitions({topic: NewPartitions(total_count=total)}, timeout_ms=int(timeout * 1000))

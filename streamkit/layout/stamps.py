@@ -43,6 +43,7 @@ from assignors.linear_hashing import lh_bucket
 from streamkit.layout.model import ChangeKind, TopicLayout
 
 __all__ = [
+    "COPY_HEADER",
     "EPOCH_HEADER",
     "NO_HEADERS",
     "PRODUCER_HEADER",
@@ -52,6 +53,7 @@ __all__ = [
     "RecordVerdict",
     "batch_stamp",
     "classify_record",
+    "is_copy",
     "record_epoch",
     "record_producer",
     "stamp",
@@ -63,6 +65,11 @@ STAMP_HEADER = "sk"
 TAG_BYTES = 6
 """The producer tag's length: six hex digits that end the producer's id (``client-0a1b2c``).
 Text, so that tools reading headers as UTF-8 can show every stamped record."""
+COPY_HEADER = "sk.copy"
+"""First header of a record that is a copy for compaction (KIP-253's rule for compacted
+topics): a keyed record written to a partition its key was split from, so that compaction
+drops the key's stale value there; its value names the partition of the original.
+Consumers skip it (:func:`is_copy`)."""
 EPOCH_HEADER = "streamkit.epoch"
 """Earlier stamps: the layout epoch the record's producer placed it with."""
 PRODUCER_HEADER = "streamkit.producer"
@@ -131,6 +138,11 @@ def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
         except (TypeError, ValueError):
             return None
     return None
+
+
+def is_copy(headers: Sequence[tuple[str, bytes]] | None) -> bool:
+    """Whether a record is a copy for compaction (:data:`COPY_HEADER`), not one to apply."""
+    return bool(headers) and headers[0][0] == COPY_HEADER  # type: ignore[index]
 
 
 def record_producer(headers: Iterable[tuple[str, bytes]] | None) -> str | None:

@@ -50,6 +50,7 @@ from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.stamps import (
+    COPY_HEADER,
     EPOCH_HEADER,
     STAMP_HEADER,
     TAG_BYTES,
@@ -141,6 +142,8 @@ class Admission:
         self.holes_refetched = 0
         self.amended = 0
         """Records skipped because a checkpoint's IC ranges say they were applied."""
+        self.copies_skipped = 0
+        """Copies for compaction skipped (records a streamkit producer wrote to a partition the key left)."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
         """(topic, partition, seconds gated) of every gate that opened."""
@@ -337,6 +340,9 @@ class Admission:
         deliver: list[Any] = []
         late: list[tuple[Any, dict[str, Any]]] = []
         for r in records:
+            if (h := r.headers) and h[0][0] == COPY_HEADER:  # a copy for compaction: its original is elsewhere
+                self.copies_skipped += 1
+                continue
             epoch = record_epoch(r.headers)
             if epoch is None or epoch == layout.epoch:
                 deliver.append(r)
