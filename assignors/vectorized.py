@@ -51,7 +51,7 @@ from assignors.murmur2 import SEED
 if TYPE_CHECKING:  # pyarrow is an optional dependency (the "spark" extra)
     import pyarrow as pa
 
-__all__ = ["NULL_HASH", "key_hash_batch", "key_hash_arrow", "murmur2_offsets"]
+__all__ = ["NULL_HASH", "key_hash_arrow", "key_hash_batch", "murmur2_offsets", "warm_up"]
 
 NULL_HASH: int = 0xFFFFFFFF
 """Hash reported for a null key: outside the range of every real key hash."""
@@ -235,3 +235,10 @@ def key_hash_arrow(array: pa.Array | pa.ChunkedArray, *, null_hash: int | None =
     if array.null_count:
         nulls = array.is_null().to_numpy(zero_copy_only=False)
     return _apply_nulls(h, nulls, null_hash)
+
+
+def warm_up() -> None:
+    """Make the first :func:`key_hash_batch` call now: pyarrow imports pandas on its first
+    conversion of a Python list (a fifth of a second or more), which a caller would
+    otherwise pay in the middle of its work."""
+    key_hash_batch([b"warm", b"up"])

@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from assignors.linear_hashing import bucket_modulus, lh_bucket
 from assignors.murmur2 import key_hash_cached
 from assignors.vectorized import key_hash_batch
@@ -141,8 +143,7 @@ class StrayRule:
             if not ms:  # the partition exists under no layout in force here
                 out += run
             elif len(ms) == 1:
-                m = ms[0]
-                found = [r for r, h in zip(run, _key_hashes(run), strict=True) if h % m != p and r.key is not None]
+                found = _outside_one(run, ms[0], p)
                 out += found
                 if seg == len(starts) - 1:
                     self._learn(run, found)
@@ -177,6 +178,16 @@ def _key_hashes(run: Sequence[Any]) -> list[int]:
     if len(run) >= BATCH_HASH_FROM:
         return key_hash_batch([r.key for r in run]).tolist()
     return [key_hash_cached(rk) if (rk := r.key) is not None else 0 for r in run]
+
+
+def _outside_one(run: Sequence[Any], modulus: int, partition: int) -> list[Any]:
+    """The keyed records of ``run`` whose hash modulo ``modulus`` is not ``partition``: at
+    a million keys the check every plain producer's record takes, so a long run is checked
+    in numpy (only the strays, usually none, come back to Python)."""
+    if len(run) < BATCH_HASH_FROM:
+        return [r for r in run if (rk := r.key) is not None and key_hash_cached(rk) % modulus != partition]
+    hashes = key_hash_batch([r.key for r in run])
+    return [r for i in np.flatnonzero(hashes % modulus != partition).tolist() if (r := run[i]).key is not None]
 
 
 def _offset_of(record: Any) -> int:
