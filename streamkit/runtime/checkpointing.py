@@ -23,6 +23,7 @@ writes nothing into its caller.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -122,19 +123,29 @@ async def log_and_commit_stores(
     the store batch recording the changelog position after the marker. A crash between
     the two leaves the store at its previous checkpoint; the next one builds on that.
     Each change is serialised once: into the store's batch, built before the changelog
-    write, and the changelog's records as it goes in."""
-    for proc, new in writes:
-        if changelog is None:
+    write, and the changelog's records as it goes in. The processors' changelog writes
+    go at once (each is two round trips: its changes acknowledged, then its marker), the
+    snapshots one by one (each holds a whole state in memory until it is written)."""
+    if changelog is None:
+        for proc, new in writes:
             proc.commit(new)
-            continue
-        base = position_of(proc.loaded)
-        records = changelog.records()
-        if base is None:  # a snapshot: the keys the caches did not change, then theirs (no key twice)
-            for key, value in snapshot_changes(proc.store, proc.caches):
-                records.add(key, value)
-        prepared = proc.prepare_commit(records.add)
-        position = await changelog.send(proc.id, records, new, base=base)
-        proc.finish_commit(prepared, new.replace(extra={**new.extra, CHANGELOG_POSITION: position}))
+        return
+    incremental = [(proc, new) for proc, new in writes if position_of(proc.loaded) is not None]
+    for proc, new in writes:
+        if position_of(proc.loaded) is None:
+            await _log_and_commit(proc, new, changelog)
+    await asyncio.gather(*(_log_and_commit(proc, new, changelog) for proc, new in incremental))
+
+
+async def _log_and_commit(proc: ProcessorState, new: Checkpoint, changelog: ChangelogWriter) -> None:
+    base = position_of(proc.loaded)
+    records = changelog.records()
+    if base is None:  # a snapshot: the keys the caches did not change, then theirs (no key twice)
+        for key, value in snapshot_changes(proc.store, proc.caches):
+            records.add(key, value)
+    prepared = proc.prepare_commit(records.add)
+    position = await changelog.send(proc.id, records, new, base=base)
+    proc.finish_commit(prepared, new.replace(extra={**new.extra, CHANGELOG_POSITION: position}))
 
 
 async def checkpoint(
