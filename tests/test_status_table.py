@@ -42,3 +42,23 @@ def test_rate_and_eta() -> None:
     assert rate_and_eta(1000, 3000, 0, 10.0) == "100 records/s, ETA 0:00:30"
     assert rate_and_eta(0, 10, 0, 10.0) == "0 records/s, ETA -"
     assert rate_and_eta(500, 0, 0, 10.0) == "50 records/s"
+
+
+def test_the_dead_letter_topic_is_not_broken_on_an_80_column_terminal() -> None:
+    from streamkit.cli.status import dead_letters_table
+
+    console = Console(width=80, record=True)
+    console.print(dead_letters_table({"value-decode": 3}, "orders-demo-dead-letters"))
+    assert "topic orders-demo-dead-letters" in console.export_text()
+
+
+def test_connection_options_are_taken_after_the_sub_command() -> None:
+    from streamkit.cli import hoist_connection_options
+
+    argv = ["topics", "create", "T", "--client-config", "c.properties", "--partitions", "2", "--ssl-cafile=ca.pem"]
+    assert hoist_connection_options(argv) == [
+        "--client-config", "c.properties", "--ssl-cafile=ca.pem", "topics", "create", "T", "--partitions", "2",
+    ]  # fmt: skip
+    assert hoist_connection_options(["produce", "T", "--", "--client-config"]) == [
+        "produce", "T", "--", "--client-config",
+    ]  # fmt: skip

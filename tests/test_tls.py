@@ -201,7 +201,8 @@ def test_mutual_tls_and_no_secret_in_logs_status_or_dead_letters(client_pki: dic
             "STREAMKIT_STATE_DIR": str(tmp_path / "state"),
             "SK_TEST_TOPIC": topic,
         }
-        created = cli(*options, "topics", "create", topic, "--partitions", "2", **env)
+        # connection options after the sub-command, as a newcomer writes them
+        created = cli("topics", "create", topic, "--partitions", "2", *options, **env)
         assert created.returncode == 0, created.stderr
         conn = Connection(
             broker.bootstrap,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["COMMANDS", "CliError", "app", "main"]
+__all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "hoist_connection_options", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
 COMMANDS: list[str] = ["broker", "worker", "status", "topics", "produce", "scale", "backfill", "reset"]
@@ -103,10 +103,44 @@ for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}").register(app)
 
 
+CONNECTION_OPTIONS = (
+    "--client-config",
+    "--security-protocol",
+    "--ssl-cafile",
+    "--ssl-certfile",
+    "--ssl-keyfile",
+    "--sasl-mechanism",
+    "--sasl-username",
+)
+"""The root's connection options: accepted after the sub-command too."""
+
+
+def hoist_connection_options(argv: list[str]) -> list[str]:
+    """``argv`` with the connection options (and their values) moved before the
+    sub-command, where the root command takes them: ``streamkit topics create T
+    --client-config F`` works as ``streamkit --client-config F topics create T``."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg.split("=", 1)[0] in CONNECTION_OPTIONS:
+            take = 1 if "=" in arg else 2
+            front.extend(argv[i : i + take])
+            i += take
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``streamkit`` console script."""
     try:
-        app(args=argv, prog_name="streamkit")
+        app(args=hoist_connection_options(sys.argv[1:] if argv is None else argv), prog_name="streamkit")
     except SystemExit:
         raise
     except KeyboardInterrupt:

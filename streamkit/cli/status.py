@@ -263,16 +263,22 @@ def status(
     console.print(workers)
     console.print(processors_table(job, statuses))
     console.print(parts)
-    dl = Table(title="dead letters")
+    console.print(dead_letters_table(reasons, app.dead_letter_topic))
+    console.print(f"as of {time.strftime('%H:%M:%S')}")
+
+
+def dead_letters_table(reasons: Mapping[str, int], topic: str) -> Table:
+    """The dead letters by reason, captioned with their topic: the table is at least as
+    wide as the caption, so that a narrow terminal does not break the topic's name."""
+    caption = f"topic {topic}"
+    dl = Table(title="dead letters", caption=caption, min_width=len(caption) + 2)
     dl.add_column("reason")
     dl.add_column("records", justify="right")
     for reason, n in sorted(reasons.items()):
         dl.add_row(reason, str(n))
-    dl.caption = f"topic {app.dead_letter_topic}"
     if not reasons:
         dl.add_row("-", "0")
-    console.print(dl)
-    console.print(f"as of {time.strftime('%H:%M:%S')}")
+    return dl
 
 
 def register(cli: typer.Typer) -> None:
