@@ -43,6 +43,13 @@ class Settings(BaseSettings):
         "processor count): how far the job may grow on a broker that cannot add partitions (CreatePartitions)",
     )
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="serve the worker's Prometheus metrics on this port (all interfaces; None: off); "
+        "`streamkit worker --metrics-port`",
+    )
     latency: Literal["throughput", "low"] = Field(
         "throughput",
         description="a preset of fetch_max_wait_ms, output_linger_ms, max_batch_records and gc_threshold: "

@@ -61,3 +61,30 @@ def read_all(broker: str) -> Callable[..., list[ConsumerRecord]]:
         return read_topic(broker, topic, **kwargs)
 
     return _read
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--allow-missing-system-tools",
+        action="store_true",
+        help="skip (not fail) the tests whose system tools (Prometheus) are not installed",
+    )
+
+
+@pytest.fixture
+def system_tool(request: pytest.FixtureRequest) -> Callable[[str, str], str]:
+    """``need(command, package) -> path``: a system tool a test runs (``.ci/run`` installs
+    it from Debian's packages). Missing, the test fails with one line saying so, or is
+    skipped with ``--allow-missing-system-tools``."""
+    import shutil
+
+    def need(command: str, package: str) -> str:
+        found = shutil.which(command)
+        if found is None:
+            why = f"{command} is not installed (apt-get install {package}; .ci/run installs it)"
+            if request.config.getoption("--allow-missing-system-tools"):
+                pytest.skip(why)
+            pytest.fail(f"{why}, or run with --allow-missing-system-tools", pytrace=False)
+        return found
+
+    return need

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import typer
 
@@ -20,6 +21,9 @@ def worker(
     ),
     embedded: bool = typer.Option(False, "--embedded-broker", help="start an embedded broker for this worker"),
     log_level: str = typer.Option("INFO", "--log-level"),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port (STREAMKIT_METRICS_PORT)"
+    ),
 ) -> None:
     """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out).
 
@@ -34,6 +38,8 @@ def worker(
         )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    if metrics_port is not None:  # the app's settings read it
+        os.environ["STREAMKIT_METRICS_PORT"] = str(metrics_port)
     app = load_app(app_spec)
     bootstrap = app.connection(broker)
     if bootstrap is None and not embedded:

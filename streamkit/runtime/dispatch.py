@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import orjson
 
 from streamkit.context import Context, Outbox
+from streamkit.ops.metrics import Durations
 from streamkit.runtime.admission import Admitted
 from streamkit.runtime.binding import TableBinder
 from streamkit.runtime.output import Output
@@ -67,6 +69,11 @@ class Dispatcher:
         self.binder = TableBinder(tables, _Clock(self.ctx))
         self.failure_alarm_after = failure_alarm_after
         self.handled = 0
+        self.applied: Counter[str] = Counter()
+        """Records applied, per input topic (rebuilt ones too; not those that went to the
+        dead letters instead)."""
+        self.handler_batches = Durations()
+        """Time in the handlers per partition batch."""
         self.consecutive_failures = 0
         self._last_alarm = 0.0
         self.run_budget = RUN_BUDGET
@@ -77,6 +84,7 @@ class Dispatcher:
         """Apply one partition batch: the rebuilt records without output, then the
         delivered ones, then report the late ones."""
         if admitted.rebuild or admitted.deliver:
+            started, failed = time.perf_counter(), self.output.dead_letter_counts.total()
             proc = route.proc
             self.binder.bind(proc.caches)
             self.ctx.processor = proc.id
@@ -94,6 +102,9 @@ class Dispatcher:
                 await self.run_queued(route)
             elif admitted.deliver:
                 await self._run(admitted.deliver, route, rebuilding=False)
+            self.handler_batches.observe(time.perf_counter() - started)
+            failed = self.output.dead_letter_counts.total() - failed  # went to the dead letters instead
+            self.applied[route.position_key[0]] += len(admitted.rebuild) + len(admitted.deliver) - failed
         for rec, report in admitted.late:
             await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
         if admitted.strays:

@@ -21,6 +21,7 @@ from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import fetch as lean_fetch
 from streamkit.layout.model import TopicLayout
+from streamkit.ops.metrics import Durations
 from streamkit.runtime import checkpointing, collector
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.catchup import CatchUp, Stamp, shape_of
@@ -91,6 +92,9 @@ class GroupMember:
         """A processor joining the job, hosted beside the one that splits (no rebalance)."""
         self.joining: dict[int, dict[str, int]] = {}
         self.restores = Restores(services.beat)
+        self.rebalances = 0
+        """Assignments taken (what the metrics count as rebalances)."""
+        self.checkpoint_seconds = Durations()
         """Bootstrap progress of the joining processors hosted here (status)."""
         lean_fetch.install()
         self.consumer = AIOKafkaConsumer(
@@ -252,6 +256,7 @@ class GroupMember:
             )
             progress, registry = self.services.progress, self.services.registry
             generation = self.assigned_generation = self.generation
+            self.rebalances += 1
             whole = {(t, q): None for pid, slots in assignment.processors.items() for t, q, f in slots if f is None}
             shared = {
                 (t, q, pid): (None, assignment.sharers[(t, q)])
@@ -529,6 +534,7 @@ class GroupMember:
             await self._regate()
 
     async def _checkpoint(self) -> None:
+        started = time.perf_counter()
         try:
             committed = await checkpointing.checkpoint(
                 member=self.name,
@@ -553,6 +559,7 @@ class GroupMember:
             return
         for tp, route in self.admission:
             route.committed = committed.get((tp, route.proc.id), route.committed)
+        self.checkpoint_seconds.observe(time.perf_counter() - started)
 
     def request_stop(self) -> None:
         """Leave the loop after the current batch."""

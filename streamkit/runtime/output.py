@@ -14,15 +14,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import Counter as PromCounter
-
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
 from streamkit.layout.strays import STRAY_HEADER, encode_origin
 from streamkit.topics import Topic
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTERS = PromCounter("streamkit_dead_letters", "records sent to the dead-letter topic", ["app", "reason"])
 
 Header = tuple[str, bytes]
 _STAMP_HEADERS = (STAMP_HEADER, EPOCH_HEADER, PRODUCER_HEADER, STRAY_HEADER)
@@ -56,6 +52,8 @@ class Output:
         self._topics = topics
         self._undeclared: dict[str, Topic] = {}
         self.dead_letter_counts: Counter[str] = Counter()
+        self.sent: Counter[str] = Counter()
+        """Records the handlers sent, per output topic."""
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.strays_forwarded: Counter[str] = Counter()
@@ -71,6 +69,7 @@ class Output:
 
     async def send(self, topic: Topic | str, key: Any, value: Any, headers: list[Header]) -> None:
         t = self._topic(topic)
+        self.sent[t.name] += 1
         await self.producer.send(t.name, t.encode_key(key), t.encode_value(value), headers)
 
     async def dead_letter(self, record: Any, reason: str, exc: BaseException | str, handler: str = "") -> None:
@@ -86,7 +85,6 @@ class Output:
         if handler:
             headers.append(("streamkit.error.handler", handler.encode()))
         self.dead_letter_counts[reason] += 1
-        DEAD_LETTERS.labels(self.app_name, reason).inc()
         self.last_error, self.last_error_at = f"{reason}: {text}", time.time()
         await self.producer.send(self.dead_letter_topic, record.key, record.value, headers)
 

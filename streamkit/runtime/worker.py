@@ -8,6 +8,8 @@ import os
 import signal
 import threading
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from functools import partial
 
 from aiokafka import AIOKafkaProducer
@@ -21,6 +23,8 @@ from streamkit.errors import ConfigError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, WorkerView
+from streamkit.ops.metrics import serve as serve_metrics
 from streamkit.producer import Producer
 from streamkit.runtime.adoption import ADOPTION_WAIT, LayoutAdoptions
 from streamkit.runtime.collector import fewer_collections
@@ -30,7 +34,7 @@ from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState, StateMemory, check_local_stores
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.services import Services
-from streamkit.runtime.status import STATUS_TOPIC, snapshot
+from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, snapshot
 from streamkit.runtime.timers import run_timer
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
@@ -53,6 +57,7 @@ class Worker:
         self._embedded: EmbeddedBroker | None = None
         self._stop = asyncio.Event()
         self._beat = asyncio.Event()
+        self._stop_metrics: Callable[[], None] | None = None
         self._producer: AIOKafkaProducer | None = None
         self._output_producer: Producer | None = None
         self._changelog_producer: AIOKafkaProducer | None = None
@@ -171,6 +176,9 @@ class Worker:
         self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
         for m in self.members:
             await m.start()
+        if (port := self.app.settings.metrics_port) is not None:
+            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop())
+            log.info("metrics on port %d (Prometheus)", port)
         with fewer_collections(self.app.settings.gc_threshold):
             runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
             aux = [
@@ -213,8 +221,47 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    async def metrics_view(self) -> WorkerView:
+        """What a metrics scrape shows (``streamkit.ops.metrics``), read on the loop."""
+        services = self.services
+        assert services is not None
+        partitions, processors, changelog = [], [], {}
+        for m in self.members:
+            for tp, route in m.admission:
+                hw = m.consumer.highwater(tp) if m.consumer.assignment() and tp in m.consumer.assignment() else None
+                partitions.append(PartitionView(tp.topic, tp.partition, route.proc.id, route.position, hw))
+            processors += [ProcessorView(pid, "active") for pid in m.processors]
+            for pid, lag in m.joining.items():
+                state = "receiving" if pid in m.processors else "bootstrapping"
+                processors.append(ProcessorView(pid, state, lag.get("t2", 0), lag.get("t1", 0)))
+            processors += [ProcessorView(pid, "restoring", r["at"], r["end"]) for pid, r in m.restores.running.items()]
+            changelog.update(changelog_positions(m.processors.values()))
+        checkpoints, handler_batches = Durations(), Durations()
+        for m in self.members:
+            checkpoints.add(m.checkpoint_seconds)
+            handler_batches.add(m.dispatcher.handler_batches)
+        return WorkerView(
+            app=self.app.name,
+            worker=self.client_id,
+            applied=sum((m.dispatcher.applied for m in self.members), Counter()),
+            sent=dict(services.output.sent),
+            dead_letters=dict(services.output.dead_letter_counts),
+            strays_forwarded=dict(services.output.strays_forwarded),
+            partitions=partitions,
+            ic_ranges=ic_counts(p for m in self.members for p in m.processors.values()),
+            processors=processors,
+            changelog={pid: at for pid, (at, _) in changelog.items()},
+            rebalances=sum(m.rebalances for m in self.members),
+            gated=sum(r.limit is not None for m in self.members for _, r in m.admission),
+            checkpoints=checkpoints,
+            handler_batches=handler_batches,
+        )
+
     async def shutdown(self, clean: bool = True) -> None:
         """Leave the group; checkpoint first unless a failure may have left a batch half done."""
+        if self._stop_metrics is not None:
+            self._stop_metrics()
+            self._stop_metrics = None
         for m in self.members:
             try:
                 await m.stop(checkpoint=clean)

@@ -1,0 +1,209 @@
+"""A worker's Prometheus metrics, read from the worker when Prometheus scrapes.
+
+Nothing is counted on the hot path for Prometheus: the worker keeps the counts it keeps
+anyway (for ``status``, its checkpoints, its heartbeats) and, at each scrape, hands a
+:class:`WorkerView` of them over from its event loop (``serve``: the HTTP server's
+thread asks the loop for one, so nothing is read while the loop changes it). The
+families are built from that view by :class:`WorkerCollector`; names and labels follow
+Prometheus' conventions (``streamkit_`` prefix, ``_total`` counters, ``_seconds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["METRICS", "Durations", "PartitionView", "ProcessorView", "WorkerCollector", "WorkerView", "serve"]
+
+BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Durations:
+    """Observed durations as a cumulative histogram (what Prometheus' histograms are):
+    kept by the worker as plain counts, read at each scrape."""
+
+    bounds: tuple[float, ...] = BOUNDS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def add(self, other: Durations) -> None:
+        """Count ``other``'s observations too (several members' into one worker's)."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """``(upper bound, observations at or below it)``, cumulative, ending with +Inf."""
+        out, running = [], 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return out
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    topic: str
+    partition: int
+    processor: int
+    position: int
+    """The next offset the processor applies."""
+    high_watermark: int | None
+    """None: the consumer has not fetched the partition yet."""
+
+
+@dataclass(frozen=True)
+class ProcessorView:
+    processor: int
+    state: str
+    """active, bootstrapping (joining), receiving (a shrink's staging store) or restoring."""
+    done: int = 0
+    """Bootstrap: T2 (the input positions reached); restore: the changelog offset read to."""
+    target: int = 0
+    """Bootstrap: T1 (where its keys' owners are); restore: the changelog's end."""
+
+
+@dataclass
+class WorkerView:
+    """What one scrape shows of a worker (built on its event loop)."""
+
+    app: str
+    worker: str
+    applied: Mapping[str, int]
+    """Records applied, per input topic."""
+    sent: Mapping[str, int]
+    """Records sent by handlers, per output topic."""
+    dead_letters: Mapping[str, int]
+    strays_forwarded: Mapping[str, int]
+    """Per "topic/partition" the strays lay in."""
+    partitions: list[PartitionView]
+    ic_ranges: Mapping[str, int]
+    processors: list[ProcessorView]
+    changelog: Mapping[int, int]
+    """Per processor: its changelog position."""
+    rebalances: int
+    gated: int
+    """Partitions held by their gate now (waiting for the group to pass a seal)."""
+    checkpoints: Durations
+    """Each checkpoint's duration: the pause of the member's loop."""
+    handler_batches: Durations
+    """Each partition batch's time in the handlers."""
+
+
+METRICS: dict[str, str] = {
+    "streamkit_records_applied_total": "records applied by the handlers, per input topic",
+    "streamkit_records_sent_total": "records the handlers sent, per output topic",
+    "streamkit_dead_letters_total": "records sent to the dead-letter topic, per reason",
+    "streamkit_strays_forwarded_total": "strays forwarded to where the layout places their key, per partition",
+    "streamkit_partition_position": "the next offset a processor applies, per partition",
+    "streamkit_partition_high_watermark": "the partition's high watermark as the consumer last saw it",
+    "streamkit_partition_lag": "records between a processor's position and the high watermark",
+    "streamkit_partition_ic_ranges": "IC ranges in the partition's last checkpoint (records applied out of order)",
+    "streamkit_partitions_gated": "partitions held by their gate (waiting for the group to pass a seal)",
+    "streamkit_processor_state": "1 for each hosted processor's state (active, bootstrapping, receiving, restoring)",
+    "streamkit_processor_progress": "a bootstrapping or restoring processor's progress (done) and goal (target)",
+    "streamkit_changelog_position": "the changelog position a processor's store matches",
+    "streamkit_rebalances_total": "group rebalances this worker's members took an assignment from",
+    "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
+    "streamkit_handler_batch_seconds": "time in the handlers per partition batch",
+}
+"""Every metric a worker serves, with its help text (the README's table lists them)."""
+
+
+def _fam(kind: type[Any], name: str, labels: list[str]) -> Any:
+    return kind(name.removesuffix("_total") if kind is CounterMetricFamily else name, METRICS[name], labels=labels)
+
+
+class WorkerCollector(Collector):
+    """The metric families of one :class:`WorkerView` per scrape."""
+
+    def __init__(self, view: Callable[[], WorkerView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Any]:
+        v = self.view()
+        base = [v.app, v.worker]
+        labels = ["app", "worker"]
+        per_topic = [
+            ("streamkit_records_applied_total", v.applied, "topic"),
+            ("streamkit_records_sent_total", v.sent, "topic"),
+            ("streamkit_dead_letters_total", v.dead_letters, "reason"),
+            ("streamkit_strays_forwarded_total", v.strays_forwarded, "partition"),
+        ]
+        for name, counts, label in per_topic:
+            fam = _fam(CounterMetricFamily, name, [*labels, label])
+            for what, n in sorted(counts.items()):
+                fam.add_metric([*base, what], n)
+            yield fam
+        part_labels = [*labels, "topic", "partition", "processor"]
+        position = _fam(GaugeMetricFamily, "streamkit_partition_position", part_labels)
+        high = _fam(GaugeMetricFamily, "streamkit_partition_high_watermark", part_labels)
+        lag = _fam(GaugeMetricFamily, "streamkit_partition_lag", part_labels)
+        for p in v.partitions:
+            values = [*base, p.topic, str(p.partition), str(p.processor)]
+            position.add_metric(values, p.position)
+            if p.high_watermark is not None:
+                high.add_metric(values, p.high_watermark)
+                lag.add_metric(values, max(0, p.high_watermark - p.position))
+        yield from (position, high, lag)
+        ic = _fam(GaugeMetricFamily, "streamkit_partition_ic_ranges", [*labels, "partition"])
+        for where, n in sorted(v.ic_ranges.items()):
+            ic.add_metric([*base, where], n)
+        yield ic
+        gated = _fam(GaugeMetricFamily, "streamkit_partitions_gated", labels)
+        gated.add_metric(base, v.gated)
+        yield gated
+        state = _fam(GaugeMetricFamily, "streamkit_processor_state", [*labels, "processor", "state"])
+        progress = _fam(GaugeMetricFamily, "streamkit_processor_progress", [*labels, "processor", "state", "of"])
+        for proc in v.processors:
+            state.add_metric([*base, str(proc.processor), proc.state], 1)
+            if proc.state != "active":
+                progress.add_metric([*base, str(proc.processor), proc.state, "done"], proc.done)
+                progress.add_metric([*base, str(proc.processor), proc.state, "target"], proc.target)
+        yield from (state, progress)
+        logged = _fam(GaugeMetricFamily, "streamkit_changelog_position", [*labels, "processor"])
+        for pid, at in sorted(v.changelog.items()):
+            logged.add_metric([*base, str(pid)], at)
+        yield logged
+        rebalances = _fam(CounterMetricFamily, "streamkit_rebalances_total", labels)
+        rebalances.add_metric(base, v.rebalances)
+        yield rebalances
+        for name, durations in (
+            ("streamkit_checkpoint_seconds", v.checkpoints),
+            ("streamkit_handler_batch_seconds", v.handler_batches),
+        ):
+            fam = _fam(HistogramMetricFamily, name, labels)
+            fam.add_metric(base, durations.buckets(), sum_value=durations.total)
+            yield fam
+
+
+def serve(
+    view: Callable[[], Coroutine[Any, Any, WorkerView]], port: int, loop: asyncio.AbstractEventLoop
+) -> Callable[[], None]:
+    """Serve the worker's metrics on ``port`` (all interfaces) from a thread of its own;
+    each scrape asks ``loop`` for a view (at most 5 s). Returns what stops the server."""
+
+    def on_loop() -> WorkerView:
+        return asyncio.run_coroutine_threadsafe(view(), loop).result(timeout=5.0)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(on_loop))
+    server, thread = start_http_server(port, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop

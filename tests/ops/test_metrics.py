@@ -1,0 +1,109 @@
+"""A worker's Prometheus metrics, scraped by a real Prometheus server (Debian's
+``prometheus``) and read back through its HTTP API, with a real worker process and the
+real broker: records applied, lag, dead letters, checkpoints, processor states."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamkit.ops.metrics import METRICS
+from streamkit.testing import create_topic, produce_json
+from tests.runtime.jobs import Job, make_records
+from tests.runtime.test_strays import wait_drained
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0, shown: Callable[[], Any] = str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not seen within {timeout} s: {what} (last: {shown()})"
+        time.sleep(0.5)
+    return found
+
+
+def _query(api: int, promql: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{api}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            doc = orjson.loads(answer.read())
+    except OSError:  # the server is still starting
+        return []
+    return list(doc["data"]["result"])
+
+
+def _value(api: int, promql: str) -> float | None:
+    found = _query(api, promql)
+    return float(found[0]["value"][1]) if found else None
+
+
+def test_prometheus_scrapes_a_running_worker(
+    broker: str, tmp_path: Path, system_tool: Callable[[str, str], str]
+) -> None:
+    prometheus = system_tool("prometheus", "prometheus")
+    topic = create_topic(broker, f"metrics-{uuid.uuid4().hex[:8]}", 2)
+    job = Job(broker, f"metrics-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 2)
+    metrics, api = _free_port(), _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs: [{{job_name: streamkit, static_configs: [{{targets: ['127.0.0.1:{metrics}']}}]}}]\n"
+    )
+    server = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{api}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    records = make_records(2000, 100)
+    app = f'app="{job.app}"'
+    try:
+        worker = job.start_worker(STREAMKIT_METRICS_PORT=str(metrics))
+        produce_json(broker, topic, [*records, ("bad", b"{not json")])
+        wait_drained(job, capacity=2)
+        # every metric of the README's table is served (its HELP line, with or without samples)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        served = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+        assert {n.removesuffix("_total") for n in METRICS} <= {n.removesuffix("_total") for n in served}, served
+        # and Prometheus has them: every record applied once, no lag left, the bad one dead-lettered
+        applied = f"sum(streamkit_records_applied_total{{{app}}})"
+        _wait(
+            "every record applied, in Prometheus",
+            lambda: _value(api, applied) == len(records),
+            shown=lambda: (_query(api, f"streamkit_records_applied_total{{{app}}}"), _query(api, "up")),
+        )
+        lag = f"max(streamkit_partition_lag{{{app}}})"
+        _wait("no lag", lambda: _value(api, lag) == 0)
+        dead = f'streamkit_dead_letters_total{{{app},reason="value-decode"}}'
+        _wait("the bad record among the dead letters", lambda: _value(api, dead) == 1)
+        active = f'count(streamkit_processor_state{{{app},state="active"}})'
+        _wait("both processors active", lambda: _value(api, active) == 2)
+        checkpoints = f"sum(streamkit_checkpoint_seconds_count{{{app}}})"
+        _wait("checkpoints counted", lambda: (_value(api, checkpoints) or 0) > 0)
+        positions = _query(api, f"streamkit_partition_position{{{app}}}")
+        assert sorted(int(p["metric"]["partition"]) for p in positions) == [0, 1], positions
+        assert sum(float(p["value"][1]) for p in positions) == len(records) + 1
+    finally:
+        job.stop_all()
+        server.terminate()
+        server.wait(30)
+    assert worker.returncode == 0, job.log(worker, 3000)
+
+
+def test_the_readme_lists_every_metric() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert [name for name in METRICS if f"| `{name}` |" not in readme] == []
