@@ -289,7 +289,12 @@ class Producer:
             parts = await self._kp.partitions_for(topic)
             physical = len(parts)
         elif topic not in self._compacted:
-            configs = await self.registry.io.topic_configs(topic)
+            try:
+                configs = await self.registry.io.topic_configs(topic)
+            except Exception as exc:  # noqa: BLE001 - e.g. not allowed to describe it: no copies, said once
+                log.warning("%s: %s: its cleanup.policy is unknown (%s): no copies for compaction", self.producer_id,
+                            topic, exc)  # fmt: skip
+                configs = {}
             self._compacted[topic] = "compact" in configs.get("cleanup.policy", "")
         st = self._topics.get(topic)
         if st is None:  # another task may have made it meanwhile

@@ -452,6 +452,10 @@ class KafkaIO:
         admin = await self.admin()
         responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
         # each resource: (error code, error message, type, name, [(name, value, ...), ...])
+        for r in responses:
+            for res in r.resources:
+                if res[0]:
+                    raise KafkaIOError(f"DescribeConfigs of {topic} failed: error {res[0]} {res[1] or ''}".strip())
         return {e[0]: e[1] for r in responses for res in r.resources for e in res[4] if e[1] is not None}
 
     async def create_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:

@@ -134,7 +134,13 @@ async def log_and_commit_stores(
     for proc, new in writes:
         if position_of(proc.loaded) is None:
             await _log_and_commit(proc, new, changelog)
-    await asyncio.gather(*(_log_and_commit(proc, new, changelog) for proc, new in incremental))
+    # every one runs to its end before a failure is raised: none writes its store batch
+    # after the caller has seen the error and let go of the lock
+    done = await asyncio.gather(*(_log_and_commit(proc, new, changelog) for proc, new in incremental),
+                                return_exceptions=True)  # fmt: skip
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _log_and_commit(proc: ProcessorState, new: Checkpoint, changelog: ChangelogWriter) -> None:

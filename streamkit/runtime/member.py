@@ -81,6 +81,9 @@ class GroupMember:
         self._next_gate_poll = 0.0
         self._regate_needed = False
         self._left_history_due = False
+        self._handled_before: dict[int, dict[tuple[str, int], int]] = {}
+        """Per processor that took keys over in place: where their old owner had handled
+        them to (its positions at the handover), for a left-history read done later."""
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         s = app.settings
@@ -257,6 +260,7 @@ class GroupMember:
             progress, registry = self.services.progress, self.services.registry
             generation = self.assigned_generation = self.generation
             self.rebalances += 1
+            self._handled_before.clear()  # a processor's own position says what it handled now
             whole = {(t, q): None for pid, slots in assignment.processors.items() for t, q, f in slots if f is None}
             shared = {
                 (t, q, pid): (None, assignment.sharers[(t, q)])
@@ -365,14 +369,9 @@ class GroupMember:
         self.assignor.info.hosted = sorted(self.processors)
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
-        await self.catchup.read_left_history(
-            joined,
-            self._stamp(generation),
-            job.p0,
-            job.p,
-            [(t, q) for t, q, _ in placed.slots.get(joined.id, [])],
-            old.positions,
-        )
+        handled = self._handled_before[joined.id] = dict(old.positions)
+        owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
+        await self.catchup.read_left_history(joined, self._stamp(generation), job.p0, job.p, owned, handled)
         starts = Starts()
         for proc in (old, joined):
             starts.update(self.router.slots(proc, placed.slots.get(proc.id, []), placed.sharers, job.p0, job.p))
@@ -470,7 +469,8 @@ class GroupMember:
         stamp = self._stamp(self.assigned_generation)
         for proc in self.processors.values():
             owned = [(tp.topic, tp.partition) for tp, r in self.admission if r.proc is proc and not r.swept]
-            await self.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned)
+            handled = self._handled_before.get(proc.id)
+            await self.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned, handled)
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:

@@ -96,6 +96,10 @@ class StagingSeed:
             keep_own_keys(plan, pid, self.p0, self._windowed(), count + 1)
             plans[pid] = plan
         common = aligned_positions(plans.values())
+        if (behind := await self._group_behind(common)) is not None:
+            log.info("%s: processor %d's staging store is rebuilt from the input history: the group is still at %s",
+                     name, staging.id, behind)  # fmt: skip
+            return False
         parts: list[ProcessorState] = []
         read = 0
         try:
@@ -123,6 +127,22 @@ class StagingSeed:
             {f"{t}[{q}]": o for (t, q), o in sorted(staging.positions.items())},
         )  # fmt: skip
         return True
+
+    async def _group_behind(self, common: Mapping[Position, int]) -> str | None:
+        """None once the group's position (the lowest sharer's, for a shared partition) is
+        at or past ``common`` everywhere, waiting up to ``SOURCE_LOGGED_WAIT`` for it; else
+        where it still is. A staging store must never hold a key set further than the
+        group has handled it: its processor's records below would go without output."""
+        progress = self.catchup.progress
+        waited = 0.0
+        while True:
+            async with self.lock:
+                await progress.refresh()
+            short = {tp: progress.position(*tp) for tp, at in common.items() if progress.position(*tp) < at}
+            if not short or waited >= SOURCE_LOGGED_WAIT:
+                return None if not short else ", ".join(f"{t}[{q}] {o}" for (t, q), o in sorted(short.items()))
+            await asyncio.sleep(0.2)
+            waited += 0.2
 
     def _windowed(self) -> list[str]:
         return [name for name, t in self.tables.items() if t.window is not None]

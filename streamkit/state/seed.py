@@ -31,6 +31,7 @@ from streamkit.state.changelog import (
     Marker,
     change_key,
 )
+from streamkit.state.restore import INCARNATION_KEY
 
 __all__ = ["log_stores"]
 
@@ -57,15 +58,16 @@ async def log_stores(
             writer = ChangelogWriter(producer, io, topic)
             await writer.ensure(processors, create=create)
             for pid, path in sorted(stores.items()):
-                newest = await newest_generation(io, topic, pid)
                 try:
                     store = RocksDBStore.open(str(path), create=False)
                 except StoreLockedError:  # a worker serves it already: its first checkpoint writes it
                     log.warning("store %s is held by a worker: its first checkpoint writes it to %s", path, topic)
                     continue
-                with store:
+                with store:  # the processor count its key set is for, as a worker's markers say
                     checkpoint = store.checkpoint()
-                    generation = max(newest, checkpoint.generation)
+                    checkpoint = checkpoint.replace(extra={**checkpoint.extra, "p": processors})
+                    incarnation = str(checkpoint.extra.get(INCARNATION_KEY, ""))
+                    generation = max(await newest_generation(io, topic, pid, incarnation), checkpoint.generation)
                     position = await writer.write(pid, whole_state(store), checkpoint, base=None, generation=generation)
                     store.commit({}, checkpoint.replace(extra={**checkpoint.extra, CHANGELOG_POSITION: position}))
                 positions[pid] = position
@@ -82,12 +84,15 @@ def whole_state(store: Store) -> Iterator[Change]:
             yield change_key(table, key), value
 
 
-async def newest_generation(io: KafkaIO, topic: str, partition: int) -> int:
-    """The newest generation of the markers in ``topic[partition]`` (-1: none)."""
+async def newest_generation(io: KafkaIO, topic: str, partition: int, incarnation: str = "") -> int:
+    """The newest generation of the markers of the job's ``incarnation`` in
+    ``topic[partition]`` (-1: none; markers of an earlier incarnation are not the job's,
+    as a restore sees them)."""
     if partition >= ((await io.partition_count(topic)) or 0):
         return -1
     records, _ = await io.read(topic, partition, 0)
-    return max(
-        (Marker.decode(r.value).generation for r in records if r.value and r.key and r.key.startswith(MARKER_PREFIX)),
-        default=-1,
-    )
+    markers = [Marker.decode(r.value) for r in records if r.value and r.key and r.key.startswith(MARKER_PREFIX)]
+    theirs = [
+        m for m in markers if not incarnation or str(m.checkpoint.extra.get(INCARNATION_KEY, "")) in ("", incarnation)
+    ]
+    return max((m.generation for m in theirs), default=-1)
