@@ -251,7 +251,12 @@ class Admission:
         if rule.everything:
             return [], records
         known = rule.known_in_place(records[0].offset) or _NONE_KNOWN  # a bare record of one is in place
-        if not records[0].headers:  # a plain producer's batch: one test per record, then the few left
+        first = records[0]
+        if not first.headers and first.key not in known and not any(r.headers for r in records):
+            # a plain producer's batch of keys not seen lately (a million keys): checked at once
+            if not rule.strays_in(records):
+                return records, []
+        if not first.headers:  # a plain producer's batch: one test per record, then the few left
             odd = [r for r in records if r.headers or r.key not in known]
             if odd:
                 odd = [r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
