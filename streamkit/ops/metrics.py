@@ -1,8 +1,9 @@
 """A worker's Prometheus metrics, read from the worker when Prometheus scrapes.
 
-Nothing is counted on the hot path for Prometheus: the worker keeps the counts it keeps
-anyway (for ``status``, its checkpoints, its heartbeats) and, at each scrape, hands a
-:class:`WorkerView` of them over from its event loop (``serve``: the HTTP server's
+The worker keeps the counts it keeps anyway (for ``status``, its checkpoints, its
+heartbeats), plus a few per partition batch (records applied, time in the handlers) and
+per record sent, and, at each scrape, hands a :class:`WorkerView` of them over from its
+event loop (``serve``: the HTTP server's
 thread asks the loop for one, so nothing is read while the loop changes it). The
 families are built from that view by :class:`WorkerCollector`; names and labels follow
 Prometheus' conventions (``streamkit_`` prefix, ``_total`` counters, ``_seconds``).
