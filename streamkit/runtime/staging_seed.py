@@ -76,6 +76,8 @@ class StagingSeed:
         """Seed ``staging`` (processor ``receiving``'s store for the job without processor
         ``retiring``); whether it was (else its bootstrap reads the input history, said in
         one line). A staging store that has positions already is resumed, not seeded."""
+        for pid in (staging.id, retiring):  # a kill after a seed's commit left them behind
+            shutil.rmtree(scratch_path(staging, pid), ignore_errors=True)
         if staging.loaded.positions:
             return False
         name = self.catchup.name
