@@ -43,6 +43,18 @@ class Settings(BaseSettings):
         "processor count): how far the job may grow on a broker that cannot add partitions (CreatePartitions)",
     )
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
+    query_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="answer queries of state by key (GET /tables/TABLE/KEY) on this port (all interfaces; None: "
+        "off); `streamkit worker --query-port`",
+    )
+    query_host: str | None = Field(
+        None,
+        description="the host name other workers and clients reach this worker's queries at (None: this machine's "
+        "host name)",
+    )
     metrics_port: int | None = Field(
         None,
         ge=1,

@@ -23,7 +23,7 @@ import typer
 __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "hoist_connection_options", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
-COMMANDS: list[str] = ["broker", "worker", "status", "topics", "produce", "scale", "backfill", "reset"]
+COMMANDS: list[str] = ["broker", "worker", "status", "topics", "produce", "scale", "backfill", "reset", "query"]
 
 app = typer.Typer(
     name="streamkit",

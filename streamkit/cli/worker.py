@@ -24,6 +24,13 @@ def worker(
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port (STREAMKIT_METRICS_PORT)"
     ),
+    query_port: int | None = typer.Option(
+        None,
+        "--query-port",
+        min=1,
+        max=65535,
+        help="answer queries of state by key on this port (STREAMKIT_QUERY_PORT)",
+    ),
 ) -> None:
     """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out).
 
@@ -38,8 +45,9 @@ def worker(
         )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    if metrics_port is not None:  # the app's settings read it
-        os.environ["STREAMKIT_METRICS_PORT"] = str(metrics_port)
+    for name, port in (("METRICS_PORT", metrics_port), ("QUERY_PORT", query_port)):
+        if port is not None:  # the app's settings read it
+            os.environ[f"STREAMKIT_{name}"] = str(port)
     app = load_app(app_spec)
     bootstrap = app.connection(broker)
     if bootstrap is None and not embedded:

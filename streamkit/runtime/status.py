@@ -48,6 +48,8 @@ class WorkerStatus:
     changelog: dict[int, list[int]] = field(default_factory=dict)
     """Per hosted processor in the job's changelog: [its changelog position, keys changed
     since (what its next checkpoint writes there)]."""
+    query_url: str | None = None
+    """Where this worker answers queries of state by key (None: it does not)."""
     restoring: dict[int, dict[str, int]] = field(default_factory=dict)
     """Processors restoring their store from the changelog: {id: {"at", "end", "since_ms"}}
     (changelog offsets read to, and to read to)."""
@@ -71,6 +73,7 @@ def snapshot(
     joining: Mapping[int, Mapping[str, int]] | None = None,
     restoring: Mapping[int, Mapping[str, int]] | None = None,
     processors: Iterable[ProcessorState] = (),
+    query_url: str | None = None,
     alive: bool = True,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
@@ -90,6 +93,7 @@ def snapshot(
         last_error=output.last_error,
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
         restoring={pid: dict(v) for pid, v in (restoring or {}).items()},
+        query_url=query_url,
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
     )

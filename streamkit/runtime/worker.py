@@ -6,10 +6,11 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from aiokafka import AIOKafkaProducer
@@ -25,6 +26,7 @@ from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
+from streamkit.ops.queries import serve_queries
 from streamkit.producer import Producer
 from streamkit.runtime.adoption import ADOPTION_WAIT, LayoutAdoptions
 from streamkit.runtime.collector import fewer_collections
@@ -33,6 +35,7 @@ from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState, StateMemory, check_local_stores
 from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.queries import QueryAnswers
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, snapshot
 from streamkit.runtime.timers import run_timer
@@ -58,6 +61,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._beat = asyncio.Event()
         self._stop_metrics: Callable[[], None] | None = None
+        self._stop_queries: Callable[[], Awaitable[None]] | None = None
+        self.query_url: str | None = None
         self._producer: AIOKafkaProducer | None = None
         self._output_producer: Producer | None = None
         self._changelog_producer: AIOKafkaProducer | None = None
@@ -176,6 +181,11 @@ class Worker:
         self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
         for m in self.members:
             await m.start()
+        if (port := self.app.settings.query_port) is not None:
+            answers = QueryAnswers(self.app, lambda: self.members, services.jobs, services.io, self.client_id)
+            self._stop_queries = await serve_queries(answers, port)
+            self.query_url = f"http://{self.app.settings.query_host or socket.gethostname()}:{port}"
+            log.info("queries of state by key at %s", self.query_url)
         if (port := self.app.settings.metrics_port) is not None:
             self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop())
             log.info("metrics on port %d (Prometheus)", port)
@@ -262,6 +272,9 @@ class Worker:
         if self._stop_metrics is not None:
             self._stop_metrics()
             self._stop_metrics = None
+        if self._stop_queries is not None:
+            await self._stop_queries()
+            self._stop_queries = None
         for m in self.members:
             try:
                 await m.stop(checkpoint=clean)
@@ -301,6 +314,7 @@ class Worker:
             restoring={pid: at for m in self.members for pid, at in m.restores.running.items()},
             processors=[proc for m in self.members for proc in m.processors.values()],
             alive=alive,
+            query_url=self.query_url,
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 

@@ -1,0 +1,49 @@
+"""`streamkit query MODULE:APP TABLE KEY`: a key's value in a running job's table.
+
+Asks any live worker that answers queries (``--query-port``); it forwards to the worker
+hosting the key's processor. Prints the answer as JSON (value, processor, worker, the
+processor's input positions)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import typer
+
+from streamkit.loader import load_app
+
+
+def query(
+    app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
+    table: str = typer.Argument(..., help="a table of the app"),
+    key: str = typer.Argument(..., help="the key, as its record key's text"),
+    url: str | None = typer.Option(None, "--url", help="a worker's query URL (else found from the heartbeats)"),
+    broker: str | None = typer.Option(
+        None, "--broker", "-b", help="bootstrap address (else the app's broker or STREAMKIT_BROKER)"
+    ),
+) -> None:
+    """Print a key's value in a running job's table, from the processor that owns it."""
+    from streamkit.cli import CliError
+    from streamkit.kafkaio import KafkaIO
+    from streamkit.query import Client, query_url
+
+    app = load_app(app_spec)
+    bootstrap = app.connection(broker)
+    if url is None and bootstrap is None:
+        raise CliError("no broker: give --broker or set STREAMKIT_BROKER (or a worker's --url)")
+
+    async def run() -> dict[str, object]:
+        where = url
+        if where is None:
+            assert bootstrap is not None
+            async with KafkaIO(bootstrap) as io:
+                where = await query_url(io, app.name)
+        async with Client(where) as client:
+            return await client.get(table, key)
+
+    typer.echo(json.dumps(asyncio.run(run()), indent=1))
+
+
+def register(cli: typer.Typer) -> None:
+    cli.command("query")(query)

@@ -1,0 +1,70 @@
+"""Queries of a job's state by key, from outside: ``GET /tables/{table}/{key}``.
+
+Every worker with a ``query_port`` serves them on its own event loop (aiohttp): the one
+hosting the key's processor answers from that processor's table (the value as of the
+last record it applied, with its input positions); another forwards the request to the
+worker whose heartbeat says it hosts the processor. A key whose processor no live worker
+hosts right now (a rebalance, a handover) gets 503 with ``Retry-After``. The runtime
+decides all of that (``Lookup``); this module only speaks HTTP, and never imports the
+runtime (an import contract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import ClientSession, ClientTimeout, web
+
+__all__ = ["FORWARDED_HEADER", "Answer", "Lookup", "ask", "serve_queries"]
+
+FORWARDED_HEADER = "X-Streamkit-Forwarded"
+"""Set on a request one worker forwards to another: that one answers or says 503, never
+forwards again."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+    retry_after: float | None = None
+    """Seconds a 503 asks the client to wait before asking again."""
+
+
+Lookup = Callable[[str, str, bool], Awaitable[Answer]]
+"""``lookup(table, key, forwarded)``: the runtime's answer to one query."""
+
+
+def _response(answer: Answer) -> web.Response:
+    headers = {"Retry-After": f"{answer.retry_after:g}"} if answer.retry_after is not None else None
+    return web.Response(
+        status=answer.status, body=orjson.dumps(answer.body), content_type="application/json", headers=headers
+    )
+
+
+async def ask(url: str, timeout: float = 5.0, *, forwarded: bool = False) -> Answer:
+    """Ask a worker (``url``: its query URL for the key); ``forwarded``: by another worker
+    (it answers or says 503, and does not forward again)."""
+    headers = {FORWARDED_HEADER: "1"} if forwarded else {}
+    async with ClientSession(timeout=ClientTimeout(total=timeout)) as session:
+        async with session.get(url, headers=headers) as reply:
+            body = orjson.loads(await reply.read())
+            retry = reply.headers.get("Retry-After")
+            return Answer(reply.status, body, float(retry) if retry else None)
+
+
+async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Callable[[], Awaitable[None]]:
+    """Serve ``GET /tables/{table}/{key}`` on ``port``; returns what stops the server."""
+
+    async def handle(request: web.Request) -> web.Response:
+        forwarded = request.headers.get(FORWARDED_HEADER) == "1"
+        return _response(await lookup(request.match_info["table"], request.match_info["key"], forwarded))
+
+    app = web.Application()
+    app.router.add_get("/tables/{table}/{key}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner.cleanup

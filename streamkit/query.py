@@ -1,0 +1,59 @@
+"""A client for queries of a running job's state by key (``App(query_port=...)``).
+
+    async with Client("http://worker-1:9500") as client:     # any worker of the job
+        answer = await client.get("totals", "customer-7")     # {"value": ..., "processor": ..., ...}
+
+Any worker answers for every key (it forwards to the one hosting the key's processor).
+A 503 (a rebalance or a handover under way) is asked again after its ``Retry-After``,
+``retries`` times at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from typing import Any
+
+from streamkit.errors import StreamkitError
+from streamkit.kafkaio import KafkaIO
+from streamkit.ops.queries import ask
+
+__all__ = ["Client", "QueryError", "query_url"]
+
+
+class QueryError(StreamkitError):
+    """A query was refused (unknown table, bad key) or still unanswered after its retries."""
+
+
+class Client:
+    def __init__(self, url: str, *, retries: int = 10, timeout: float = 5.0) -> None:
+        self.url, self.retries, self.timeout = url.rstrip("/"), retries, timeout
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def get(self, table: str, key: str) -> dict[str, Any]:
+        """The answer for ``key`` of ``table``: its value (None if absent), the processor and
+        worker that answered, and that processor's input positions."""
+        url = f"{self.url}/tables/{urllib.parse.quote(table)}/{urllib.parse.quote(key, safe='')}"
+        for attempt in range(self.retries + 1):
+            answer = await ask(url, self.timeout)
+            if answer.status == 200:
+                return answer.body
+            if answer.status != 503 or attempt == self.retries:
+                raise QueryError(f"{answer.status}: {answer.body.get('error', answer.body)}")
+            await asyncio.sleep(answer.retry_after or 0.5)
+        raise AssertionError("unreachable")
+
+
+async def query_url(io: KafkaIO, app_name: str) -> str:
+    """The query URL of a live worker of ``app_name`` (from the workers' heartbeats)."""
+    from streamkit.runtime.status import read_statuses
+
+    urls = [s.query_url for s in await read_statuses(io, app_name) if s.alive and not s.stale and s.query_url]
+    if not urls:
+        raise QueryError(f"no live worker of {app_name!r} answers queries (start workers with --query-port)")
+    return urls[0]

@@ -1,0 +1,94 @@
+"""The runtime's answers to queries of state by key (served by ``streamkit.ops.queries``).
+
+The key's processor comes from the job's placement (linear hashing of the key's bytes
+over the job's initial processor count, as its records are placed). The worker whose
+member hosts that processor as an active one answers from the processor's table: the
+value as of the last record it applied (read-your-processing), with the processor's
+input positions. A worker that does not host it forwards the query to the one whose
+latest heartbeat says it does; when no live worker does (a rebalance or a handover
+under way), or the forwarded-to worker does not either, the answer is 503 with a retry
+hint: never a copy a retired owner kept.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from streamkit.app import App
+from streamkit.kafkaio import KafkaIO
+from streamkit.ops.queries import Answer, ask
+from streamkit.runtime.jobmeta import JobWatcher
+from streamkit.runtime.member import GroupMember
+from streamkit.runtime.status import WorkerStatus, read_statuses
+
+__all__ = ["QueryAnswers"]
+
+STATUS_TTL = 1.0
+"""Seconds the workers' heartbeats, read to find a key's worker, are used for."""
+RETRY_AFTER = 1.0
+
+
+class QueryAnswers:
+    """``lookup(table, key, forwarded)`` for one worker (``streamkit.ops.queries.Lookup``)."""
+
+    def __init__(
+        self, app: App, members: Callable[[], Sequence[GroupMember]], jobs: JobWatcher, io: KafkaIO, worker: str
+    ) -> None:
+        self.app, self.members, self.jobs, self.io, self.worker = app, members, jobs, io, worker
+        self._statuses: tuple[float, list[WorkerStatus]] = (0.0, [])
+
+    async def __call__(self, table: str, key_text: str, forwarded: bool) -> Answer:
+        t = self.app.tables.get(table)
+        if t is None:
+            return Answer(
+                404, {"error": f"app {self.app.name!r} has no table {table!r} (tables: {sorted(self.app.tables)})"}
+            )
+        if t.window is not None:
+            return Answer(400, {"error": f"table {table!r} is windowed: its windows are not served by key yet"})
+        try:
+            key = t.key_serde.loads(key_text.encode())
+            key_bytes = t.key_serde.dumps(key)
+        except Exception as exc:  # noqa: BLE001 - a key its serde refuses
+            return Answer(400, {"error": f"key {key_text!r} is not a key of table {table!r}: {exc}"})
+        job = self.jobs.job
+        pid = lh_bucket(key_hash(key_bytes), job.p0, job.p)
+        for member in self.members():
+            proc = member.processors.get(pid)
+            if proc is not None and pid not in member.joining:
+                value = proc.caches[table].get(key)
+                return Answer(200, {
+                    "table": table, "key": key_text, "value": _json(value), "found": value is not None,
+                    "processor": pid, "worker": self.worker,
+                    "positions": {f"{t_}/{p}": o for (t_, p), o in sorted(proc.positions.items())},
+                })  # fmt: skip
+        busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
+                      RETRY_AFTER)  # fmt: skip
+        if forwarded:
+            return busy
+        for status in await self._live():
+            if pid in status.processors and status.query_url and status.worker != self.worker:
+                quoted = urllib.parse.quote(key_text, safe="")
+                try:
+                    return await ask(f"{status.query_url}/tables/{urllib.parse.quote(table)}/{quoted}", forwarded=True)
+                except Exception:  # noqa: BLE001 - that worker is gone or busy: the client asks again
+                    return busy
+        return busy
+
+    async def _live(self) -> list[WorkerStatus]:
+        at, statuses = self._statuses
+        if time.monotonic() - at > STATUS_TTL:
+            statuses = [s for s in await read_statuses(self.io, self.app.name) if s.alive and not s.stale]
+            self._statuses = (time.monotonic(), statuses)
+        return statuses
+
+
+def _json(value: Any) -> Any:
+    """A table's value as JSON can carry it (bytes as text)."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return value
