@@ -55,17 +55,17 @@ class QueryAnswers:
             key_bytes = t.key_serde.dumps(key)
         except Exception as exc:  # noqa: BLE001 - a key its serde refuses
             return Answer(400, {"error": f"key {key_text!r} is not a key of table {table!r}: {exc}"})
-        job = self.jobs.job
-        pid = lh_bucket(key_hash(key_bytes), job.p0, job.p)
-        for member in self.members():
-            proc = member.processors.get(pid)
-            if proc is not None and pid not in member.joining:
+        job, h = self.jobs.job, key_hash(key_bytes)
+        for member in self.members():  # by the count its processors hold their keys for (the job record may be ahead)
+            proc = member.processors.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
+            if proc is not None and proc.id not in member.joining:
                 value = proc.caches[table].get(key)
                 return Answer(200, {
                     "table": table, "key": key_text, "value": _json(value), "found": value is not None,
-                    "processor": pid, "worker": self.worker,
+                    "processor": proc.id, "worker": self.worker,
                     "positions": {f"{t_}/{p}": o for (t_, p), o in sorted(proc.positions.items())},
                 })  # fmt: skip
+        pid = lh_bucket(h, job.p0, job.p)
         busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
                       RETRY_AFTER)  # fmt: skip
         if forwarded:
