@@ -89,9 +89,11 @@ ALIASES: dict[str, str] = {
     "streamkit": "streamkit_app",
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
+    "streamkit-metrics": "streamkit_app",
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
-streamkit with its changelog off)."""
+streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
+served and scraped every second)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records
 # each carrying the stamp streamkit's producer writes (benchmarks.input)
@@ -102,6 +104,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "raw": ("aiokafka", "orjson"),
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
+    "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
     "faust": ("faust", "rocksdict"),
 }

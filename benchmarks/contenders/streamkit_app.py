@@ -6,7 +6,8 @@
 One worker process hosting every processor (p0 = the partition count), default settings
 (checkpoint every 2 s: the changed keys and a marker to the job's changelog, state
 changes + positions in one RocksDB batch, then the Kafka offset commit; as
-``streamkit-nolog``, ``BENCH_CONTENDER`` says, without the changelog). The handler
+``streamkit-nolog``, ``BENCH_CONTENDER`` says, without the changelog; as
+``streamkit-metrics``, with its Prometheus metrics served and scraped every second). The handler
 stops the worker when N records have been handled; the check
 is read back from the processors' RocksDB stores after the worker has closed them.
 ``cpu_window_s``: the process's CPU seconds (every thread) from the first record to the last.
@@ -18,7 +19,10 @@ from benchmarks.contenders import PROCESS_START, check_totals, emit_result, pars
 # isort: split
 import asyncio
 import os
+import socket
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,13 +38,18 @@ from streamkit.runtime.worker import Worker
 def main() -> None:
     a = parse_args(prog="benchmarks.contenders.streamkit_app")
 
+    contender = os.environ.get("BENCH_CONTENDER")
+    metrics_port = _free_port() if contender == "streamkit-metrics" else None
     app = streamkit.App(
         f"bench-{uuid.uuid4().hex[:8]}",
         broker=a.bootstrap,
         state_dir=Path(a.workdir) / "state",
         session_timeout_ms=a.session_timeout_ms,
-        changelog=os.environ.get("BENCH_CONTENDER") != "streamkit-nolog",
+        changelog=contender != "streamkit-nolog",
+        metrics_port=metrics_port,
     )
+    if metrics_port is not None:  # scraped every second, as Prometheus would
+        threading.Thread(target=_scrape, args=(metrics_port,), daemon=True).start()
     source = app.topic(a.topic, key_serde="raw")
     stats = app.table("stats", key_serde="raw", default=lambda: [0, 0])
     progress = {"n": 0, "first": 0.0, "last": 0.0, "cpu_first": 0.0, "cpu_last": 0.0}
@@ -73,6 +82,22 @@ def main() -> None:
         check=check_totals(pairs()),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                answer.read()
+        except OSError:  # not serving yet, or stopped
+            pass
 
 
 if __name__ == "__main__":
