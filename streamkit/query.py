@@ -14,6 +14,8 @@ import asyncio
 import urllib.parse
 from typing import Any
 
+from aiohttp import ClientError
+
 from streamkit.errors import StreamkitError
 from streamkit.kafkaio import KafkaIO
 from streamkit.ops.queries import ask
@@ -40,7 +42,10 @@ class Client:
         worker that answered, and that processor's input positions."""
         url = f"{self.url}/tables/{urllib.parse.quote(table)}/{urllib.parse.quote(key, safe='')}"
         for attempt in range(self.retries + 1):
-            answer = await ask(url, self.timeout)
+            try:
+                answer = await ask(url, self.timeout)
+            except (OSError, TimeoutError, ClientError) as exc:  # the worker is not reachable (now)
+                raise QueryError(f"{self.url} did not answer: {exc or type(exc).__name__}") from None
             if answer.status == 200:
                 return answer.body
             if answer.status != 503 or attempt == self.retries:

@@ -82,7 +82,7 @@ class WorkerView:
     app: str
     worker: str
     applied: Mapping[str, int]
-    """Records applied, per input topic."""
+    """Records handed to the handlers, per input topic."""
     sent: Mapping[str, int]
     """Records sent by handlers, per output topic."""
     dead_letters: Mapping[str, int]
@@ -103,7 +103,8 @@ class WorkerView:
 
 
 METRICS: dict[str, str] = {
-    "streamkit_records_applied_total": "records applied by the handlers, per input topic",
+    "streamkit_records_applied_total": "records handed to the handlers, per input topic (a record a handler "
+    "failed on is also among the dead letters)",
     "streamkit_records_sent_total": "records the handlers sent, per output topic",
     "streamkit_dead_letters_total": "records sent to the dead-letter topic, per reason",
     "streamkit_strays_forwarded_total": "strays forwarded to where the layout places their key, per partition",

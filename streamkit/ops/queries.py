@@ -50,7 +50,11 @@ async def ask(url: str, timeout: float = 5.0, *, forwarded: bool = False) -> Ans
     headers = {FORWARDED_HEADER: "1"} if forwarded else {}
     async with ClientSession(timeout=ClientTimeout(total=timeout)) as session:
         async with session.get(url, headers=headers) as reply:
-            body = orjson.loads(await reply.read())
+            raw = await reply.read()
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:  # not one of ours (a path the server does not serve)
+                body = {"error": raw.decode("utf-8", "replace")[:200]}
             retry = reply.headers.get("Retry-After")
             return Answer(reply.status, body, float(retry) if retry else None)
 

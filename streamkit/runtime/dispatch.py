@@ -70,8 +70,8 @@ class Dispatcher:
         self.failure_alarm_after = failure_alarm_after
         self.handled = 0
         self.applied: Counter[str] = Counter()
-        """Records applied, per input topic (rebuilt ones too; not those that went to the
-        dead letters instead)."""
+        """Records handed to the handlers, per input topic (rebuilt ones too; those a
+        handler failed on are among the dead letters as well)."""
         self.handler_batches = Durations()
         """Time in the handlers per partition batch."""
         self.consecutive_failures = 0
@@ -84,7 +84,7 @@ class Dispatcher:
         """Apply one partition batch: the rebuilt records without output, then the
         delivered ones, then report the late ones."""
         if admitted.rebuild or admitted.deliver:
-            started, failed = time.perf_counter(), self.output.dead_letter_counts.total()
+            started = time.perf_counter()
             proc = route.proc
             self.binder.bind(proc.caches)
             self.ctx.processor = proc.id
@@ -103,8 +103,7 @@ class Dispatcher:
             elif admitted.deliver:
                 await self._run(admitted.deliver, route, rebuilding=False)
             self.handler_batches.observe(time.perf_counter() - started)
-            failed = self.output.dead_letter_counts.total() - failed  # went to the dead letters instead
-            self.applied[route.position_key[0]] += len(admitted.rebuild) + len(admitted.deliver) - failed
+            self.applied[route.position_key[0]] += len(admitted.rebuild) + len(admitted.deliver)
         for rec, report in admitted.late:
             await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
         if admitted.strays:

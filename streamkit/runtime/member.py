@@ -94,11 +94,11 @@ class GroupMember:
         self._joining: dict[int, tuple[ProcessorState, asyncio.Task[None]]] = {}
         """A processor joining the job, hosted beside the one that splits (no rebalance)."""
         self.joining: dict[int, dict[str, int]] = {}
+        """Bootstrap progress of the joining processors hosted here (status)."""
         self.restores = Restores(services.beat)
         self.rebalances = 0
         """Assignments taken (what the metrics count as rebalances)."""
         self.checkpoint_seconds = Durations()
-        """Bootstrap progress of the joining processors hosted here (status)."""
         lean_fetch.install()
         self.consumer = AIOKafkaConsumer(
             **services.connection.client_kwargs(),

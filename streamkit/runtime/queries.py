@@ -12,6 +12,7 @@ hint: never a copy a retired owner kept.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.ops.queries import Answer, ask
 from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.member import GroupMember
-from streamkit.runtime.status import WorkerStatus, read_statuses
+from streamkit.runtime.status import STALE_AFTER, STATUS_TOPIC, WorkerStatus, decode_status
 
 __all__ = ["QueryAnswers"]
 
@@ -40,7 +41,12 @@ class QueryAnswers:
         self, app: App, members: Callable[[], Sequence[GroupMember]], jobs: JobWatcher, io: KafkaIO, worker: str
     ) -> None:
         self.app, self.members, self.jobs, self.io, self.worker = app, members, jobs, io, worker
-        self._statuses: tuple[float, list[WorkerStatus]] = (0.0, [])
+        self._seen: dict[str, WorkerStatus] = {}
+        """Per worker, its newest heartbeat read so far."""
+        self._next: dict[int, int] = {}
+        """Per partition of the status topic, the next offset to read."""
+        self._read_at = 0.0
+        self._reading = asyncio.Lock()
 
     async def __call__(self, table: str, key_text: str, forwarded: bool) -> Answer:
         t = self.app.tables.get(table)
@@ -58,7 +64,7 @@ class QueryAnswers:
         job, h = self.jobs.job, key_hash(key_bytes)
         for member in self.members():  # by the count its processors hold their keys for (the job record may be ahead)
             proc = member.processors.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
-            if proc is not None and proc.id not in member.joining:
+            if proc is not None:  # a joining processor's store is not among them until its handover
                 value = proc.caches[table].get(key)
                 return Answer(200, {
                     "table": table, "key": key_text, "value": _json(value), "found": value is not None,
@@ -80,11 +86,26 @@ class QueryAnswers:
         return busy
 
     async def _live(self) -> list[WorkerStatus]:
-        at, statuses = self._statuses
-        if time.monotonic() - at > STATUS_TTL:
-            statuses = [s for s in await read_statuses(self.io, self.app.name) if s.alive and not s.stale]
-            self._statuses = (time.monotonic(), statuses)
-        return statuses
+        """The live workers' newest heartbeats, read on from where the last look ended (at
+        most once per ``STATUS_TTL``, one look at a time): the status topic keeps days of
+        heartbeats, and reading them all would hold the worker's loop for seconds."""
+        async with self._reading:
+            if time.monotonic() - self._read_at > STATUS_TTL:
+                await self._read_more()
+                self._read_at = time.monotonic()
+        return [s for s in self._seen.values() if s.alive and not s.stale]
+
+    async def _read_more(self) -> None:
+        for partition in range((await self.io.partition_count(STATUS_TOPIC)) or 0):
+            start = self._next.get(partition)
+            if start is None:  # a live worker beat within the last STALE_AFTER seconds: start a minute back
+                end = await self.io.high_watermark(STATUS_TOPIC, partition)
+                since = int((time.time() - 4 * STALE_AFTER) * 1000)
+                start = await self.io.first_offset_at_or_after(STATUS_TOPIC, partition, since, end)
+            records, self._next[partition] = await self.io.read(STATUS_TOPIC, partition, start)
+            for rec in records:
+                if (status := decode_status(rec.value, self.app.name)) is not None:
+                    self._seen[status.worker] = status
 
 
 def _json(value: Any) -> Any:

@@ -179,16 +179,13 @@ class Worker:
             await self.shutdown(clean=False)
             raise
         self.members = [GroupMember(self.app, services, i) for i in range(self.member_count)]
-        for m in self.members:
-            await m.start()
-        if (port := self.app.settings.query_port) is not None:
-            answers = QueryAnswers(self.app, lambda: self.members, services.jobs, services.io, self.client_id)
-            self._stop_queries = await serve_queries(answers, port)
-            self.query_url = f"http://{self.app.settings.query_host or socket.gethostname()}:{port}"
-            log.info("queries of state by key at %s", self.query_url)
-        if (port := self.app.settings.metrics_port) is not None:
-            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop())
-            log.info("metrics on port %d (Prometheus)", port)
+        try:
+            for m in self.members:
+                await m.start()
+            await self._serve(services)
+        except BaseException:  # e.g. a port in use: one line, and nothing left open
+            await self.shutdown(clean=False)
+            raise
         with fewer_collections(self.app.settings.gc_threshold):
             runs = [asyncio.create_task(m.run(), name=m.name) for m in self.members]
             aux = [
@@ -230,6 +227,17 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _serve(self, services: Services) -> None:
+        """The queries and metrics servers the settings ask for."""
+        if (port := self.app.settings.query_port) is not None:
+            answers = QueryAnswers(self.app, lambda: self.members, services.jobs, services.io, self.client_id)
+            self._stop_queries = await serve_queries(answers, port)
+            self.query_url = f"http://{self.app.settings.query_host or socket.gethostname()}:{port}"
+            log.info("queries of state by key at %s", self.query_url)
+        if (port := self.app.settings.metrics_port) is not None:
+            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop())
+            log.info("metrics on port %d (Prometheus)", port)
 
     async def metrics_view(self) -> WorkerView:
         """What a metrics scrape shows (``streamkit.ops.metrics``), read on the loop."""

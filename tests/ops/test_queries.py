@@ -156,3 +156,21 @@ def test_answers_during_a_live_scale_are_the_owning_stores_at_their_positions(br
           f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms")  # fmt: skip
     assert len(answers) > 100 and not wrong, (len(answers), wrong[:3])
     assert len({a["processor"] for _, a, _ in answers}) == 3  # the joined processor answered too
+
+
+def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_path: Path) -> None:
+    import socket
+
+    topic = create_topic(broker, f"queries-{uuid.uuid4().hex[:8]}", 1)
+    job = Job(broker, f"queries-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        worker = job.start_worker(STREAMKIT_QUERY_PORT=str(taken.getsockname()[1]))
+        try:
+            worker.wait(60)
+        finally:
+            job.stop_all()
+    assert worker.returncode not in (0, None), job.log(worker, 2000)
+    errors = [line for line in job.log(worker).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "address already in use" in errors[0], job.log(worker, 2000)
