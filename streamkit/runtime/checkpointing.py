@@ -72,6 +72,8 @@ class Slot:
     copies_until: int = 0
     """Copies of the partition's strays that a dead sweep forwarded lie below this offset
     of it (a sweep's position at or beyond it has no copy beyond it)."""
+    kafka_offset: int = -1
+    """The partition's Kafka offset this member committed last (-1: none yet)."""
 
 
 def prepare_checkpoints(
@@ -154,6 +156,25 @@ async def _log_and_commit(proc: ProcessorState, new: Checkpoint, changelog: Chan
     proc.finish_commit(prepared, new.replace(extra={**new.extra, CHANGELOG_POSITION: position}))
 
 
+async def _commit_kafka(
+    member: str,
+    progress: ProgressLog,
+    partitions: Iterable[TopicPartition],
+    generation: int,
+    epochs: Mapping[str, int],
+    commit_offsets: CommitOffsets,
+) -> None:
+    """Step 3: the group positions as Kafka offsets (what tools read)."""
+    meta = orjson.dumps({"gen": generation, "epochs": dict(epochs)}).decode()
+    offsets = {tp: OffsetAndMetadata(o, meta) for tp in partitions if (o := progress.position(tp.topic, tp.partition))}
+    try:
+        if offsets:  # a shared partition's position waits for every sharer's first commit
+            await commit_offsets(offsets)
+    except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+        # The store and the progress log hold the checkpoint; Kafka catches up next time.
+        log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)
+
+
 async def checkpoint(
     *,
     member: str,
@@ -210,7 +231,18 @@ async def checkpoint(
             else:
                 whole[(slot.tp.topic, slot.tp.partition)] = pos
     t3 = time.monotonic()
+    # Every sharer commits a shared partition's group position (the lowest of the
+    # sharers'), each from its own view of the progress log, so a commit computed from an
+    # older view can land last. A sharer whose view has passed what it committed last
+    # commits again, even with nothing new of its own: Kafka's offsets catch up while idle.
+    behind = {
+        s.tp
+        for s in slots
+        if s.sharers and (group := progress.position(s.tp.topic, s.tp.partition)) and group > s.kafka_offset
+    }
     if not committed and not ic:
+        if behind:
+            await _commit_kafka(member, progress, behind, generation, epochs, commit_offsets)
         return committed
     swept = [(s.tp.topic, s.tp.partition) for s in slots if s.swept]
     clean = [
@@ -218,16 +250,7 @@ async def checkpoint(
     ]
     await progress.record(member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean)
     t4 = time.monotonic()
-    meta = orjson.dumps({"gen": generation, "epochs": epochs}).decode()
-    offsets = {
-        tp: OffsetAndMetadata(o, meta) for tp, _ in committed if (o := progress.position(tp.topic, tp.partition))
-    }
-    try:
-        if offsets:  # a shared partition's position waits for every sharer's first commit
-            await commit_offsets(offsets)
-    except (CommitFailedError, IllegalStateError, KafkaError) as exc:
-        # The store and the progress log hold the checkpoint; Kafka catches up next time.
-        log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)
+    await _commit_kafka(member, progress, {tp for tp, _ in committed} | behind, generation, epochs, commit_offsets)
     t5 = time.monotonic()
     if t5 - t0 > 0.5:
         log.warning(

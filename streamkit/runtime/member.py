@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape, place_job
 from streamkit.app import App
@@ -71,6 +72,8 @@ class GroupMember:
         """The generation whose assignment this member processes: what its checkpoints are
         stamped with (the coordinator's own value is reset to -1 when it loses the group)."""
         self.zombie_rejections = 0
+        self._kafka_offsets: dict[TopicPartition, int] = {}
+        """The Kafka offset this member committed last per partition."""
         self.fatal: Exception | None = None
         """What a rebalance callback could not recover from; the loop raises it."""
         self.awaiting_records = False
@@ -542,12 +545,20 @@ class GroupMember:
                 layout_epochs=self.layout_epochs,
                 processors=self.processors.values(),
                 slots=[
-                    checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept, max(r.forwarded, default=-1) + 1)
+                    checkpointing.Slot(
+                        tp,
+                        r.proc,
+                        r.committed,
+                        r.sharers,
+                        r.swept,
+                        max(r.forwarded, default=-1) + 1,
+                        self._kafka_offsets.get(tp, -1),
+                    )
                     for tp, r in self.admission
                 ],
                 progress=self.services.progress,
                 flush_output=self.services.output.flush,
-                commit_offsets=self.consumer.commit,
+                commit_offsets=self._commit_offsets,
                 extra={"p": self.job_p},
                 changelog=self.services.changelog,
             )
@@ -560,6 +571,10 @@ class GroupMember:
         for tp, route in self.admission:
             route.committed = committed.get((tp, route.proc.id), route.committed)
         self.checkpoint_seconds.observe(time.perf_counter() - started)
+
+    async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        await self.consumer.commit(offsets)
+        self._kafka_offsets.update((tp, o.offset) for tp, o in offsets.items())
 
     def request_stop(self) -> None:
         """Leave the loop after the current batch."""

@@ -1,0 +1,98 @@
+"""A shared partition's Kafka offset catches up when a sharer's commit from an older
+view of the progress log lands last (real broker, real stores, the real commit sequence)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from stores.rocksdb import RocksDBStore
+from streamkit.kafkaio import KafkaIO
+from streamkit.runtime import checkpointing
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.progress import ProgressLog
+
+TP = TopicPartition("in", 0)
+SHARERS = (0, 1)
+
+
+class Sharer:
+    """One member hosting one processor that shares partition ``in``/0 with the other."""
+
+    def __init__(self, name: str, pid: int, path: Path, log: ProgressLog, kafka: dict[TopicPartition, int]) -> None:
+        self.name = name
+        self.proc = ProcessorState(pid, RocksDBStore.open(str(path), []), {})
+        self.log = log
+        self.kafka = kafka  # the group's committed offsets: the last commit to land wins
+        self.sent: dict[TopicPartition, int] = {}
+        self.committed = -1  # this processor's position as last checkpointed
+        self.hold: asyncio.Event | None = None
+
+    async def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+        self.kafka.update((tp, o.offset) for tp, o in offsets.items())
+        self.sent.update((tp, o.offset) for tp, o in offsets.items())
+
+    async def checkpoint(self, position: int | None = None) -> None:
+        if position is not None:
+            self.proc.positions[("in", 0)] = position
+            self.proc.uncommitted += 1
+        slot = checkpointing.Slot(TP, self.proc, self.committed, SHARERS, kafka_offset=self.sent.get(TP, -1))
+        committed = await checkpointing.checkpoint(
+            member=self.name,
+            generation=1,
+            layout_epochs={},
+            processors=[self.proc],
+            slots=[slot],
+            progress=self.log,
+            flush_output=_nothing,
+            commit_offsets=self._commit,
+        )
+        self.committed = committed.get((TP, self.proc.id), self.committed)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def test_a_sharers_commit_from_an_older_view_landing_last_is_made_good_while_idle(broker: str, tmp_path: Path) -> None:
+    async def go() -> tuple[int, int]:
+        group = f"shared-{uuid.uuid4().hex[:8]}"
+        kafka: dict[TopicPartition, int] = {}
+        async with KafkaIO(broker) as io:
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                a = Sharer("a", 0, tmp_path / "a", ProgressLog(io, producer, group), kafka)
+                b = Sharer("b", 1, tmp_path / "b", ProgressLog(io, producer, group), kafka)
+                await a.log.start()
+                await b.log.start()
+                await a.checkpoint(50)
+                await b.checkpoint(40)  # both reported: the group is at 40
+                assert kafka[TP] == 40
+                a.hold = asyncio.Event()
+                late = asyncio.create_task(a.checkpoint(60))  # a sees the group at 40 (b's 40)
+                while a.log.position("in", 0, 0) != 60:
+                    await a.log.refresh()  # a's record is in the log; its commit is held
+                    await asyncio.sleep(0.01)
+                await b.checkpoint(70)  # b sees a's 60: the group is at 60
+                assert kafka[TP] == 60
+                a.hold.set()
+                await late  # a's 40 lands last
+                stale = kafka[TP]
+                await a.checkpoint()  # idle: nothing new of its own
+                await b.checkpoint()
+                return stale, kafka[TP]
+            finally:
+                a.proc.store.close()
+                b.proc.store.close()
+                await producer.stop()
+
+    stale, final = asyncio.run(go())
+    assert stale == 40  # the race happened as staged
+    assert final == 60
