@@ -46,7 +46,7 @@ from streamkit.errors import HistoryTruncatedError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.layout.strays import SweepEnds, in_place_until
+from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
@@ -75,6 +75,10 @@ class RebuildPlan:
     keyless: set[TopicPartition] = field(default_factory=set)
     """The partitions of S1 whose keyless records are its own (whole ones, and shared
     ones where it is the lowest sharer)."""
+    plain: dict[str, int] = field(default_factory=dict)
+    """The plain topics (no layout) read, with their partition counts: their routes take
+    the plain rule, as the member's do, so that a stray forwarded twice (by a sweep killed
+    before its checkpoint) is applied once, and the seen strays are rebuilt as they go."""
 
     @property
     def records(self) -> int:
@@ -107,6 +111,8 @@ async def plan_rebuild(
     plan = RebuildPlan(processor, KeyFilter(bucket_modulus(processor, p0, p), frozenset({processor})))
     for topic, (layout, physical) in sorted(topics.items()):
         n0, n = (layout.n0, layout.active) if layout is not None else (physical, physical)
+        if layout is None:
+            plan.plain[topic] = physical
         high = {topic: high_water(layout)} if layout is not None else None
         owned = set(partitions_for_processor(processor, n0, n, p0, p))
         sources = processor_key_sources(processor, {topic: (n0, n)}, p0, p, high_water=high)[topic]
@@ -250,6 +256,8 @@ async def rebuild(
             proc, handlers[tp.topic], (tp.topic, tp.partition), handled, registry.get(tp.topic),
             admission.sweep_ends(tp.topic, tp.partition),
         )  # fmt: skip
+        if route.strays is None and tp.topic in plan.plain:
+            route.strays = plain_rule(tp.partition, plan.plain[tp.topic])
         route.key_filter = plan.key_filter
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)

@@ -152,3 +152,47 @@ def test_a_rebuild_after_a_shrink_reads_the_drained_partitions(broker: str, tmp_
     rebuilt = stored_counts(tmp_path / "machine-b", name)
     assert {k: v for pid in rebuilt for k, v in rebuilt[pid].items()} == dict(expected)
     assert rebuilt == original
+
+
+def test_a_rebuild_applies_a_plain_topics_stray_forwarded_twice_once(broker: str, tmp_path: Path) -> None:
+    """A plain topic written by librdkafka's partitioner (CRC32): its strays are forwarded
+    to where murmur2 places their keys. A sweep killed before its checkpoint forwards some
+    again, so one origin can have two copies in its target partition. Live admission drops
+    the second; a rebuild from the input (a lost store, a shrink's staging store) must too."""
+    from streamkit.layout.strays import STRAY_HEADER
+    from streamkit.testing import default_partition, produce_json
+    from tests.runtime.plain_producers import produce_plain
+
+    tag = uuid.uuid4().hex[:8]
+    topic = create_topic(broker, f"rbp-{tag}", 2)
+    out, ticks = create_topic(broker, f"rbp-out-{tag}", 1), create_topic(broker, f"rbp-ticks-{tag}", 1)
+    name = f"rbp-{tag}"
+    records = [(f"k{i % 60}", {"i": i}) for i in range(600)]
+    produce_plain("confluent", broker, topic, records)
+    app, seen = make_app(broker, name, topic, tmp_path / "machine-a", out, ticks)
+    asyncio.run(run_until(Worker(app, 1), lambda: len(seen["handled"]) == len(records), timeout=90))
+
+    copies = [r for r in read_topic(broker, topic) if any(h == STRAY_HEADER for h, _ in r.headers or ())]
+    assert copies, "CRC32 and murmur2 disagree on some of 60 keys: strays were forwarded"
+    twice = copies[0]  # forwarded again, as by a sweep killed before its checkpoint
+    again = (twice.key, twice.value, twice.partition)
+    produce_json(broker, topic, [again], headers=list(twice.headers))
+    last = ("k0", {"i": len(records)})
+    produce_json(broker, topic, [last])  # read past the second copy
+    app_a, seen_a = make_app(broker, name, topic, tmp_path / "machine-a", out, ticks)
+    asyncio.run(run_until(Worker(app_a, 1), lambda: len(seen_a["handled"]) == 1, timeout=90))
+
+    expected = Counter(k for k, _ in [*records, last])
+    live = stored_counts(tmp_path / "machine-a", name)
+    assert {k: v for pid in live for k, v in live[pid].items()} == dict(expected)
+    # another machine rebuilds both stores from the input: both copies lie below the group's positions
+    more = ("k1", {"i": len(records) + 1})
+    produce_json(broker, topic, [more])
+    part = default_partition(b"k1", 2)
+    end = max(r.offset for r in read_topic(broker, topic) if r.partition == part)
+    app_b, seen_b = make_app(broker, name, topic, tmp_path / "machine-b", out, ticks)
+    asyncio.run(run_until(Worker(app_b, 1), lambda: (part, end) in seen_b["handled"], timeout=90))
+
+    expected[more[0]] += 1
+    rebuilt = stored_counts(tmp_path / "machine-b", name)
+    assert {k: v for pid in rebuilt for k, v in rebuilt[pid].items()} == dict(expected)
