@@ -324,6 +324,14 @@ class CachedTable:
         overlay = sorted(((kdumps(k), k, v) for k, v in self._dirty.items()), key=_first)
         return self._merge(overlay, self.store.items(self.table))
 
+    def items_between(self, start: bytes, end: bytes) -> Iterator[tuple[Any, Any]]:
+        """:meth:`items` of the serialised keys in ``[start, end)`` only."""
+        kdumps = self._kdumps
+        overlay = sorted(
+            (kb, k, v) for k, v in self._dirty.items() if start <= (kb := kdumps(k)) < end
+        )  # fmt: skip
+        return self._merge(overlay, self.store.items(self.table, start, end))
+
     def _merge(
         self, overlay: list[tuple[bytes, Any, Any]], stored: Iterator[tuple[bytes, bytes]]
     ) -> Iterator[tuple[Any, Any]]:

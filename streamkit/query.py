@@ -40,7 +40,17 @@ class Client:
     async def get(self, table: str, key: str) -> dict[str, Any]:
         """The answer for ``key`` of ``table``: its value (None if absent), the processor and
         worker that answered, and that processor's input positions."""
-        url = f"{self.url}/tables/{urllib.parse.quote(table)}/{urllib.parse.quote(key, safe='')}"
+        return await self._ask(f"{self.url}/tables/{urllib.parse.quote(table)}/{urllib.parse.quote(key, safe='')}")
+
+    async def windows(self, table: str, key: str) -> dict[str, Any]:
+        """The answer for ``key`` of the windowed table ``table``: every window the
+        processor holds for it (``windows``: start and end in ms, value; by start), with
+        the processor's stream time and input positions."""
+        quoted = urllib.parse.quote(key, safe="")
+        return await self._ask(f"{self.url}/tables/{urllib.parse.quote(table)}/{quoted}/windows")
+
+    async def _ask(self, url: str) -> dict[str, Any]:
+        answer: object = None
         for attempt in range(self.retries + 1):
             try:
                 answer = await ask(url, self.timeout)
@@ -51,7 +61,7 @@ class Client:
             if answer.status != 503 or attempt == self.retries:
                 raise QueryError(f"{answer.status}: {answer.body.get('error', answer.body)}")
             await asyncio.sleep(answer.retry_after or 0.5)
-        raise AssertionError("unreachable")
+        raise QueryError(f"{url}: no answer after {self.retries} retries ({answer})")
 
 
 async def query_url(io: KafkaIO, app_name: str) -> str:

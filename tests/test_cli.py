@@ -59,3 +59,16 @@ def test_an_unreachable_broker_says_it_retries_then_one_line() -> None:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and "connecting to broker 127.0.0.1:1 (retrying" in lines[0], proc.stderr
     assert lines[-1] == "error: no Kafka broker answers at 127.0.0.1:1 (connection refused)"
+
+
+def test_a_dashboard_port_in_use_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = one_error_line(
+            cli("dashboard", "examples.orders:app", "--port", str(port), STREAMKIT_BROKER="127.0.0.1:1")
+        )
+    assert f"cannot serve the dashboard on 127.0.0.1:{port}" in err, err

@@ -23,7 +23,9 @@ import typer
 __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "hoist_connection_options", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
-COMMANDS: list[str] = ["broker", "worker", "status", "topics", "produce", "scale", "backfill", "reset", "query"]
+COMMANDS: list[str] = [
+    "broker", "worker", "status", "dashboard", "topics", "produce", "scale", "backfill", "reset", "query",
+]  # fmt: skip
 
 app = typer.Typer(
     name="streamkit",

@@ -1,4 +1,5 @@
-"""`streamkit query MODULE:APP TABLE KEY`: a key's value in a running job's table.
+"""`streamkit query MODULE:APP TABLE KEY [--windows]`: a key's value (or its windows) in a
+running job's table.
 
 Asks any live worker that answers queries (``--query-port``); it forwards to the worker
 hosting the key's processor. Prints the answer as JSON (value, processor, worker, the
@@ -19,6 +20,7 @@ def query(
     table: str = typer.Argument(..., help="a table of the app"),
     key: str = typer.Argument(..., help="the key, as its record key's text"),
     url: str | None = typer.Option(None, "--url", help="a worker's query URL (else found from the heartbeats)"),
+    windows: bool = typer.Option(False, "--windows", help="every window of the key (a windowed table)"),
     broker: str | None = typer.Option(
         None, "--broker", "-b", help="bootstrap address (else the app's broker or STREAMKIT_BROKER)"
     ),
@@ -40,7 +42,7 @@ def query(
             async with KafkaIO(bootstrap) as io:
                 where = await query_url(io, app.name)
         async with Client(where) as client:
-            return await client.get(table, key)
+            return await (client.windows(table, key) if windows else client.get(table, key))
 
     typer.echo(json.dumps(asyncio.run(run()), indent=1))
 

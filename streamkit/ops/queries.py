@@ -1,4 +1,5 @@
-"""Queries of a job's state by key, from outside: ``GET /tables/{table}/{key}``.
+"""Queries of a job's state by key, from outside: ``GET /tables/{table}/{key}`` (and
+``/tables/{table}/{key}/windows``: every window of the key in a windowed table).
 
 Every worker with a ``query_port`` serves them on its own event loop (aiohttp): the one
 hosting the key's processor answers from that processor's table (the value as of the
@@ -33,8 +34,9 @@ class Answer:
     """Seconds a 503 asks the client to wait before asking again."""
 
 
-Lookup = Callable[[str, str, bool], Awaitable[Answer]]
-"""``lookup(table, key, forwarded)``: the runtime's answer to one query."""
+Lookup = Callable[[str, str, bool, bool], Awaitable[Answer]]
+"""``lookup(table, key, forwarded, windows)``: the runtime's answer to one query
+(``windows``: every window of the key in a windowed table)."""
 
 
 def _response(answer: Answer) -> web.Response:
@@ -60,14 +62,17 @@ async def ask(url: str, timeout: float = 5.0, *, forwarded: bool = False) -> Ans
 
 
 async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Callable[[], Awaitable[None]]:
-    """Serve ``GET /tables/{table}/{key}`` on ``port``; returns what stops the server."""
+    """Serve ``GET /tables/{table}/{key}`` and ``GET /tables/{table}/{key}/windows`` on
+    ``port``; returns what stops the server."""
 
     async def handle(request: web.Request) -> web.Response:
         forwarded = request.headers.get(FORWARDED_HEADER) == "1"
-        return _response(await lookup(request.match_info["table"], request.match_info["key"], forwarded))
+        windows = request.path.endswith("/windows")
+        return _response(await lookup(request.match_info["table"], request.match_info["key"], forwarded, windows))
 
     app = web.Application()
     app.router.add_get("/tables/{table}/{key}", handle)
+    app.router.add_get("/tables/{table}/{key}/windows", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

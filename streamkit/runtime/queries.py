@@ -25,6 +25,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.ops.queries import Answer, ask
 from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.member import GroupMember
+from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.status import STALE_AFTER, STATUS_TOPIC, WorkerStatus, decode_status
 
 __all__ = ["QueryAnswers"]
@@ -48,14 +49,16 @@ class QueryAnswers:
         self._read_at = 0.0
         self._reading = asyncio.Lock()
 
-    async def __call__(self, table: str, key_text: str, forwarded: bool) -> Answer:
+    async def __call__(self, table: str, key_text: str, forwarded: bool, windows: bool = False) -> Answer:
         t = self.app.tables.get(table)
         if t is None:
             return Answer(
                 404, {"error": f"app {self.app.name!r} has no table {table!r} (tables: {sorted(self.app.tables)})"}
             )
-        if t.window is not None:
-            return Answer(400, {"error": f"table {table!r} is windowed: its windows are not served by key yet"})
+        if (t.window is not None) != windows:
+            where = f"/tables/{table}/KEY" + ("/windows" if t.window is not None else "")
+            kind = "windowed" if t.window is not None else "not windowed"
+            return Answer(400, {"error": f"table {table!r} is {kind}: ask {where}"})
         try:
             key = t.key_serde.loads(key_text.encode())
             key_bytes = t.key_serde.dumps(key)
@@ -65,12 +68,16 @@ class QueryAnswers:
         for member in self.members():  # by the count its processors hold their keys for (the job record may be ahead)
             proc = member.processors.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
             if proc is not None:  # a joining processor's store is not among them until its handover
-                value = proc.caches[table].get(key)
-                return Answer(200, {
-                    "table": table, "key": key_text, "value": _json(value), "found": value is not None,
-                    "processor": proc.id, "worker": self.worker,
-                    "positions": {f"{t_}/{p}": o for (t_, p), o in sorted(proc.positions.items())},
-                })  # fmt: skip
+                answer: dict[str, Any] = {"table": table, "key": key_text}
+                if windows:
+                    answer["windows"] = _windows(proc, table, key, key_bytes, t.window)
+                    answer["stream_time"] = proc.stream_time
+                else:
+                    value = proc.caches[table].get(key)
+                    answer.update(value=_json(value), found=value is not None)
+                answer.update(processor=proc.id, worker=self.worker,
+                              positions={f"{t_}/{p}": o for (t_, p), o in sorted(proc.positions.items())})  # fmt: skip
+                return Answer(200, answer)
         pid = lh_bucket(h, job.p0, job.p)
         busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
                       RETRY_AFTER)  # fmt: skip
@@ -79,8 +86,9 @@ class QueryAnswers:
         for status in await self._live():
             if pid in status.processors and status.query_url and status.worker != self.worker:
                 quoted = urllib.parse.quote(key_text, safe="")
+                path = f"/tables/{urllib.parse.quote(table)}/{quoted}" + ("/windows" if windows else "")
                 try:
-                    return await ask(f"{status.query_url}/tables/{urllib.parse.quote(table)}/{quoted}", forwarded=True)
+                    return await ask(status.query_url + path, forwarded=True)
                 except Exception:  # noqa: BLE001 - that worker is gone or busy: the client asks again
                     return busy
         return busy
@@ -106,6 +114,19 @@ class QueryAnswers:
             for rec in records:
                 if (status := decode_status(rec.value, self.app.name)) is not None:
                     self._seen[status.worker] = status
+
+
+def _windows(proc: ProcessorState, table: str, key: Any, key_bytes: bytes, window: Any) -> list[dict[str, Any]]:
+    """Every window the processor holds for the key (its store and uncommitted changes),
+    by start: the stored keys are the key's bytes and an 8-byte big-endian start, so they
+    lie between the key's bytes with a start of 0 and with the first negative one (with
+    longer keys that begin with the same bytes among them: those are left out)."""
+    low, high = key_bytes + bytes(8), key_bytes + b"\x80" + bytes(7)
+    return [
+        {"start": start, "end": start + window.size_ms, "value": _json(value)}
+        for (k, start), value in proc.caches[table].items_between(low, high)
+        if k == key
+    ]
 
 
 def _json(value: Any) -> Any:

@@ -4,6 +4,7 @@ real broker: records handled, lag, dead letters, checkpoints, processor states."
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -71,7 +72,8 @@ def test_prometheus_scrapes_a_running_worker(
     records = make_records(2000, 100)
     app = f'app="{job.app}"'
     try:
-        worker = job.start_worker(STREAMKIT_METRICS_PORT=str(metrics))
+        # small fetches: a scrape gets the loop between two batches of the slow burst below
+        worker = job.start_worker(STREAMKIT_METRICS_PORT=str(metrics), STREAMKIT_MAX_PARTITION_FETCH_BYTES="8192")
         produce_json(broker, topic, [*records, ("bad", b"{not json")])
         wait_drained(job, capacity=2)
         # every metric of the README's table is served (its HELP line, with or without samples)
@@ -97,6 +99,18 @@ def test_prometheus_scrapes_a_running_worker(
         positions = _query(api, f"streamkit_partition_position{{{app}}}")
         assert sorted(int(p["metric"]["partition"]) for p in positions) == [0, 1], positions
         assert sum(float(p["value"][1]) for p in positions) == len(records) + 1
+        # paused while a burst of slow records arrives: the lag rises, then falls to 0
+        burst = [(k, {**v, "slow_ms": 3}) for k, v in make_records(1500, 50, start=len(records))]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            produce_json(broker, topic, burst)
+            time.sleep(1.0)  # paused for a while (well inside the session timeout)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        _wait("every record of the burst applied", lambda: _value(api, applied) == len(records) + 1 + len(burst))
+        _wait("no lag after the burst", lambda: _value(api, lag) == 0)
+        peak = _value(api, f"max_over_time(max(streamkit_partition_lag{{{app}}})[2m:1s])")
+        assert peak is not None and peak > 0, "the lag never rose above 0 during the burst"
     finally:
         job.stop_all()
         server.terminate()

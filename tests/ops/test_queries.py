@@ -9,7 +9,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -27,10 +26,15 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
     ports = [_free_port(), _free_port()]
     records = make_records(1000, 40)
     expected = reference(records)
+    minute = 1_700_000_040_000  # a minute's start: the first half in that window, the second in the next
+    halves = records[:500], records[500:]
+    per_minute = {k: [(minute + 60_000 * i, sum(1 for r, _ in half if r == k)) for i, half in enumerate(halves)]
+                  for k in expected}  # fmt: skip
     try:
         for port in ports:
-            job.start_worker(STREAMKIT_QUERY_PORT=str(port), STREAMKIT_QUERY_HOST="127.0.0.1")
-        produce_json(broker, topic, records)
+            job.start_worker(STREAMKIT_QUERY_PORT=str(port), STREAMKIT_QUERY_HOST="127.0.0.1", SK_TEST_WINDOWS="1")
+        for i, half in enumerate(halves):
+            produce_json(broker, topic, half, timestamp_ms=minute + 60_000 * i + 7_000)
         wait_drained(job, capacity=2)
         urls = [f"http://127.0.0.1:{port}" for port in ports]
 
@@ -40,6 +44,11 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
                 async with Client(url) as client:
                     for key in sorted(expected):
                         out.append((key, ports[urls.index(url)], await client.get("stats", key)))
+                        windows = (await client.windows("per_minute", key))["windows"]
+                        assert [(w["start"], w["value"]) for w in windows] == [
+                            (start, n) for start, n in per_minute[key] if n
+                        ], (key, windows)
+                        assert all(w["end"] == w["start"] + 60_000 for w in windows)
             return out
 
         def answered() -> list[tuple[str, int, dict]] | None:  # once both workers have heartbeats with their URLs
@@ -57,9 +66,22 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
                 return str(exc.value)
 
         unknown = asyncio.run(refused())
+
+        async def windowed_by_key() -> str:
+            async with Client(urls[1], retries=0) as client:
+                with pytest.raises(QueryError) as exc:
+                    await client.get("per_minute", "k1")
+                return str(exc.value)
+
+        not_by_key = asyncio.run(windowed_by_key())
         shown = subprocess.run(
             [sys.executable, "-m", "streamkit.cli", "query", "tests.runtime.job_app:app", "stats", "k7"],
             cwd=ROOT, env=job.env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        shown_windows = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "query", "tests.runtime.job_app:app", "per_minute", "k7",
+             "--windows"],
+            cwd=ROOT, env=job.env(SK_TEST_WINDOWS="1"), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
         job.stop_all()
@@ -72,90 +94,13 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
     assert all(len(by) == 1 for by in served_by.values()), served_by
     assert len({worker for by in served_by.values() for _, worker in by}) == 2  # both workers own keys
     assert unknown.startswith("404") and "no table 'nope'" in unknown, unknown
+    assert not_by_key.startswith("400") and "/tables/per_minute/KEY/windows" in not_by_key, not_by_key
     assert shown.returncode == 0 and '"processor"' in shown.stdout and str(expected["k7"]["n"]) in shown.stdout, (
         shown.stdout + shown.stderr
     )
-
-
-def test_answers_during_a_live_scale_are_the_owning_stores_at_their_positions(broker: str, tmp_path: Path) -> None:
-    """2 -> 3 -> 2 processors under load (the topic expanded from 2 to 4 partitions first),
-    a client asking both workers for random keys all along: every answer equals the fold
-    of the key's input records below the positions in the answer (never a retired
-    owner's copy), and each is counted with its latency."""
-    import random
-    import threading
-    import time
-
-    from streamkit.kafkaio import KafkaIO
-    from streamkit.testing import read_topic
-    from tests.runtime.scale_job import KEYS, ScaleJob
-    from tests.runtime.test_scaling import start
-
-    job = ScaleJob(broker, tmp_path)
-    ports = [_free_port(), _free_port()]
-    answers: list[tuple[str, dict, float]] = []
-    done = threading.Event()
-
-    def ask_continuously() -> None:
-        async def run() -> None:
-            rng = random.Random(7)
-            while not done.is_set():
-                port, key = rng.choice(ports), f"k{rng.randrange(KEYS)}"
-                started = time.monotonic()
-                try:
-                    async with Client(f"http://127.0.0.1:{port}", retries=20) as client:
-                        answer = await client.get("seen", key)
-                except (QueryError, OSError):
-                    await asyncio.sleep(0.05)  # a worker not up yet
-                    continue
-                answers.append((key, answer, time.monotonic() - started))
-
-        asyncio.run(run())
-
-    starting, each_port = job.start_worker, iter(ports)
-
-    def start_worker() -> Any:  # start() starts two workers: each gets its query port
-        job.env.update(STREAMKIT_QUERY_PORT=str(next(each_port)), STREAMKIT_QUERY_HOST="127.0.0.1")
-        return starting()
-
-    job.start_worker = start_worker  # type: ignore[method-assign]
-
-    async def scenario() -> None:
-        async with KafkaIO(broker) as io:
-            await start(job, io)
-            for n in (3, 2):
-                assert (await asyncio.to_thread(job.scale, "--processors", str(n))).returncode == 0
-                await job.wait_growth(io, 400)
-            await job.finish(io)
-        job.stop_workers()
-
-    asker = threading.Thread(target=ask_continuously)
-    asker.start()
-    try:
-        asyncio.run(scenario())
-    finally:
-        done.set()
-        asker.join(60)
-        job.cleanup()
-    records: dict[str, list[tuple[int, int, dict]]] = {}
-    for r in read_topic(broker, job.topic):
-        records.setdefault(r.key.decode(), []).append((r.partition, r.offset, orjson.loads(r.value)))
-    wrong = []
-    for key, answer, _ in answers:
-        at = {int(tp.rsplit("/", 1)[1]): o for tp, o in answer["positions"].items() if tp.startswith(job.topic + "/")}
-        expected: dict[str, list[int]] = {}
-        for partition, offset, value in sorted(records.get(key, []), key=lambda x: x[2]["seq"]):
-            if offset < at.get(partition, 0):
-                count, _last = expected.get(value["p"], [0, -1])
-                expected[value["p"]] = [count + 1, value["seq"]]
-        got = {p: v[:2] for p, v in (answer["value"] or {}).items()}
-        if got != expected:
-            wrong.append((key, answer, expected))
-    latencies = sorted(t for _, _, t in answers)
-    print(f"{len(answers)} answers, p50 {latencies[len(latencies) // 2] * 1000:.1f} ms, "
-          f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms")  # fmt: skip
-    assert len(answers) > 100 and not wrong, (len(answers), wrong[:3])
-    assert len({a["processor"] for _, a, _ in answers}) == 3  # the joined processor answered too
+    assert shown_windows.returncode == 0, shown_windows.stdout + shown_windows.stderr
+    windows = orjson.loads(shown_windows.stdout)["windows"]
+    assert [(w["start"], w["value"]) for w in windows] == [(s, n) for s, n in per_minute["k7"] if n], windows
 
 
 def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import streamkit
@@ -21,12 +22,18 @@ source = app.topic(
 )
 # key -> {"n": records, "sum": amounts, "last": last seq, "disorder": seqs seen out of order}
 stats = app.table("stats", default=lambda: {"n": 0, "sum": 0, "last": -1, "disorder": 0})
+# records per key and minute (by the records' timestamps), when asked for
+per_minute = (
+    app.table("per_minute", default=int, window=streamkit.Tumbling(60)) if os.environ.get("SK_TEST_WINDOWS") else None
+)
 
 
 @app.processor(source)
 def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     if value.get("fail") or FAIL_ALL:
         raise ValueError(f"asked to fail at seq {value['seq']}")
+    if slow := value.get("slow_ms"):  # a handler that takes its time (a lag that falls slowly)
+        time.sleep(slow / 1000)
     s = stats[key]
     stats[key] = {
         "n": s["n"] + 1,
@@ -34,3 +41,5 @@ def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         "last": value["seq"],
         "disorder": s["disorder"] + (1 if value["seq"] <= s["last"] else 0),
     }
+    if per_minute is not None:
+        per_minute[key] += 1
