@@ -143,6 +143,7 @@ class CachedTable:
         "_kloads",
         "_vdumps",
         "_vloads",
+        "misses",
     )
 
     def __init__(
@@ -177,10 +178,13 @@ class CachedTable:
         self._kloads = self.key_serde.loads
         self._vdumps = self.value_serde.dumps
         self._vloads = self.value_serde.loads
+        self.misses = 0
+        """Reads the cache could not answer (each read the store)."""
 
     # -- the hot path ----------------------------------------------------------
 
     def _load(self, key: Any) -> Any:
+        self.misses += 1
         data = self.store.get(self.table, self._kdumps(key))
         value = _ABSENT if data is None else self._vloads(data)
         self._cache[key] = value

@@ -191,6 +191,19 @@ class RocksDBStore(Store):
         except KeyError:  # rocksdict's complaint about a non-bytes key
             raise TypeError(f"table {table!r}: keys must be bytes, got {type(key).__name__}") from None
 
+    def table_size(self, table: str) -> tuple[int, int]:
+        """RocksDB's estimate of the keys ``table`` holds, and its bytes (SST files and
+        memtables of its column family)."""
+        try:
+            cf = self._cfs[table]
+        except KeyError:
+            raise self._missing(table) from None
+        keys = cf.property_int_value("rocksdb.estimate-num-keys") or 0
+        size = (cf.property_int_value("rocksdb.total-sst-files-size") or 0) + (
+            cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        )
+        return int(keys), int(size)
+
     def get_many(self, table: str, keys: Sequence[bytes]) -> list[bytes | None]:
         try:
             cf = self._cfs[table]

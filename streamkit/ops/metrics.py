@@ -21,7 +21,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["METRICS", "Durations", "PartitionView", "ProcessorView", "WorkerCollector", "WorkerView", "serve"]
+__all__ = [
+    "METRICS", "Durations", "PartitionView", "ProcessorView", "TableView", "WorkerCollector", "WorkerView", "serve",
+]  # fmt: skip
 
 BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -75,6 +77,22 @@ class ProcessorView:
     """Bootstrap: T1 (where its keys' owners are); restore: the changelog's end."""
 
 
+@dataclass(frozen=True)
+class TableView:
+    """One table of one hosted processor: its store and its cache."""
+
+    processor: int
+    table: str
+    keys: int
+    """RocksDB's estimate of the keys stored (committed state)."""
+    store_bytes: int
+    """SST files and memtables of the table's column family."""
+    cached: int
+    """Entries in the table's cache (absent keys remembered included)."""
+    misses: int
+    """Reads the cache could not answer (they went to the store) since the processor was opened."""
+
+
 @dataclass
 class WorkerView:
     """What one scrape shows of a worker (built on its event loop)."""
@@ -100,6 +118,11 @@ class WorkerView:
     """Each checkpoint's duration: the pause of the member's loop."""
     handler_batches: Durations
     """Each partition batch's time in the handlers."""
+    gate_waits: Durations = field(default_factory=Durations)
+    """Each wait of a partition at its gate (from its closing to its opening)."""
+    strays_waiting: Mapping[str, int] = field(default_factory=dict)
+    """Per "topic/partition" a sweep reads (no layout reads it in place): records not forwarded yet."""
+    tables: list[TableView] = field(default_factory=list)
 
 
 METRICS: dict[str, str] = {
@@ -119,6 +142,13 @@ METRICS: dict[str, str] = {
     "streamkit_rebalances_total": "group rebalances this worker's members took an assignment from",
     "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
     "streamkit_handler_batch_seconds": "time in the handlers per partition batch",
+    "streamkit_gate_wait_seconds": "how long a partition waited at its gate for the group to pass a seal",
+    "streamkit_strays_waiting": "records of a swept partition (reserved, or drained) not forwarded yet",
+    "streamkit_store_keys": "keys in a processor's table as stored (RocksDB's estimate)",
+    "streamkit_store_bytes": "bytes of a processor's table in RocksDB (SST files and memtables)",
+    "streamkit_cache_entries": "entries in a processor's table cache",
+    "streamkit_cache_misses_total": "reads a table's cache could not answer (the store was read); the hit "
+    "rate is 1 - misses / reads, where reads are the records applied times the table reads per record",
 }
 """Every metric a worker serves, with its help text (the README's table lists them)."""
 
@@ -181,9 +211,26 @@ class WorkerCollector(Collector):
         rebalances = _fam(CounterMetricFamily, "streamkit_rebalances_total", labels)
         rebalances.add_metric(base, v.rebalances)
         yield rebalances
+        waiting = _fam(GaugeMetricFamily, "streamkit_strays_waiting", [*labels, "partition"])
+        for where, n in sorted(v.strays_waiting.items()):
+            waiting.add_metric([*base, where], n)
+        yield waiting
+        table_labels = [*labels, "processor", "table"]
+        keys = _fam(GaugeMetricFamily, "streamkit_store_keys", table_labels)
+        size = _fam(GaugeMetricFamily, "streamkit_store_bytes", table_labels)
+        cached = _fam(GaugeMetricFamily, "streamkit_cache_entries", table_labels)
+        misses = _fam(CounterMetricFamily, "streamkit_cache_misses_total", table_labels)
+        for t in v.tables:
+            values = [*base, str(t.processor), t.table]
+            keys.add_metric(values, t.keys)
+            size.add_metric(values, t.store_bytes)
+            cached.add_metric(values, t.cached)
+            misses.add_metric(values, t.misses)
+        yield from (keys, size, cached, misses)
         for name, durations in (
             ("streamkit_checkpoint_seconds", v.checkpoints),
             ("streamkit_handler_batch_seconds", v.handler_batches),
+            ("streamkit_gate_wait_seconds", v.gate_waits),
         ):
             fam = _fam(HistogramMetricFamily, name, labels)
             fam.add_metric(base, durations.buckets(), sum_value=durations.total)

@@ -68,6 +68,7 @@ from streamkit.layout.strays import (
     parse_origin,
     stray_rule,
 )
+from streamkit.ops.metrics import Durations
 from streamkit.runtime.adoption import holding
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
@@ -146,6 +147,8 @@ class Admission:
         """Copies for compaction skipped (records a streamkit producer wrote to a partition the key left)."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
+        self.gate_wait_seconds = Durations()
+        """The same waits as a histogram (the worker's metrics)."""
         """(topic, partition, seconds gated) of every gate that opened."""
         self.stray_copies_dropped = 0
         """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
@@ -489,6 +492,7 @@ class Admission:
         elif new is None and tp in self.gate_closed_at:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
+            self.gate_wait_seconds.observe(waited)
 
 
 def _plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:

@@ -24,7 +24,7 @@ from streamkit.errors import ConfigError
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, WorkerView
+from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, TableView, WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
 from streamkit.ops.queries import serve_queries
 from streamkit.producer import Producer
@@ -254,10 +254,20 @@ class Worker:
                 processors.append(ProcessorView(pid, state, lag.get("t2", 0), lag.get("t1", 0)))
             processors += [ProcessorView(pid, "restoring", r["at"], r["end"]) for pid, r in m.restores.running.items()]
             changelog.update(changelog_positions(m.processors.values()))
-        checkpoints, handler_batches = Durations(), Durations()
+        checkpoints, handler_batches, gate_waits = Durations(), Durations(), Durations()
+        strays_waiting: dict[str, int] = {}
+        tables = []
         for m in self.members:
             checkpoints.add(m.checkpoint_seconds)
             handler_batches.add(m.dispatcher.handler_batches)
+            gate_waits.add(m.admission.gate_wait_seconds)
+            for tp, route in m.admission:
+                if route.swept and (hw := m.consumer.highwater(tp) if tp in m.consumer.assignment() else None):
+                    strays_waiting[f"{tp.topic}/{tp.partition}"] = max(0, hw - route.position)
+            for pid, proc in m.processors.items():
+                for name, cache in proc.caches.items():
+                    keys, size = proc.store.table_size(name)
+                    tables.append(TableView(pid, name, keys, size, cache.cached_count, cache.misses))
         return WorkerView(
             app=self.app.name,
             worker=self.client_id,
@@ -273,6 +283,9 @@ class Worker:
             gated=sum(r.limit is not None for m in self.members for _, r in m.admission),
             checkpoints=checkpoints,
             handler_batches=handler_batches,
+            gate_waits=gate_waits,
+            strays_waiting=strays_waiting,
+            tables=tables,
         )
 
     async def shutdown(self, clean: bool = True) -> None:
