@@ -103,6 +103,10 @@ class StrayRule:
     in_place: set[bytes] = field(default_factory=set, init=False, repr=False, compare=False)
     """Keys found in place in the last segment, where the records read now lie: a record
     of one of them is not hashed again (at most ``KNOWN_IN_PLACE`` keys, then forgotten)."""
+    _unlearned: list[int] = field(default_factory=lambda: [0], init=False, repr=False, compare=False)
+    """Keys still to pass before learning again: a partition whose keys filled ``in_place``
+    has more keys than it can remember (a million), where a batch is almost never all
+    known: learning them all would cost a set insertion per record for nothing."""
 
     def __post_init__(self) -> None:
         p, n0 = self.partition, self.n0
@@ -154,9 +158,15 @@ class StrayRule:
         return out
 
     def _learn(self, run: Sequence[Any], strays: list[Any]) -> None:
+        unlearned = self._unlearned
+        if unlearned[0] > 0:
+            unlearned[0] -= len(run)
+            return
         known = self.in_place
         if len(known) > KNOWN_IN_PLACE:
             known.clear()
+            unlearned[0] = LEARN_AGAIN_AFTER
+            return
         if strays:
             out = {id(r) for r in strays}
             known.update(rk for r in run if (rk := r.key) is not None and id(r) not in out)
@@ -165,6 +175,9 @@ class StrayRule:
 
 
 KNOWN_IN_PLACE = 1 << 16
+LEARN_AGAIN_AFTER = 8 * KNOWN_IN_PLACE
+"""Records read without learning their keys after ``in_place`` filled up: it learns one
+stretch in nine, and a partition whose keys come back often still gets known."""
 
 BATCH_HASH_FROM = 64
 """Records from which a run's keys are hashed at once (numpy) rather than one by one."""

@@ -179,6 +179,31 @@ def test_keys_found_in_place_now_are_remembered_and_only_there() -> None:
     assert stray_rule(lay, 3, swept=True).known_in_place(100) is None  # type: ignore[union-attr]
 
 
+def test_a_partition_with_more_keys_than_it_remembers_pauses_learning_them() -> None:
+    from streamkit.layout.strays import KNOWN_IN_PLACE, LEARN_AGAIN_AFTER
+
+    rule = stray_rule(transitions.create("t", 1, capacity=1, now_ms=0), 0)  # every key in place
+    assert rule is not None
+    known = rule.known_in_place(0)
+    assert known is not None
+    offset = 0
+
+    def read(n: int) -> None:
+        nonlocal offset
+        assert rule.strays_in([_Rec(offset + i, f"key-{offset + i}".encode()) for i in range(n)]) == []
+        offset += n
+
+    read(KNOWN_IN_PLACE + 1)
+    assert len(known) == KNOWN_IN_PLACE + 1  # full: the next run forgets them and pauses
+    read(1000)
+    assert known == set()
+    read(LEARN_AGAIN_AFTER - 1000)
+    assert known == set()  # a million keys: nothing learnt for a while
+    read(1000)
+    read(500)
+    assert len(known) == 500  # then learnt again
+
+
 def test_a_catch_up_stops_where_a_reserved_partitions_strays_begin() -> None:
     """4 -> 6 -> 8 over capacity 8: partition 6 is reserved until the second expansion
     activates it at offset 860, so none of its records below is in place and a catch-up
