@@ -140,7 +140,7 @@ class StagingSeed:
         while True:
             async with self.lock:
                 await progress.refresh()
-            short = {tp: progress.position(*tp) for tp, at in common.items() if progress.position(*tp) < at}
+            short = {tp: pos for tp, at in common.items() if (pos := progress.position(*tp)) < at}
             if not short or waited >= SOURCE_LOGGED_WAIT:
                 return None if not short else ", ".join(f"{t}[{q}] {o}" for (t, q), o in sorted(short.items()))
             await asyncio.sleep(0.2)
