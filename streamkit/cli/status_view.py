@@ -22,6 +22,7 @@ from streamkit.runtime.jobmeta import JobLayout, read_job
 from streamkit.runtime.status import WorkerStatus, read_statuses
 
 __all__ = [
+    "DeadLetterCounts",
     "Gathered",
     "StatusView",
     "bootstrap_detail",
@@ -53,10 +54,36 @@ class Gathered:
     """Strays dead-lettered, per "topic/partition" they lay in."""
 
 
-async def gather(app: App, bootstrap: Connection) -> Gathered:
+@dataclass
+class DeadLetterCounts:
+    """The dead letters by reason (and the misplaced strays by where they lay), read on
+    from where the last look ended: a dashboard looks every second, and the topic grows."""
+
+    reasons: Counter[str] = field(default_factory=Counter)
+    misplaced: Counter[str] = field(default_factory=Counter)
+    """Strays dead-lettered, per "topic/partition" they lay in."""
+    _next: dict[int, int] = field(default_factory=dict)
+
+    async def read_more(self, io: KafkaIO, topic: str) -> None:
+        for partition in range((await io.partition_count(topic)) or 0):  # no topic: no dead letter yet
+            records, self._next[partition] = await io.read(topic, partition, self._next.get(partition, 0))
+            for rec in records:
+                headers = dict(rec.headers)
+                reason = headers.get("streamkit.error.reason", b"?").decode()
+                self.reasons[reason] += 1
+                if reason == "misplaced":
+                    where = (
+                        headers.get("streamkit.source.topic", b"?")
+                        + b"/"
+                        + headers.get("streamkit.source.partition", b"?")
+                    )
+                    self.misplaced[where.decode()] += 1
+
+
+async def gather(app: App, bootstrap: Connection, dead: DeadLetterCounts | None = None) -> Gathered:
+    """One look at the cluster; ``dead``: the dead letters counted by earlier looks."""
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
-    reasons: Counter[str] = Counter()
-    misplaced: Counter[str] = Counter()
+    dead = DeadLetterCounts() if dead is None else dead
     modes: dict[tuple[str, int], str] = {}
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
@@ -82,22 +109,9 @@ async def gather(app: App, bootstrap: Connection) -> Gathered:
             statuses = await read_statuses(io, app.name)
         except TopicNotFoundError:  # no worker ever ran
             statuses = []
-        try:
-            for rec in await io.read_topic(app.dead_letter_topic):
-                headers = dict(rec.headers)
-                reason = headers.get("streamkit.error.reason", b"?").decode()
-                reasons[reason] += 1
-                if reason == "misplaced":
-                    where = (
-                        headers.get("streamkit.source.topic", b"?")
-                        + b"/"
-                        + headers.get("streamkit.source.partition", b"?")
-                    )
-                    misplaced[where.decode()] += 1
-        except TopicNotFoundError:  # no dead letter yet
-            pass
+        await dead.read_more(io, app.dead_letter_topic)
     shapes = {t: (initial[t], active[t]) for t in counts}
-    return Gathered(statuses, offsets, reasons, job, shapes, modes, misplaced)
+    return Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced))
 
 
 @dataclass

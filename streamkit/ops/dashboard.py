@@ -26,6 +26,9 @@ STATIC = Path(__file__).with_name("static")
 
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
 
+LOOK_TIMEOUT = 10.0
+"""Seconds one look at the cluster may take; then the pages say so, and ask again."""
+
 
 class _SharedLook:
     """``snapshot``'s answers, one look at a time, reused for ``min_interval`` seconds."""
@@ -41,7 +44,10 @@ class _SharedLook:
         async with self._lock:
             if self._answer is None or time.monotonic() - self._at >= self.min_interval:
                 try:
-                    self._answer = (200, orjson.dumps(await self.snapshot()))
+                    self._answer = (200, orjson.dumps(await asyncio.wait_for(self.snapshot(), LOOK_TIMEOUT)))
+                except TimeoutError:
+                    error = f"no answer from the cluster within {LOOK_TIMEOUT:g} s"
+                    self._answer = (503, orjson.dumps({"error": error}))
                 except Exception as exc:  # shown on the page, which keeps polling
                     self._answer = (503, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}))
                 self._at = time.monotonic()
@@ -67,5 +73,9 @@ async def serve_dashboard(
     app.router.add_static("/static", STATIC)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner.cleanup

@@ -147,8 +147,9 @@ METRICS: dict[str, str] = {
     "streamkit_store_keys": "keys in a processor's table as stored (RocksDB's estimate)",
     "streamkit_store_bytes": "bytes of a processor's table in RocksDB (SST files and memtables)",
     "streamkit_cache_entries": "entries in a processor's table cache",
-    "streamkit_cache_misses_total": "reads a table's cache could not answer (the store was read); the hit "
-    "rate is 1 - misses / reads, where reads are the records applied times the table reads per record",
+    "streamkit_cache_misses_total": "reads a table's cache could not answer (the store was read; queries' "
+    "reads included); the hit rate is 1 - misses / reads, where reads are the records applied times the table "
+    "reads per record",
 }
 """Every metric a worker serves, with its help text (the README's table lists them)."""
 

@@ -65,15 +65,24 @@ async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Cal
     """Serve ``GET /tables/{table}/{key}`` and ``GET /tables/{table}/{key}/windows`` on
     ``port``; returns what stops the server."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def answer(request: web.Request, windows: bool) -> web.Response:
         forwarded = request.headers.get(FORWARDED_HEADER) == "1"
-        windows = request.path.endswith("/windows")
         return _response(await lookup(request.match_info["table"], request.match_info["key"], forwarded, windows))
 
+    async def value(request: web.Request) -> web.Response:
+        return await answer(request, False)
+
+    async def windows(request: web.Request) -> web.Response:
+        return await answer(request, True)
+
     app = web.Application()
-    app.router.add_get("/tables/{table}/{key}", handle)
-    app.router.add_get("/tables/{table}/{key}/windows", handle)
+    app.router.add_get("/tables/{table}/{key}", value)
+    app.router.add_get("/tables/{table}/{key}/windows", windows)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner.cleanup

@@ -249,6 +249,7 @@ class GroupMember:
         self.dispatcher.binder.unbind()
         self.processors.clear()
         self.admission.clear()
+        self._kafka_offsets.clear()  # each sharer commits its view once again in the next generation
         self.assigned_generation = -1
 
     async def take_assignment(self) -> None:

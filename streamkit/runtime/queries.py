@@ -117,16 +117,21 @@ class QueryAnswers:
 
 
 def _windows(proc: ProcessorState, table: str, key: Any, key_bytes: bytes, window: Any) -> list[dict[str, Any]]:
-    """Every window the processor holds for the key (its store and uncommitted changes),
-    by start: the stored keys are the key's bytes and an 8-byte big-endian start, so they
-    lie between the key's bytes with a start of 0 and with the first negative one (with
-    longer keys that begin with the same bytes among them: those are left out)."""
-    low, high = key_bytes + bytes(8), key_bytes + b"\x80" + bytes(7)
-    return [
-        {"start": start, "end": start + window.size_ms, "value": _json(value)}
+    """Every window the processor holds for the key (its store and uncommitted changes)
+    and has not expired, by start: the stored keys are the key's bytes and an 8-byte
+    big-endian start, so they lie between the key's bytes and eight 0x00 bytes and eight
+    0xff (with longer keys that begin with the same bytes among them: those are left out)."""
+    low, high = key_bytes + bytes(8), key_bytes + b"\xff" * 8 + b"\x00"
+    found = [
+        (start, value)
         for (k, start), value in proc.caches[table].items_between(low, high)
-        if k == key
+        if k == key and (proc.stream_time < 0 or not window.expired(start, proc.stream_time))
     ]
+    return [{"start": s, "end": s + window.size_ms, "value": _json(v)} for s, v in sorted(found, key=_start)]
+
+
+def _start(found: tuple[int, Any]) -> int:
+    return found[0]
 
 
 def _json(value: Any) -> Any:

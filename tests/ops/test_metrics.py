@@ -107,6 +107,8 @@ def test_prometheus_scrapes_a_running_worker(
         assert (_value(api, f'sum(streamkit_cache_entries{{{app},table="stats"}})') or 0) >= 100
         # paused while a burst of slow records arrives: the lag rises, then falls to 0
         burst = [(k, {**v, "slow_ms": 3}) for k, v in make_records(1500, 50, start=len(records))]
+        assert _value(api, lag) == 0  # drained: what rises now is the burst's
+        paused_at = time.monotonic()
         worker.send_signal(signal.SIGSTOP)
         try:
             produce_json(broker, topic, burst)
@@ -115,7 +117,8 @@ def test_prometheus_scrapes_a_running_worker(
             worker.send_signal(signal.SIGCONT)
         _wait("every record of the burst applied", lambda: _value(api, applied) == len(records) + 1 + len(burst))
         _wait("no lag after the burst", lambda: _value(api, lag) == 0)
-        peak = _value(api, f"max_over_time(max(streamkit_partition_lag{{{app}}})[2m:1s])")
+        since = int(time.monotonic() - paused_at) + 2
+        peak = _value(api, f"max_over_time(max(streamkit_partition_lag{{{app}}})[{since}s:1s])")
         assert peak is not None and peak > len(burst) / 10, f"the lag rose to {peak} only during the burst"
     finally:
         job.stop_all()

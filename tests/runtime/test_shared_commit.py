@@ -77,9 +77,13 @@ def test_a_sharers_commit_from_an_older_view_landing_last_is_made_good_while_idl
                 assert kafka[TP] == 40
                 a.hold = asyncio.Event()
                 late = asyncio.create_task(a.checkpoint(60))  # a sees the group at 40 (b's 40)
-                while a.log.position("in", 0, 0) != 60:
-                    await a.log.refresh()  # a's record is in the log; its commit is held
-                    await asyncio.sleep(0.01)
+                async with asyncio.timeout(30):
+                    while a.log.position("in", 0, 0) != 60:  # a's record is in the log; its commit is held
+                        if late.done():
+                            late.result()
+                            raise AssertionError("a's checkpoint ended with its commit held")
+                        await a.log.refresh()
+                        await asyncio.sleep(0.01)
                 await b.checkpoint(70)  # b sees a's 60: the group is at 60
                 assert kafka[TP] == 60
                 a.hold.set()

@@ -94,8 +94,9 @@ function drawCharts(view) {
   state.times.push(now);
   for (const p of view.partitions) {
     const key = `${p.topic}/${p.partition}`;
-    (state.lag[key] ||= []);
-    (state.rate[key] ||= []);
+    const before = state.times.length - 1;  // a partition new to the view has no earlier point
+    state.lag[key] ||= Array(before).fill(null);
+    state.rate[key] ||= Array(before).fill(null);
     const last = state.lastCommitted[key];
     const committed = p.committed ?? 0;
     const rate = last && now > last[0] ? Math.max(0, (committed - last[1]) / (now - last[0])) : null;
