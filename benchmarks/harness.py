@@ -1,7 +1,7 @@
 """Benchmark harness: every contender on the same input, on one broker, one at a time.
 
     python -m benchmarks.harness [--records N] [--keys K[,K...]] [--partitions P]
-        [--contenders raw,streamkit,streamkit-stamped,quix,faust] [--faust-fraction 0.1]
+        [--contenders raw,streamkit,streamkit-stamped,quix,faust,bytewax,pathway] [--faust-fraction 0.1]
         [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1]
 
 ``--keys 10000,100000,1000000`` sweeps key counts: one shape after the other on the same
@@ -11,9 +11,10 @@ Starts ONE embedded broker (or uses --bootstrap), prepares the input ONCE (see
 benchmarks.input; a contender given a fraction of the work gets its own topic holding
 the first records of the same input; ``streamkit-stamped`` reads the same records
 stamped as streamkit's producer stamps them), then runs each contender as its own process
-(protocol: benchmarks/contenders/__init__.py). Per contender it measures CPU seconds
-(user + sys, children included) and peak RSS from ``os.wait4`` (through a small
-launcher process, see LAUNCHER), and the broker's CPU
+(protocol: benchmarks/contenders/__init__.py; one named in its ``VENVS``, pathway, runs
+with the python of a venv of its own, ``.bench/venv-<name>``, made on first use). Per
+contender it measures CPU seconds (user + sys, children included) and peak RSS from
+``os.wait4`` (through a small launcher process, see LAUNCHER), and the broker's CPU
 seconds during the run; from the contender's RESULT line it computes records/s from
 first to last record (steady) and from process start. Prints a table, the ratios of
 every contender against every other, and writes everything as JSON under .bench/.
@@ -37,10 +38,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import INPUTS, REQUIRES, module_for
+from benchmarks.contenders import INPUTS, REQUIRES, VENVS, module_for
 from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
 from benchmarks.report import print_report
 
@@ -51,8 +53,9 @@ DEFAULT_CONTENDERS = "raw,streamkit,streamkit-stamped,quix,faust"
 # --------------------------------------------------------------------------- availability
 
 
-def availability(name: str) -> str | None:
-    """None if contender ``name`` can run, else the reason it is skipped."""
+def availability(name: str, say: Callable[[str], Any] = print) -> str | None:
+    """None if contender ``name`` can run, else the reason it is skipped. A contender
+    with a venv of its own gets it made here when missing (``say`` tells so)."""
     module = f"benchmarks.contenders.{module_for(name)}"
     try:
         spec = importlib.util.find_spec(module)
@@ -60,6 +63,8 @@ def availability(name: str) -> str | None:
         return f"{module}: {exc}"
     if spec is None:
         return f"no module {module}"
+    if name in VENVS:  # its packages are in its own venv, not in this interpreter
+        return ensure_venv(name, VENVS[name], say)
     needs = list(REQUIRES.get(name, ()))
     if spec.origin and spec.origin.endswith(".py"):
         # A contender may declare REQUIRES = ("pkg", ...) at module level; read it
@@ -78,6 +83,37 @@ def availability(name: str) -> str | None:
     for package in needs:
         if importlib.util.find_spec(package) is None:
             return f"package {package!r} not installed (pip install -e '.[bench]')"
+    return None
+
+
+def venv_python(name: str) -> Path:
+    """The python of contender ``name``'s own venv (see ``VENVS``)."""
+    return ROOT / ".bench" / f"venv-{name}" / "bin" / "python"
+
+
+def ensure_venv(name: str, requirements: tuple[str, ...], say: Callable[[str], Any] = print) -> str | None:
+    """Make contender ``name``'s venv and install ``requirements`` into it, unless done
+    already (a marker in the venv holds the requirements installed). None when it is
+    ready, else the reason it is not; pip's output goes to ``.bench/venv-<name>.log``."""
+    python = venv_python(name)
+    venv = python.parents[1]
+    marker = venv / ".bench-requirements"
+    wanted = "\n".join(requirements)
+    if python.exists() and marker.exists() and marker.read_text() == wanted:
+        return None
+    log = venv.with_name(venv.name + ".log")
+    say(
+        f"creating {venv.relative_to(ROOT)} for {name} (pip install {' '.join(requirements)}; "
+        f"first use only, about a minute; log: {log.relative_to(ROOT)}) ..."
+    )
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    steps = [] if python.exists() else [[sys.executable, "-m", "venv", str(venv)]]
+    steps.append([str(python), "-m", "pip", "install", "--disable-pip-version-check", *requirements])
+    with open(log, "wb") as out:
+        for cmd in steps:
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
+                return f"could not make its venv {venv.relative_to(ROOT)} (log: {log.relative_to(ROOT)})"
+    marker.write_text(wanted)
     return None
 
 
@@ -131,7 +167,7 @@ def run_contender(
     module = f"benchmarks.contenders.{module_for(name)}"
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     cmd = [
-        sys.executable,
+        str(venv_python(name)) if name in VENVS else sys.executable,
         "-m",
         module,
         "--bootstrap",
@@ -381,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[dict[str, Any]] = []
     runnable = []
     for name in names:
-        reason = availability(name)
+        reason = availability(name, say=console.print)
         if reason:
             skipped.append({"contender": name, "status": "skipped", "reason": reason})
         else:

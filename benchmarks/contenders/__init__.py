@@ -53,7 +53,10 @@ record (steady) and from process start.
 
 A contender whose module is missing, or whose ``REQUIRES`` (optional module-level tuple
 of top-level package names, or the harness's own list for known peers) cannot be found,
-is reported as skipped with the reason.
+is reported as skipped with the reason. A contender named in ``VENVS`` runs with the
+python of a venv of its own (``.bench/venv-<name>``, made by the harness on first use
+with the packages listed there), for a framework whose pins conflict with the project's;
+its module may import only those packages, the standard library and this module.
 
 Helpers for contenders: ``parse_args()`` parses the protocol's arguments (unknown ones
 are ignored), ``emit_result(...)`` prints the RESULT line. A contender that runs a
@@ -73,6 +76,7 @@ __all__ = [
     "ALIASES",
     "INPUTS",
     "REQUIRES",
+    "VENVS",
     "arm_watchdog",
     "check_totals",
     "emit_progress",
@@ -86,6 +90,8 @@ __all__ = [
 # short name -> module under benchmarks.contenders
 ALIASES: dict[str, str] = {
     "faust": "faust_app",
+    "bytewax": "bytewax_app",
+    "pathway": "pathway_app",
     "streamkit": "streamkit_app",
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
@@ -107,7 +113,11 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
     "faust": ("faust", "rocksdict"),
+    "bytewax": ("bytewax", "confluent_kafka", "orjson"),
 }
+
+# short name -> the pip requirements of the venv of its own it runs in (see above)
+VENVS: dict[str, tuple[str, ...]] = {"pathway": ("pathway==0.33.0", "orjson>=3.10")}
 
 
 def module_for(name: str) -> str:
