@@ -222,7 +222,7 @@ def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Pat
     job = ScaleJob(broker, tmp_path)
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
         # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
-        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "300" if direction == "grow" else "1500"
+        job.env["STREAMKIT_BOOTSTRAP_RATE"] = "600" if direction == "grow" else "1500"
         # a bootstrap seeded from changelogs catches up at once: kill one that reads the input history
         job.env["STREAMKIT_CHANGELOG"] = "false"
     # grow: processor 2 joins, taking keys of 0; shrink: 2 retires, its keys go back to 0
