@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -15,7 +14,6 @@ from functools import partial
 
 from aiokafka import AIOKafkaProducer
 
-from assignors.vectorized import warm_up
 from stores.tuning import relax_malloc_trim
 from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
@@ -170,9 +168,6 @@ class Worker:
         return [proc for m in self.members for proc in m.serving()]
 
     async def run(self) -> None:
-        # the vectorized key hashing's first call imports pandas through pyarrow (0.2-0.5 s):
-        # done beside the start, not as a stall in the middle of the first records
-        threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
         try:
             services = await self.prepare()
         except BaseException:  # a refused start leaves nothing open (clients, an embedded broker)

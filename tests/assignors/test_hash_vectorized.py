@@ -152,3 +152,25 @@ def test_large_random_batch() -> None:
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     keys = [blob[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     assert np.array_equal(key_hash_batch(keys), scalar(keys))
+
+
+def test_a_batch_of_arrow_size_is_packed_by_arrow_and_equals_scalar() -> None:
+    from assignors.vectorized import ARROW_FROM
+
+    keys = [b"key-%d" % i for i in range(ARROW_FROM)]
+    assert np.array_equal(key_hash_batch(keys), scalar(keys))
+
+
+def test_a_workers_batches_never_import_pandas() -> None:
+    """A worker hashes a plain producer's batches (a few thousand keys at most): packed by
+    ``b"".join``, never by pyarrow, whose first conversion imports pandas."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from assignors.vectorized import key_hash_batch; "
+        "key_hash_batch([b'key-%d' % i for i in range(5000)]); "
+        "print('pandas' in sys.modules, 'pyarrow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"], out
