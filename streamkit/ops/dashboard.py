@@ -20,6 +20,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from streamkit.ops.queries import serve_app
+
 __all__ = ["STATIC", "Snapshot", "serve_dashboard"]
 
 STATIC = Path(__file__).with_name("static")
@@ -71,11 +73,4 @@ async def serve_dashboard(
     app.router.add_get("/", page)
     app.router.add_get("/api/status", status)
     app.router.add_static("/static", STATIC)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner.cleanup
+    return await serve_app(app, port, host)

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import ClientSession, ClientTimeout, web
 
-__all__ = ["FORWARDED_HEADER", "Answer", "Lookup", "ask", "serve_queries"]
+__all__ = ["FORWARDED_HEADER", "Answer", "Lookup", "ask", "serve_app", "serve_queries"]
 
 FORWARDED_HEADER = "X-Streamkit-Forwarded"
 """Set on a request one worker forwards to another: that one answers or says 503, never
@@ -37,6 +37,19 @@ class Answer:
 Lookup = Callable[[str, str, bool, bool], Awaitable[Answer]]
 """``lookup(table, key, forwarded, windows)``: the runtime's answer to one query
 (``windows``: every window of the key in a windowed table)."""
+
+
+async def serve_app(app: web.Application, port: int, host: str) -> Callable[[], Awaitable[None]]:
+    """Serve ``app`` on ``host:port``; returns what stops it (nothing is left open when
+    the port cannot be had)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner.cleanup
 
 
 def _response(answer: Answer) -> web.Response:
@@ -78,11 +91,4 @@ async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Cal
     app = web.Application()
     app.router.add_get("/tables/{table}/{key}", value)
     app.router.add_get("/tables/{table}/{key}/windows", windows)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner.cleanup
+    return await serve_app(app, port, host)
