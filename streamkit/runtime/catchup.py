@@ -77,8 +77,8 @@ class CatchUp:
         handled: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         """Read what ``proc`` still lacks of partitions it does not consume (``owned``:
-        those it does; ``plan_left_history``). A partition whose change is not sealed yet
-        is left for a call once the seal is known: the member calls again on every layout
+        those it does; ``plan_left_history``). What lies above the seals known so far is
+        left for a call once the next seal is known: the member calls again on every layout
         change, before the gates (which hold its own partitions until that seal) open."""
         left = plan_left_history(
             proc.id, p0, p, proc.positions, set(owned), {t: self.registry.get(t) for t in self.handlers}, handled

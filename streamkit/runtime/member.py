@@ -452,8 +452,7 @@ class GroupMember:
         """Recompute the gates; fire the key callbacks they call for."""
         self._regate_needed = False
         if self._left_history_due:  # a seal that landed after the assignment: our keys below it first
-            self._left_history_due = False
-            await self._read_left_history()
+            self._left_history_due = not await self._read_left_history()
         events = self.admission.regate(self.services.registry.get, self.services.progress.positions)
         for topic in self.app.handlers:
             if (layout := self.services.registry.get(topic)) is not None:
@@ -464,17 +463,19 @@ class GroupMember:
         if events.assigned:
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission, events.assigned))
 
-    async def _read_left_history(self) -> None:
+    async def _read_left_history(self) -> bool:
         """Each hosted processor reads what it lacks of partitions it no longer consumes
-        (``CatchUp.read_left_history``), now that a layout changed."""
+        (``CatchUp.read_left_history``), now that a layout changed. False: not now (between
+        generations; the next regate tries again)."""
         assignment = self.assignor.assignment
         if assignment is None or self.assigned_generation != self.generation:
-            return
+            return False
         stamp = self._stamp(self.assigned_generation)
         for proc in self.processors.values():
             owned = [(tp.topic, tp.partition) for tp, r in self.admission if r.proc is proc and not r.swept]
             handled = self._handled_before.get(proc.id)
             await self.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned, handled)
+        return True
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:

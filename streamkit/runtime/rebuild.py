@@ -50,7 +50,7 @@ from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.routes import Route, mixed_history_end
+from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,12 @@ def plan_left_history(
         layout = layouts.get(topic)
         if (topic, part) in owned or layout is None:
             continue
-        end = mixed_history_end(layout, part)
-        if end is not None:  # strays are the sweep's to forward, not a catch-up's
-            end = in_place_until(layout, part, pos, end)
-        if end is None or pos >= end:
+        # a later change announced and not sealed leaves what lies below the earlier seals
+        # as settled as before: read it now (the gates of this processor's own partitions
+        # look at their new owners' positions, not at this processor's keys)
+        end = sealed_history_end(layout, part)
+        end = in_place_until(layout, part, pos, end)  # strays are the sweep's to forward, not a catch-up's
+        if pos >= end:
             continue
         high = {topic: high_water(layout)}
         if part in processor_key_sources(processor, {topic: (layout.n0, layout.active)}, p0, p, high_water=high)[topic]:

@@ -57,6 +57,15 @@ def mixed_history_end(layout: TopicLayout | None, partition: int) -> int | None:
     return end
 
 
+def sealed_history_end(layout: TopicLayout | None, partition: int) -> int:
+    """The partition's last seal among the sealed changes (0: none), whatever change is
+    announced and not sealed yet: below it the partition's history is settled."""
+    if layout is None:
+        return 0
+    offsets = (seal.seal_offset(partition) for seal in layout.seals if seal.sealed)
+    return max((o for o in offsets if o is not None), default=0)
+
+
 @dataclass
 class Route:
     """One assigned partition: its processor, handlers, decoders and admission state."""

@@ -9,6 +9,7 @@ the handler takes D ms per record (a job that is slow to consume its backlog).""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import streamkit
 
 SLOW_KEYS = {"k0", "k1", "k2", "k3"}
+log = logging.getLogger("scale_app")
 
 
 def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: float = 0.0) -> streamkit.App:
@@ -29,6 +31,9 @@ def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: fl
             time.sleep(delay_ms / 1000)
         state = seen[key]
         count, last, disorder = state.get(value["p"], (0, -1, 0))
+        if value["seq"] <= last:  # what a failing order check shows (ScaleJob.verify)
+            log.warning("disorder: %s/%s seq %d after %d, from %s[%d]@%d on processor %d", key, value["p"],
+                        value["seq"], last, ctx.topic, ctx.partition, ctx.offset, ctx.processor)  # fmt: skip
         state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
         seen[key] = state
         ctx.send(out, key, {"p": value["p"], "seq": value["seq"], "processor": ctx.processor})

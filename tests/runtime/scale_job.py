@@ -124,6 +124,17 @@ class ScaleJob:
             if proc.poll() is None:
                 proc.kill()
 
+    def _disorder(self) -> str:
+        """The first records a worker applied out of order, with that worker's log of
+        assignments, gates and catch-ups around them (what a failing check shows)."""
+        shown = []
+        for i in range(len(self.workers)):
+            lines = (self.tmp / f"w{i}.log").read_text().splitlines()
+            if any("disorder:" in line for line in lines):
+                events = [line for line in lines if "disorder:" not in line][:40]
+                shown += [f"-- w{i}", *[line for line in lines if "disorder:" in line][:8], *events]
+        return "\n" + "\n".join(shown) if shown else ""
+
     def logs(self) -> str:
         return "".join((self.tmp / f"w{i}.log").read_text() for i in range(len(self.workers)))
 
@@ -213,7 +224,9 @@ class ScaleJob:
                     assert lh_bucket(key_hash(k), self.p0, processors) == pid, f"{key} left in processor {pid}"
                     state[key] = orjson.loads(v)
         wrong = {k: (state.get(k), want) for k, want in expected.items() if state.get(k) != want}
-        assert state == expected, f"{len(wrong)} keys differ (state, expected), e.g. {list(wrong.items())[:3]}"
+        if state != expected:
+            e_g = list(wrong.items())[:3]
+            raise AssertionError(f"{len(wrong)} keys differ (state, expected), e.g. {e_g}" + self._disorder())
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:

@@ -471,3 +471,27 @@ def test_a_swept_partition_an_expansion_activates_forwards_only_what_lies_below_
     assert swept.limit == 6 and tp3 not in consumer.paused
     [(_, out)] = admission.admit(tp3, [Rec("orders", 3, o, f"k{o}".encode()) for o in range(10)])
     assert offsets(out.strays) == list(range(6)) and out.next_position == 6 and tp3 in consumer.paused
+
+
+def test_a_former_sharer_reads_its_keys_below_a_seal_while_the_next_change_is_announced() -> None:
+    """orders: 1 partition shared by processors 0 and 1 (room for 3); expanded to 2
+    (sealed at 1881: partition 1 now holds processor 1's keys), then the expansion to 3
+    is announced. Processor 1, at 1750 in partition 0, must read its keys up to 1881 now:
+    the gate of partition 1 looks at partition 0's new owner (processor 0), not at
+    processor 1's keys. (Waiting for the second seal let partition 1 deliver first.)"""
+    from streamkit.runtime.rebuild import plan_left_history
+
+    lay = transitions.create("orders", 1, capacity=3, now_ms=0)
+    lay = transitions.expand(lay, 2, announce_offsets={0: 1800, 1: 0}, now_ms=1)
+    lay = transitions.seal(lay, {0: 1881, 1: 0})
+    pending = transitions.expand(lay, 3, announce_offsets={0: 2900, 1: 900, 2: 0}, now_ms=2)
+    positions = {("orders", 0): 1750, ("orders", 1): 0}
+
+    def plan(layout: TopicLayout) -> dict[int, int]:
+        left = plan_left_history(1, 2, 2, positions, {("orders", 1)}, {"orders": layout})
+        return {tp.partition: end for tp, end in left.targets.items()}
+
+    assert plan(lay) == {0: 1881} and plan(pending) == {0: 1881}
+    positions[("orders", 0)] = 1881
+    assert plan(pending) == {}
+    assert plan(transitions.seal(pending, {0: 2999, 1: 950, 2: 0})) == {0: 2999}
