@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 from stores.serde import serde_for
 from streamkit.connection import Connection
 from streamkit.settings import connection_settings, load_settings
-from streamkit.tables import Table, WindowedTable
+from streamkit.tables import Table
 from streamkit.topics import Topic
-from streamkit.windows import Tumbling
+from streamkit.windows import BookTable, WindowedTable, WindowKind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,6 +72,8 @@ class App:
         self.timers: list[TimerSpec] = []
         self.keys_revoked_callbacks: list[Callable[..., Any]] = []
         self.keys_assigned_callbacks: list[Callable[..., Any]] = []
+        self.window_close_callbacks: dict[str, list[Callable[..., Any]]] = {}
+        self.late_callbacks: dict[str, list[Callable[..., Any]]] = {}
 
     def connection(self, broker: str | None = None) -> Connection | None:
         """How every client of this app connects: to ``broker`` (else the app's, else the
@@ -99,19 +101,65 @@ class App:
         key_serde: Any = "str",
         value_serde: Any = "json",
         default: Callable[[], Any] | None = None,
-        window: Tumbling | None = None,
+        window: WindowKind | None = None,
     ) -> Table:
-        """Declare a table; `window=Tumbling(60)` makes it a tumbling-window table."""
+        """Declare a table; ``window=`` makes it a windowed table: ``Tumbling(60)``,
+        ``Hopping(60, 10)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``)."""
         if name in self.tables:
             raise ValueError(f"table {name!r} is declared twice")
         if default is not None and not callable(default):
             raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
         ks, vs = serde_for(key_serde), serde_for(value_serde)
-        table: Table = (
-            WindowedTable(name, ks, vs, window, default) if window is not None else Table(name, ks, vs, default)
-        )
+        if window is None:
+            table = Table(name, ks, vs, default)
+        else:
+            table = WindowedTable(name, ks, vs, window, default)
+            if table.book_name in self.tables:
+                raise ValueError(f"table {name!r}: the name {table.book_name!r} of its book is taken")
         self.tables[name] = table
+        self._book(table)
         return table
+
+    def _book(self, table: Table) -> None:
+        """Declare the hidden book of a windowed table that needs one (``streamkit.windows.state``)."""
+        if isinstance(table, WindowedTable) and table.needs_book and table.book_name not in self.tables:
+            self.tables[table.book_name] = BookTable(table)
+
+    def _windowed(self, table: Table | str, what: str) -> WindowedTable:
+        found = self.tables.get(table) if isinstance(table, str) else table
+        if not isinstance(found, WindowedTable) or self.tables.get(found.name) is not found:
+            raise ValueError(f"{what}({table!r}): not a windowed table of app {self.name!r}")
+        return found
+
+    def on_window_close(self, table: Table | str) -> Callable[[F], F]:
+        """Decorate ``fn(key, window, value, ctx)``: called once per window of ``table`` when
+        it closes (stream time passes its close time: end plus grace; a count window's n-th
+        record), with its final value; ``ctx.send`` its result. Once per window in the
+        processor's state: a restart neither repeats a close it checkpointed nor skips one
+        (its output, like all output, is at least once); never while state is rebuilt."""
+        t = self._windowed(table, "@app.on_window_close")
+
+        def register(fn: F) -> F:
+            _check_arity(fn, 4, "@app.on_window_close callback", "(key, window, value, ctx)")
+            t.closes = True
+            self._book(t)
+            self.window_close_callbacks.setdefault(t.name, []).append(fn)
+            return fn
+
+        return register
+
+    def on_late(self, table: Table | str) -> Callable[[F], F]:
+        """Decorate ``fn(key, value, ctx, late)``: called for a record that joins no open
+        window of ``table`` (``late``: the ``LateRecordError``, with ``start``, ``end`` and
+        ``stream_time``), instead of sending it to the dead letters with reason ``late``."""
+        t = self._windowed(table, "@app.on_late")
+
+        def register(fn: F) -> F:
+            _check_arity(fn, 4, "@app.on_late callback", "(key, value, ctx, late)")
+            self.late_callbacks.setdefault(t.name, []).append(fn)
+            return fn
+
+        return register
 
     def processor(self, topic: Topic | str, *, concurrency: int = 1) -> Callable[[F], F]:
         """Decorate `fn(key, value, ctx)` (sync or async) to handle every record of `topic`.

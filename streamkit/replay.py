@@ -19,7 +19,8 @@ from typing import Any
 from streamkit.app import App, HandlerSpec
 from streamkit.context import Context, Outbox, ReplayRecord
 from streamkit.errors import ReplayError
-from streamkit.tables import Table, WindowedTable
+from streamkit.tables import Table
+from streamkit.windows import BookTable, WindowedTable
 
 
 class _KeyScopedState:
@@ -31,7 +32,7 @@ class _KeyScopedState:
         self.data: dict[Any, Any] = {}
 
     def _check(self, key: Any) -> None:
-        own = key[0] if isinstance(self.table, WindowedTable) else key
+        own = key[0] if isinstance(self.table, WindowedTable | BookTable) else key
         if own != self.replay.current_key:
             raise ReplayError(
                 f"handler {self.replay.current_handler} touched key {own!r} of table "
@@ -99,7 +100,10 @@ class Replayer:
         outbox.suppress = True
         ctx = Context(outbox)
         for name, t in app.tables.items():
-            t.bind(states[name], ctx)
+            if isinstance(t, WindowedTable):  # its windows, placed over its book (if it has one)
+                t.bind(t.state_over(states[name], states.get(t.book_name)), ctx)
+            else:
+                t.bind(states[name], ctx)
         try:
             k = topic.key_serde.loads(key) if key is not None else None
         except Exception as exc:  # noqa: BLE001 - the worker dead-letters these records

@@ -62,6 +62,18 @@ class Settings(BaseSettings):
         description="serve the worker's Prometheus metrics on this port (all interfaces; None: off); "
         "`streamkit worker --metrics-port`",
     )
+    close_on: Literal["stream", "wall"] = Field(
+        "stream",
+        description="what moves the stream time that closes windows: 'stream' (the records' timestamps only) or "
+        "'wall' (also the wall clock, minus close_allowance: an idle key or partition still gets its windows "
+        "closed and its close callbacks called)",
+    )
+    close_allowance: float = Field(
+        5.0,
+        ge=0,
+        description="with close_on='wall': seconds the wall clock is held back (how late records may still arrive "
+        "from a producer whose clock, or delivery, lags)",
+    )
     latency: Literal["throughput", "low"] = Field(
         "throughput",
         description="a preset of fetch_max_wait_ms, output_linger_ms, max_batch_records and gc_threshold: "

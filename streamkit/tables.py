@@ -12,12 +12,10 @@ Values are cached deserialised: mutate-in-place is NOT tracked. Assign the value
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Protocol
 
 from stores.serde import Serde
-from streamkit.windows import LateRecordError, Tumbling
 
 _MISSING: Any = object()
 
@@ -50,7 +48,8 @@ class _Unbound:
 class Table(MutableMapping[Any, Any]):
     """A keyed table. `default` (a zero-argument callable, e.g. `int`) supplies missing values."""
 
-    window: Tumbling | None = None
+    window: Any = None
+    """A windowed table's kind of windows (``streamkit.windows``); None: not windowed."""
 
     def __init__(
         self, name: str, key_serde: Serde, value_serde: Serde, default: Callable[[], Any] | None = None
@@ -68,7 +67,7 @@ class Table(MutableMapping[Any, Any]):
         """The serde of the keys as stored (windowed tables add the window start)."""
         return self.key_serde
 
-    def bind(self, backend: TableBackend | None, clock: CurrentTime | None = None) -> None:
+    def bind(self, backend: TableBackend | None, clock: Any = None) -> None:
         """Point the table at `backend` (None: unbound). Only the runtime's binder and the
         offline replay call this; `clock` is what windowed tables read the time from."""
         self._backend = backend if backend is not None else _Unbound(self.name)
@@ -105,94 +104,3 @@ class Table(MutableMapping[Any, Any]):
 
     def __repr__(self) -> str:
         return f"<Table {self.name}>"
-
-
-class WindowKeySerde:
-    """Stored key of a windowed table: the user key's bytes + 8-byte big-endian window start."""
-
-    def __init__(self, inner: Serde) -> None:
-        self.inner = inner
-
-    def dumps(self, key: tuple[Any, int]) -> bytes:
-        return self.inner.dumps(key[0]) + struct.pack(">q", key[1])
-
-    def loads(self, data: bytes) -> tuple[Any, int]:
-        return self.inner.loads(data[:-8]), struct.unpack(">q", data[-8:])[0]
-
-
-class CurrentTime(Protocol):
-    @property
-    def timestamp(self) -> int: ...
-
-
-class _NoClock:
-    """The clock of an unbound windowed table: no record, no time."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def timestamp(self) -> int:
-        raise RuntimeError(f"windowed table {self._name!r} was used outside a handler or timer: no record time")
-
-
-class WindowedTable(Table):
-    """A table whose keys are (key, window start); `t[key]` addresses the window of the
-    record being processed (its Kafka timestamp), as faust's `.current()` does."""
-
-    def __init__(
-        self,
-        name: str,
-        key_serde: Serde,
-        value_serde: Serde,
-        window: Tumbling,
-        default: Callable[[], Any] | None = None,
-    ) -> None:
-        super().__init__(name, key_serde, value_serde, default)
-        self.window = window
-        self._clock: CurrentTime = _NoClock(name)
-        self._stored_key_serde = WindowKeySerde(key_serde)
-
-    def bind(self, backend: TableBackend | None, clock: CurrentTime | None = None) -> None:
-        super().bind(backend, clock)
-        self._clock = clock if clock is not None and backend is not None else _NoClock(self.name)
-
-    @property
-    def store_key_serde(self) -> Serde:
-        return self._stored_key_serde
-
-    def _wkey(self, key: Any) -> tuple[Any, int]:
-        clock = self._clock
-        ts = clock.timestamp
-        window = self.window
-        assert window is not None
-        start = ts - ts % window.size_ms
-        stream_time = getattr(clock, "stream_time", -1)
-        if stream_time >= 0 and window.closed(start, stream_time):
-            raise LateRecordError(
-                f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
-                f"grace {window.grace:g} s): the record is late"
-            )
-        return (key, start)
-
-    def __getitem__(self, key: Any) -> Any:
-        return super().__getitem__(self._wkey(key))
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self._backend.get(self._wkey(key), default)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._backend[self._wkey(key)] = value
-
-    def __delitem__(self, key: Any) -> None:
-        self._backend.__delitem__(self._wkey(key))
-
-    def __contains__(self, key: object) -> bool:
-        return self._wkey(key) in self._backend
-
-    def get_window(self, key: Any, start_ms: int, default: Any = None) -> Any:
-        """Value of `key` in the window starting at `start_ms`."""
-        return self._backend.get((key, start_ms), default)
-
-    def window_start(self, timestamp_ms: int) -> int:
-        return self.window.start_of(timestamp_ms)  # type: ignore[union-attr]

@@ -96,10 +96,16 @@ ALIASES: dict[str, str] = {
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
     "streamkit-metrics": "streamkit_app",
+    "streamkit-tumbling": "streamkit_windows_app",
+    "streamkit-hopping": "streamkit_windows_app",
+    "streamkit-session": "streamkit_windows_app",
+    "streamkit-count": "streamkit_windows_app",
+    "quix-hopping": "quix_hopping",
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
 streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
-served and scraped every second)."""
+served and scraped every second; ``streamkit-hopping`` and the other kinds: a windowed
+table of that kind instead of the plain one, ``benchmarks.contenders.streamkit_windows_app``)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records
 # each carrying the stamp streamkit's producer writes (benchmarks.input)
@@ -112,6 +118,11 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
+    "quix-hopping": ("quixstreams",),
+    **{
+        f"streamkit-{kind}": ("streamkit", "stores", "rocksdict")
+        for kind in ("tumbling", "hopping", "session", "count")
+    },
     "faust": ("faust", "rocksdict"),
     "bytewax": ("bytewax", "confluent_kafka", "orjson"),
 }

@@ -71,15 +71,15 @@ def _heartbeat_ms(session_timeout_ms: int) -> int:
     return max(100, min(3000, session_timeout_ms // 3))
 
 
-def _run(args, state_dir: str, progress: dict) -> None:
+def application(args, state_dir: str, group: str):
+    """The quixstreams app as every quix contender configures it, and its input topic."""
     import logging
 
     from quixstreams import Application
 
-    run_id = os.path.basename(state_dir).rsplit("-", 1)[-1]
     app = Application(
         broker_address=args.bootstrap,
-        consumer_group=f"quix-bench-{run_id}",
+        consumer_group=group,
         auto_offset_reset="earliest",
         processing_guarantee="at-least-once",
         state_dir=state_dir,
@@ -100,6 +100,12 @@ def _run(args, state_dir: str, progress: dict) -> None:
     extra = topic.broker_config.extra_config
     extra.setdefault("retention.ms", "-1")
     extra.setdefault("retention.bytes", "-1")
+    return app, topic
+
+
+def _run(args, state_dir: str, progress: dict) -> None:
+    run_id = os.path.basename(state_dir).rsplit("-", 1)[-1]
+    app, topic = application(args, state_dir, f"quix-bench-{run_id}")
     sdf = app.dataframe(topic)
 
     n_target = args.records

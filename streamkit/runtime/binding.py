@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from streamkit.tables import CurrentTime, Table, TableBackend
+from streamkit.tables import Table, TableBackend
+from streamkit.windows.table import CurrentTime
 
 
 class TableBinder:

@@ -21,6 +21,7 @@ from streamkit.context import Context, Outbox
 from streamkit.ops.metrics import Durations
 from streamkit.runtime.admission import Admitted
 from streamkit.runtime.binding import TableBinder
+from streamkit.runtime.closes import CloseCallbacks, fire_closes
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route
@@ -57,12 +58,30 @@ class _Clock:
     def stream_time(self) -> int:
         return (_RUNNING.get() or self._shared).stream_time
 
+    @property
+    def record(self) -> Any:
+        """The record being handled (count windows count each once)."""
+        return (_RUNNING.get() or self._shared)._rec
+
 
 class Dispatcher:
     """Applies admitted records of one group member to its processors' state."""
 
-    def __init__(self, name: str, tables: Mapping[str, Table], output: Output, *, failure_alarm_after: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        tables: Mapping[str, Table],
+        output: Output,
+        *,
+        failure_alarm_after: int,
+        close_callbacks: CloseCallbacks | None = None,
+        late_callbacks: CloseCallbacks | None = None,
+    ) -> None:
         self.name = name
+        self.close_callbacks: CloseCallbacks = close_callbacks or {}
+        """Per windowed table, its ``@app.on_window_close`` callbacks."""
+        self.late_callbacks: CloseCallbacks = late_callbacks or {}
+        """Per windowed table, its ``@app.on_late`` callbacks (else late records are dead letters)."""
         self.output = output
         self.outbox = Outbox()
         self.ctx = Context(self.outbox)
@@ -86,7 +105,7 @@ class Dispatcher:
         if admitted.rebuild or admitted.deliver:
             started = time.perf_counter()
             proc = route.proc
-            self.binder.bind(proc.caches)
+            self.binder.bind(proc.backends)
             self.ctx.processor = proc.id
             if admitted.rebuild:
                 self.outbox.suppress = True
@@ -94,6 +113,8 @@ class Dispatcher:
                     await self._run(admitted.rebuild, route, rebuilding=True)
                 finally:
                     self.outbox.suppress = False
+                if proc.window_states:  # closes the group made already: recorded, not called again
+                    await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
@@ -102,6 +123,8 @@ class Dispatcher:
                 await self.run_queued(route)
             elif admitted.deliver:
                 await self._run(admitted.deliver, route, rebuilding=False)
+                if proc.window_states:
+                    await fire_closes(proc, self.close_callbacks, self.outbox, silent=False)
             self.handler_batches.observe(time.perf_counter() - started)
             self.applied[route.position_key[0]] += len(admitted.rebuild) + len(admitted.deliver)
         for rec, report in admitted.late:
@@ -118,7 +141,7 @@ class Dispatcher:
         scheduler = route.scheduler
         assert scheduler is not None
         proc, kl, vl = route.proc, route.key_loads, route.value_loads
-        self.binder.bind(proc.caches)
+        self.binder.bind(proc.backends)
         failures: list[Failure] = []
         ran = 0
 
@@ -133,21 +156,65 @@ class Dispatcher:
                 return
             ctx = Context(self.outbox)  # one per record: handlers of other keys run meanwhile
             ctx._rec, ctx.processor = rec, proc.id
-            ctx.stream_time = proc.stream_at.pop((rec.topic, rec.partition, rec.offset), -1)
+            at = (rec.topic, rec.partition, rec.offset)
+            ctx.stream_time = proc.stream_at.get(at, -1)  # kept until it finishes: it holds closes back
             _RUNNING.set(ctx)  # this task's own: windowed tables read this record's time
-            for spec in route.handlers:
-                try:
-                    await spec.fn(k, v, ctx)
-                except LateRecordError as exc:
-                    failures.append((rec, "late", exc, spec.name))
-                except Exception as exc:  # noqa: BLE001 - user code
-                    failures.append((rec, "handler", exc, spec.name))
+            try:
+                for spec in route.handlers:
+                    try:
+                        await spec.fn(k, v, ctx)
+                    except LateRecordError as exc:
+                        await self._late(exc, rec, k, v, ctx, spec.name, failures)
+                    except Exception as exc:  # noqa: BLE001 - user code
+                        failures.append((rec, "handler", exc, spec.name))
+            finally:
+                proc.stream_at.pop(at, None)
 
         await scheduler.run(handle, self.run_budget)
         if failures:
             await self._failed(failures, ran * len(route.handlers), rebuilding=False)
         elif ran:
             self.consecutive_failures = 0
+        if proc.window_states:
+            await fire_closes(proc, self.close_callbacks, self.outbox, silent=False)
+
+    async def _late(
+        self, exc: LateRecordError, rec: Any, key: Any, value: Any, ctx: Context, handler: str, failures: list[Failure]
+    ) -> None:
+        """A record for closed windows: the table's ``on_late`` callbacks, else a dead letter."""
+        fns = self.late_callbacks.get(exc.table)
+        if not fns:
+            failures.append((rec, "late", exc, handler))
+            return
+        for fn in fns:
+            try:
+                result = fn(key, value, ctx, exc)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as err:  # noqa: BLE001 - user code
+                failures.append((rec, "handler", err, getattr(fn, "__qualname__", repr(fn))))
+
+    async def adopt_stream_time(self, proc: ProcessorState, stream_time: int) -> int:
+        """A processor that takes keys over at T1 from their old owner goes on with the old
+        owner's stream time there (a record late for the old owner is late for it too), and
+        records as closed, without calling the callbacks, the windows that stream time had
+        closed: the old owner sent them. Returns how many."""
+        if not proc.window_states or stream_time <= proc.stream_time:
+            return 0
+        proc.stream_time = stream_time
+        return await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
+
+    async def tick_wall(self, processors: Iterable[ProcessorState], now_ms: int) -> int:
+        """``close_on="wall"``: move each processor's stream time up to ``now_ms`` (the wall
+        clock less the allowance) and fire the closes that makes due. Returns how many."""
+        closed = 0
+        for proc in processors:
+            if not proc.window_states or now_ms <= proc.stream_time:
+                continue
+            proc.stream_time = now_ms
+            self.binder.bind(proc.backends)
+            closed += await fire_closes(proc, self.close_callbacks, self.outbox, silent=False)
+        return closed
 
     async def send_output(self) -> None:
         """Hand what the handlers sent to the producer (acknowledged at the checkpoint)."""
@@ -164,7 +231,7 @@ class Dispatcher:
         for proc, parts in partitions.items():
             if not parts:
                 continue
-            self.binder.bind(proc.caches)
+            self.binder.bind(proc.backends)
             for fn in callbacks:
                 result = fn(parts)
                 if inspect.isawaitable(result):
@@ -198,7 +265,10 @@ class Dispatcher:
                     if is_async:
                         await result
                 except LateRecordError as exc:
-                    failures.append((rec, "late", exc, spec.name))
+                    if rebuilding:  # reported (or handed to on_late) when first handled
+                        failures.append((rec, "late", exc, spec.name))
+                    else:
+                        await self._late(exc, rec, k, v, ctx, spec.name, failures)
                 except Exception as exc:  # noqa: BLE001 - user code
                     failures.append((rec, "handler", exc, spec.name))
         if failures:

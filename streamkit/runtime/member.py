@@ -48,6 +48,8 @@ from streamkit.state.restore import restore_store
 log = logging.getLogger(__name__)
 
 GATE_POLL_SECONDS = 0.1
+WALL_TICK_SECONDS = 0.5
+"""With ``close_on="wall"``: how often the wall clock moves the processors' stream time."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -82,6 +84,7 @@ class GroupMember:
         self._since_checkpoint = 0
         self._next_checkpoint = 0.0
         self._next_gate_poll = 0.0
+        self._next_wall_tick = 0.0
         self._regate_needed = False
         self._left_history_due = False
         self._handled_before: dict[int, dict[tuple[str, int], int]] = {}
@@ -124,7 +127,10 @@ class GroupMember:
             self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges,
             services.plain_partitions,
         )  # fmt: skip
-        self.dispatcher = Dispatcher(self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after)
+        self.dispatcher = Dispatcher(
+            self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after,
+            close_callbacks=app.window_close_callbacks, late_callbacks=app.late_callbacks,
+        )  # fmt: skip
         self.catchup = CatchUp(
             self.name, services.io, services.registry, services.progress, app.handlers, app.input_topics,
             self.dispatcher, app.group_id, s.commit_every, self._send_output,
@@ -372,6 +378,9 @@ class GroupMember:
         self.job_p = self.assignor.info.p = job.p
         self.assignor.info.hosted = sorted(self.processors)
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
+        if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
+            await self.catchup.rebuild(joined, self._stamp(generation), job.p0, job.p)
+            await self.dispatcher.adopt_stream_time(joined, old.stream_time)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         handled = self._handled_before[joined.id] = dict(old.positions)
         owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
@@ -482,6 +491,7 @@ class GroupMember:
         consumer = self.consumer
         settings = self.app.settings
         lock = self.services.lock
+        wall_closes = settings.close_on == "wall"
         while not self._stopping:
             self.awaiting_records = True
             try:
@@ -504,6 +514,12 @@ class GroupMember:
                     if self.admission.gated:
                         await self.services.progress.refresh()
                     await self._regate()
+            if wall_closes and now >= self._next_wall_tick and self.processors:
+                self._next_wall_tick = now + WALL_TICK_SECONDS
+                async with lock:
+                    wall_ms = int((time.time() - settings.close_allowance) * 1000)
+                    if await self.dispatcher.tick_wall(self.serving(), wall_ms):
+                        await self.dispatcher.send_output()
             if self.processors and (
                 self._since_checkpoint >= settings.commit_every
                 or now >= self._next_checkpoint

@@ -25,6 +25,7 @@ from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
+from streamkit.windows import WindowedTable
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +98,21 @@ class ProcessorState:
         self.pending: dict[Position, set[int]] = {}
         """Offsets below the positions handed to handlers and not finished (key-level concurrency)."""
         self.uncommitted = 0
-        self.windows = {name: t.window for name, t in tables.items() if t.window is not None}
+        self.window_states = {
+            name: t.state_over(self.caches[name], self.caches.get(t.book_name))
+            for name, t in tables.items()
+            if isinstance(t, WindowedTable)
+        }
+        """Per windowed table: its windows, book and close index (``streamkit.windows.state``)."""
+        self.windows = {name: state.kind for name, state in self.window_states.items()}
+        self.backends: dict[str, Any] = {**self.caches, **self.window_states}
+        """What the tables are bound to while this processor runs."""
         self.stream_time = int(loaded.extra.get(STREAM_TIME, -1)) if self.windows else -1
-        """The largest record timestamp applied (ms; -1: none, or no windowed table)."""
+        """The largest record timestamp applied (ms; -1: none, or no windowed table); with
+        ``close_on="wall"`` the wall clock moves it too."""
         self.stream_at: dict[tuple[str, int, int], int] = {}
-        """Stream time of records queued for key-concurrent handlers, fixed in offset order."""
-        self._expiry_mark: dict[str, int] = {}
+        """Stream time of records queued for (or running in) key-concurrent handlers, fixed
+        in offset order."""
         self.seen_strays = SeenStrays(dict(loaded.extra.get(SEEN_STRAYS, {})))
         """The forwarded strays applied: a second copy of one is dropped."""
 
@@ -116,6 +126,8 @@ class ProcessorState:
         if self.windows:
             self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
             self.stream_at.clear()
+            for state in self.window_states.values():
+                state.reindex()
 
     def reload(self) -> None:
         """Take the store as it is now (written directly, not through the caches): its
@@ -131,22 +143,19 @@ class ProcessorState:
             self.stream_time = timestamp_ms
         return self.stream_time
 
+    def close_bound(self) -> int:
+        """How far windows may close now: stream time, held back to the oldest record a
+        key-concurrent handler has not finished (it may still write a window that stream
+        time alone would close)."""
+        if self.stream_at:
+            return min(self.stream_time, min(self.stream_at.values()))
+        return self.stream_time
+
     def expire_windows(self) -> int:
         """Delete the windows past their retention (through the caches: part of the next
-        checkpoint's batch). Scans a table only when stream time entered a new window
-        since its last scan. Returns how many were deleted."""
-        deleted = 0
-        for name, window in self.windows.items():
-            mark = self.stream_time // window.size_ms
-            if self.stream_time < 0 or self._expiry_mark.get(name) == mark:
-                continue
-            self._expiry_mark[name] = mark
-            cache = self.caches[name]
-            expired = [k for k in cache.keys() if window.expired(k[1], self.stream_time)]
-            for k in expired:
-                del cache[k]
-            self.uncommitted += len(expired)
-            deleted += len(expired)
+        checkpoint's batch; ``WindowState.expire``). Returns how many were deleted."""
+        deleted = sum(state.expire(self.stream_time) for state in self.window_states.values())
+        self.uncommitted += deleted
         return deleted
 
     def stable(self) -> tuple[dict[Position, int], dict[Position, list[Range]]]:

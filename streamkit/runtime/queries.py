@@ -27,6 +27,7 @@ from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.status import STALE_AFTER, STATUS_TOPIC, WorkerStatus, decode_status
+from streamkit.windows import BookTable, Count, Session
 
 __all__ = ["QueryAnswers"]
 
@@ -51,7 +52,7 @@ class QueryAnswers:
 
     async def __call__(self, table: str, key_text: str, forwarded: bool, windows: bool = False) -> Answer:
         t = self.app.tables.get(table)
-        if t is None:
+        if t is None or isinstance(t, BookTable):
             return Answer(
                 404, {"error": f"app {self.app.name!r} has no table {table!r} (tables: {sorted(self.app.tables)})"}
             )
@@ -118,20 +119,13 @@ class QueryAnswers:
 
 def _windows(proc: ProcessorState, table: str, key: Any, key_bytes: bytes, window: Any) -> list[dict[str, Any]]:
     """Every window the processor holds for the key (its store and uncommitted changes)
-    and has not expired, by start: the stored keys are the key's bytes and an 8-byte
-    big-endian start, so they lie between the key's bytes and eight 0x00 bytes and eight
-    0xff (with longer keys that begin with the same bytes among them: those are left out)."""
-    low, high = key_bytes + bytes(8), key_bytes + b"\xff" * 8 + b"\x00"
-    found = [
-        (start, value)
-        for (k, start), value in proc.caches[table].items_between(low, high)
-        if k == key and (proc.stream_time < 0 or not window.expired(start, proc.stream_time))
-    ]
-    return [{"start": s, "end": s + window.size_ms, "value": _json(v)} for s, v in sorted(found, key=_start)]
-
-
-def _start(found: tuple[int, Any]) -> int:
-    return found[0]
+    and has not expired, by start (``WindowState.windows``; a session's end is its last
+    record's time, a count window's the number of its records' end)."""
+    state = proc.window_states[table]
+    found = state.windows(key, key_bytes)
+    if proc.stream_time >= 0 and not isinstance(window, Count | Session):
+        found = [(w, v) for w, v in found if not window.expired(w.start, proc.stream_time)]
+    return [{"start": w.start, "end": w.end, "value": _json(v)} for w, v in found]
 
 
 def _json(value: Any) -> Any:

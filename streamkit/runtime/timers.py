@@ -80,7 +80,7 @@ async def fire(
     for proc in list(processors):
         outbox = Outbox()
         ctx = TimerContext(outbox, proc.id, now)
-        TableBinder(tables, ctx).bind(proc.caches)
+        TableBinder(tables, ctx).bind(proc.backends)
         result = spec.fn(ctx)
         if inspect.isawaitable(result):
             await result

@@ -143,7 +143,7 @@ class TestDriver:
         part = partition_for_key(kb, n, n) if kb is not None else next(self._round_robin) % n
         log = self._log.setdefault((topic, part), [])
         ts = self.now if timestamp is None else timestamp
-        log.append(InputRecord(topic, part, len(log), int(ts * 1000), kb, vb, tuple(headers)))
+        log.append(InputRecord(topic, part, len(log), round(ts * 1000), kb, vb, tuple(headers)))
         self._run(self._pump())
 
     def advance(self, seconds: float) -> None:
@@ -162,6 +162,10 @@ class TestDriver:
             self._next_fire[id(spec)] = at + spec.seconds
             self._run(timers.fire(spec, self._procs.values(), self.app.tables, self._output, now=self._clock))
         self.now = end
+        if self.app.settings.close_on == "wall":  # the worker's wall tick, on the driver's clock
+            wall_ms = int((self.now - self.app.settings.close_allowance) * 1000)
+            self._run(self._dispatcher.tick_wall(self._procs.values(), wall_ms))
+            self._run(self._dispatcher.send_output())
 
     def table(self, name: str) -> dict[Any, Any]:
         """Table ``name`` as the handlers see it now (checkpointed or not), every
@@ -213,6 +217,7 @@ class TestDriver:
         dispatcher = Dispatcher(
             f"{self.app.name}-driver", self.app.tables, self._output,
             failure_alarm_after=self.app.settings.failure_alarm_after,
+            close_callbacks=self.app.window_close_callbacks, late_callbacks=self.app.late_callbacks,
         )  # fmt: skip
         dispatcher.run_budget = math.inf  # deterministic: no wall-clock cut
         return dispatcher

@@ -102,7 +102,7 @@ def _counts_per_part(records: list[tuple[Any, ...]]) -> list[int]:
 
 def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
     from stores.serde import StrSerde
-    from streamkit.tables import WindowKeySerde
+    from streamkit.windows import WindowKeySerde
 
     rows = [(f"k{i % 7}", i % 5, 0, i, 1_700_000_000_000 + i * 7_000) for i in range(600)]
     df = spark.createDataFrame(rows, "key string, amount long, partition int, offset long, ts long")

@@ -1,0 +1,243 @@
+"""The kinds of windows, which windows a record joins, and when a window closes and expires.
+
+Time is the processor's **stream time**: the largest record timestamp it has applied
+(checkpointed with its state, so a restart decides exactly as the first run did; with
+``close_on="wall"`` the wall clock moves it too). A window accepts records until stream
+time reaches its close time (its end plus ``grace``); a record that joins no open
+window is late. A window is kept for reads until its end plus ``retention``, then
+deleted at a checkpoint. All times are ms since the epoch; the settings are seconds.
+
+The definitions follow Kafka Streams' where it has the kind: ``TimeWindows`` (tumbling,
+hopping: ``[start, start + size)``, start a multiple of the advance), ``SessionWindows``
+(an inactivity gap; a record that bridges two sessions merges them). ``Count`` windows
+are quixstreams' (a key's n records, optionally hopping by ``step`` records).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from streamkit.errors import StreamkitError
+
+DEFAULT_RETENTION = 24 * 3600.0
+"""Seconds a window is kept after its end (and, by default, accepts late records): a day,
+as Kafka Streams' defaults were."""
+
+NEVER = 1 << 62
+"""A close time that stream time never reaches (count windows close on their n-th record)."""
+
+
+class LateRecordError(StreamkitError):
+    """A record for a window that has closed (stream time passed its end plus grace)."""
+
+    def __init__(self, message: str, table: str = "", start: int = -1, end: int = -1, stream_time: int = -1) -> None:
+        super().__init__(message)
+        self.table, self.start, self.end, self.stream_time = table, start, end, stream_time
+
+
+class Window(NamedTuple):
+    """One window of a key: ``[start, end)`` in ms for time windows (a session's ``end``
+    is its last record's time); for count windows, record numbers ``[start, end)``."""
+
+    start: int
+    end: int
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+@dataclass(frozen=True)
+class _TimeKind:
+    """What every kind has: ``grace`` and ``retention`` (seconds)."""
+
+    grace: float = DEFAULT_RETENTION
+    retention: float = DEFAULT_RETENTION
+
+    def _check(self, name: str) -> None:
+        if self.grace < 0:
+            raise ValueError(f"{name} window grace must be >= 0 seconds, got {self.grace!r}")
+        if self.retention < self.grace:
+            raise ValueError(
+                f"{name} window retention ({self.retention!r} s) must be at least its grace ({self.grace!r} s): "
+                "a window must be kept while it accepts records"
+            )
+
+    @property
+    def grace_ms(self) -> int:
+        return _ms(self.grace)
+
+    @property
+    def retention_ms(self) -> int:
+        return _ms(self.retention)
+
+    def close_time(self, window: Window) -> int:
+        """When stream time closes ``window``: no record joins it from then on."""
+        return window.end + self.grace_ms
+
+    def expiry_time(self, window: Window) -> int:
+        """When stream time expires ``window``: it is deleted from then on."""
+        return window.end + self.retention_ms
+
+
+@dataclass(frozen=True)
+class Tumbling(_TimeKind):
+    """Fixed, non-overlapping windows of ``size`` seconds aligned to the epoch; records
+    are accepted ``grace`` seconds after a window's end, and the window is kept
+    ``retention`` seconds after its end (at least ``grace``)."""
+
+    size: float = 0.0
+
+    def __init__(self, size: float, grace: float = DEFAULT_RETENTION, retention: float = DEFAULT_RETENTION) -> None:
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "grace", grace)
+        object.__setattr__(self, "retention", retention)
+        if self.size <= 0:
+            raise ValueError(f"Tumbling window size must be > 0 seconds, got {self.size!r}")
+        self._check("Tumbling")
+
+    @property
+    def size_ms(self) -> int:
+        return _ms(self.size)
+
+    @property
+    def advance_ms(self) -> int:
+        return self.size_ms
+
+    def start_of(self, timestamp_ms: int) -> int:
+        """Start (ms since the epoch) of the window holding `timestamp_ms`."""
+        return timestamp_ms - timestamp_ms % self.size_ms
+
+    def windows_of(self, timestamp_ms: int) -> list[Window]:
+        """The windows a record of ``timestamp_ms`` joins, oldest first."""
+        start = timestamp_ms - timestamp_ms % self.size_ms
+        return [Window(start, start + self.size_ms)]
+
+    def window_at(self, start_ms: int) -> Window:
+        return Window(start_ms, start_ms + self.size_ms)
+
+    def closed(self, start_ms: int, stream_time_ms: int) -> bool:
+        """The window starting at ``start_ms`` accepts no more records."""
+        return start_ms + self.size_ms + self.grace_ms <= stream_time_ms
+
+    def expired(self, start_ms: int, stream_time_ms: int) -> bool:
+        """The window starting at ``start_ms`` is past its retention: delete it."""
+        return start_ms + self.size_ms + self.retention_ms <= stream_time_ms
+
+
+@dataclass(frozen=True)
+class Hopping(Tumbling):
+    """Windows of ``size`` seconds starting every ``advance`` seconds (aligned to the
+    epoch): a record joins every window ``[start, start + size)`` that holds its
+    timestamp, ``size / advance`` of them when ``advance`` divides ``size``.
+    ``Hopping(size, size)`` is ``Tumbling(size)``."""
+
+    advance: float = 0.0
+
+    def __init__(
+        self, size: float, advance: float, grace: float = DEFAULT_RETENTION, retention: float = DEFAULT_RETENTION
+    ) -> None:
+        object.__setattr__(self, "advance", advance)
+        if advance <= 0 or advance > size:
+            raise ValueError(f"Hopping window advance must be > 0 and at most its size ({size!r} s), got {advance!r}")
+        super().__init__(size, grace, retention)
+
+    @property
+    def advance_ms(self) -> int:
+        return _ms(self.advance)
+
+    def windows_of(self, timestamp_ms: int) -> list[Window]:
+        advance, size = self.advance_ms, self.size_ms
+        start = timestamp_ms - timestamp_ms % advance
+        out = []
+        while start > timestamp_ms - size and start >= 0:
+            out.append(Window(start, start + size))
+            start -= advance
+        out.reverse()
+        return out
+
+    def start_of(self, timestamp_ms: int) -> int:
+        """The start of the newest window holding ``timestamp_ms``."""
+        return timestamp_ms - timestamp_ms % self.advance_ms
+
+
+@dataclass(frozen=True)
+class Session(_TimeKind):
+    """Per key, records at most ``gap`` seconds apart form one session ``[first, last]``;
+    a record within ``gap`` of two sessions merges them, their values combined with
+    ``merge(older, newer)`` (default ``+``). A session closes ``gap + grace`` seconds
+    after its last record (no record can join it then) and is kept ``retention`` seconds
+    after that close."""
+
+    gap: float = 0.0
+    merge: Callable[[Any, Any], Any] = field(default=operator.add, compare=False)
+
+    def __init__(
+        self,
+        gap: float,
+        grace: float = 0.0,
+        retention: float = DEFAULT_RETENTION,
+        merge: Callable[[Any, Any], Any] = operator.add,
+    ) -> None:
+        object.__setattr__(self, "gap", gap)
+        object.__setattr__(self, "grace", grace)
+        object.__setattr__(self, "retention", retention)
+        object.__setattr__(self, "merge", merge)
+        if gap <= 0:
+            raise ValueError(f"Session window gap must be > 0 seconds, got {gap!r}")
+        if not callable(merge):
+            raise TypeError(f"Session window merge must be a function (older, newer) -> merged, got {merge!r}")
+        self._check("Session")
+
+    @property
+    def gap_ms(self) -> int:
+        return _ms(self.gap)
+
+    def close_time(self, window: Window) -> int:
+        return window.end + self.gap_ms + self.grace_ms
+
+    def expiry_time(self, window: Window) -> int:
+        return window.end + self.gap_ms + self.grace_ms + self.retention_ms
+
+    def joins(self, window: Window, timestamp_ms: int) -> bool:
+        """A record of ``timestamp_ms`` belongs to (or extends) the session ``window``."""
+        gap = self.gap_ms
+        return window.start - gap <= timestamp_ms <= window.end + gap
+
+
+@dataclass(frozen=True)
+class Count:
+    """Windows of a key's ``n`` records: records ``[i * step, i * step + n)`` of the key
+    (``step`` defaults to ``n``: tumbling by count; a smaller step makes them hop). A
+    window closes with its n-th record and is deleted once closed (its close callback,
+    if any, has its final value)."""
+
+    n: int
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"Count window n must be an integer >= 1, got {self.n!r}")
+        if self.step == 0:
+            object.__setattr__(self, "step", self.n)
+        if not isinstance(self.step, int) or not 1 <= self.step <= self.n:
+            raise ValueError(f"Count window step must be an integer from 1 to n ({self.n}), got {self.step!r}")
+
+    def windows_of(self, index: int) -> list[Window]:
+        """The windows the key's record number ``index`` (0, 1, ...) joins, oldest first."""
+        n, step = self.n, self.step
+        first = max(0, (index - n) // step + 1)
+        return [Window(i * step, i * step + n) for i in range(first, index // step + 1)]
+
+    def close_time(self, window: Window) -> int:
+        return NEVER
+
+    def expiry_time(self, window: Window) -> int:
+        return NEVER
+
+
+WindowKind = Tumbling | Session | Count
+"""Every kind a windowed table can have (``Hopping`` is a ``Tumbling``)."""

@@ -1,0 +1,317 @@
+"""One processor's side of one windowed table: its windows, its book, its close index.
+
+The windows are the table's entries, ``(key, start) -> value``. The **book** is a second
+table beside it, ``(key, 0) -> {"w": [[start, end, state], ...], "n": count}``: per key,
+the windows that have not closed yet (``OPEN``), the sessions that closed and are kept
+until they expire (``ENDED``), the count windows that are full (``FULL``), and a count
+window table's record count. The book is state like any other: checkpointed atomically
+with the windows and the input positions, written to the changelog, moved with its keys
+when processors scale (its keys end with 8 bytes, as the windows' do). So whether a
+window has closed is part of the state: a restart, a restore or a rebuild reaches the
+same closes, and a key that moves takes its open windows along.
+
+The **close index** is memory only: a heap of (close time, key, start), rebuilt from the
+book when the processor opens or rolls back, pushed to whenever the book gains an open
+window or a session grows. Entries are checked against the book when they come due (a
+session that grew since has a later entry; a rolled back one none).
+
+A table needs a book when it has sessions or count windows (to find them), or a close
+callback (to know which windows have not closed); a tumbling or hopping table without
+one has none and costs nothing more than its windows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from streamkit.tables import TableBackend as Backend
+from streamkit.windows.kinds import (
+    Count,
+    LateRecordError,
+    Session,
+    Tumbling,
+    Window,
+    WindowKind,
+)
+
+OPEN, ENDED, FULL = 0, 1, 2
+BOOK_SLOT = 0
+"""The window start of every book entry's key: one entry per key."""
+
+
+class WindowState:
+    """What a windowed table is bound to while one processor runs: its entries (the
+    table protocol, delegated to ``data``), and where records go and windows close."""
+
+    __slots__ = ("name", "kind", "data", "book", "_heap", "_seq", "_known", "_counted", "_expiry_mark")
+
+    def __init__(self, name: str, kind: WindowKind, data: Backend, book: Backend | None) -> None:
+        self.name = name
+        self.kind = kind
+        self.data = data
+        self.book = book
+        self._heap: list[tuple[int, int, Any, int]] = []
+        self._seq = itertools.count()
+        self._known: set[tuple[Any, int]] = set()
+        """(key, start) of the tumbling/hopping windows the book has open."""
+        self._counted: tuple[Any, Any, list[Window]] | None = None
+        """The record a count window table last counted, its key and windows (idempotent)."""
+        self._expiry_mark = -1
+        self.reindex()
+
+    # -- the table protocol ---------------------------------------------------------------
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.data[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self.data[key]
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.data
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return self.data.items()
+
+    # -- the close index ---------------------------------------------------------------------
+    def reindex(self) -> None:
+        """Rebuild the close index from the book (at open, after a rollback)."""
+        self._heap.clear()
+        self._known.clear()
+        self._counted = None
+        if self.book is None:
+            return
+        for (key, _), entry in self.book.items():
+            for start, end, state in entry["w"]:
+                if state == OPEN:
+                    self._push(key, Window(start, end))
+                    self._known.add((key, start))
+                elif state == FULL:
+                    self._push(key, Window(start, end), due=-1)
+
+    def _push(self, key: Any, window: Window, due: int | None = None) -> None:
+        at = self.kind.close_time(window) if due is None else due
+        heapq.heappush(self._heap, (at, next(self._seq), key, window.start))
+
+    def next_close(self) -> int | None:
+        """The earliest close time in the index (None: nothing to close)."""
+        return self._heap[0][0] if self._heap else None
+
+    def due(self, bound: int) -> list[tuple[Any, Window]]:
+        """The windows whose close time is at most ``bound``, in close-time order, as the
+        book has them now (stale index entries are dropped)."""
+        out: list[tuple[Any, Window]] = []
+        heap, book = self._heap, self.book
+        if book is None:
+            return out
+        while heap and heap[0][0] <= bound:
+            at, _, key, start = heapq.heappop(heap)
+            entry = book.get((key, BOOK_SLOT))
+            if entry is None:
+                continue
+            for s, e, state in entry["w"]:
+                if s != start:
+                    continue
+                window = Window(s, e)
+                if (state == FULL and at == -1) or (state == OPEN and self.kind.close_time(window) == at):
+                    out.append((key, window))
+                break
+        return out
+
+    def closed(self, key: Any, window: Window) -> None:
+        """Record in the state that ``window`` of ``key`` closed (its callbacks ran): a
+        session is kept until it expires, a count window is deleted, any other leaves the
+        book (its entry stays until it expires)."""
+        assert self.book is not None
+        entry = self.book.get((key, BOOK_SLOT))
+        if entry is None:
+            return
+        kept = []
+        for w in entry["w"]:
+            if w[0] == window.start:
+                if isinstance(self.kind, Session):
+                    kept.append([w[0], w[1], ENDED])
+                elif isinstance(self.kind, Count) and (key, window.start) in self.data:
+                    del self.data[(key, window.start)]
+            else:
+                kept.append(w)
+        self._known.discard((key, window.start))
+        self._write_book(key, entry, kept)
+
+    def _write_book(self, key: Any, entry: dict[str, Any], windows: list[list[int]]) -> None:
+        assert self.book is not None
+        if not windows and not entry.get("n"):
+            if (key, BOOK_SLOT) in self.book:
+                del self.book[(key, BOOK_SLOT)]
+            return
+        new = {"w": windows}
+        if "n" in entry:
+            new["n"] = entry["n"]
+        self.book[(key, BOOK_SLOT)] = new
+
+    # -- where a record goes ----------------------------------------------------------------
+    def place(self, key: Any, timestamp: int, stream_time: int, record: Any = None) -> list[Window]:
+        """The open windows of ``key`` that a record of ``timestamp`` joins (a session: the
+        one it created, extended or merged; a count window table: counting the record),
+        booked if the table keeps a book. Raises ``LateRecordError`` if it joins none."""
+        kind = self.kind
+        if isinstance(kind, Tumbling):
+            return self._place_time(key, timestamp, stream_time, kind)
+        if isinstance(kind, Session):
+            return [self._place_session(key, timestamp, stream_time, kind)]
+        return self._place_count(key, record, kind)
+
+    def _place_time(self, key: Any, timestamp: int, stream_time: int, kind: Tumbling) -> list[Window]:
+        windows = kind.windows_of(timestamp)
+        if stream_time >= 0:
+            grace = kind.grace_ms
+            windows = [w for w in windows if w.end + grace > stream_time]
+            if not windows:
+                start = kind.start_of(timestamp)
+                raise LateRecordError(
+                    f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
+                    f"grace {kind.grace:g} s): the record is late",
+                    self.name, start, start + kind.size_ms, stream_time,
+                )  # fmt: skip
+        if self.book is not None:
+            known = self._known
+            for w in windows:
+                if (key, w.start) not in known:
+                    known.add((key, w.start))
+                    entry = self.book.get((key, BOOK_SLOT)) or {"w": []}
+                    self._write_book(key, entry, [*entry["w"], [w.start, w.end, OPEN]])
+                    self._push(key, w)
+        return windows
+
+    def _place_session(self, key: Any, timestamp: int, stream_time: int, kind: Session) -> Window:
+        assert self.book is not None
+        entry = self.book.get((key, BOOK_SLOT)) or {"w": []}
+        sessions = entry["w"]
+        joined = [
+            s for s in sessions
+            if s[2] == OPEN and kind.joins(Window(s[0], s[1]), timestamp)
+            and (stream_time < 0 or kind.close_time(Window(s[0], s[1])) > stream_time)
+        ]  # fmt: skip
+        if len(joined) == 1 and joined[0][0] <= timestamp <= joined[0][1]:
+            return Window(joined[0][0], joined[0][1])  # inside one session: nothing changes
+        if not joined and stream_time >= 0 and kind.close_time(Window(timestamp, timestamp)) <= stream_time:
+            raise LateRecordError(
+                f"table {self.name!r}: a session of the record's time ({timestamp} ms) closed (stream time "
+                f"{stream_time} ms, gap {kind.gap:g} s, grace {kind.grace:g} s): the record is late",
+                self.name, timestamp, timestamp, stream_time,
+            )  # fmt: skip
+        joined.sort()
+        start = min([timestamp, *(s[0] for s in joined)])
+        end = max([timestamp, *(s[1] for s in joined)])
+        merged: Any = _NONE
+        for s in joined:
+            value = self.data.get((key, s[0]), _NONE)
+            if value is not _NONE:
+                merged = value if merged is _NONE else kind.merge(merged, value)
+            if s[0] != start and (key, s[0]) in self.data:
+                del self.data[(key, s[0])]
+        if merged is not _NONE:
+            self.data[(key, start)] = merged
+        rest = [s for s in sessions if s not in joined]
+        self._write_book(key, entry, sorted([*rest, [start, end, OPEN]]))
+        window = Window(start, end)
+        self._push(key, window)
+        return window
+
+    def _place_count(self, key: Any, record: Any, kind: Count) -> list[Window]:
+        counted = self._counted
+        if counted is not None and record is not None and counted[0] is record and counted[1] == key:
+            return counted[2]
+        assert self.book is not None
+        entry = self.book.get((key, BOOK_SLOT)) or {"w": [], "n": 0}
+        index = entry.get("n", 0)
+        windows = kind.windows_of(index)
+        book = [w for w in entry["w"]]
+        for w in windows:
+            if w.start == index:
+                book.append([w.start, w.end, OPEN])
+        for w in book:
+            if w[1] == index + 1:  # its n-th record: full, closes at the next close check
+                w[2] = FULL
+                self._push(key, Window(w[0], w[1]), due=-1)
+        self._write_book(key, {"n": index + 1}, book)
+        self._counted = (record, key, windows)
+        return windows
+
+    # -- expiry ---------------------------------------------------------------------------------
+    def expire(self, stream_time: int) -> int:
+        """Delete the windows past their retention (at a checkpoint; through the caches, so
+        part of its batch). Scans only when stream time entered a new period since the last
+        scan. Returns how many were deleted."""
+        kind = self.kind
+        if stream_time < 0 or isinstance(kind, Count):
+            return 0
+        period = kind.advance_ms if isinstance(kind, Tumbling) else kind.gap_ms
+        mark = stream_time // period
+        if mark == self._expiry_mark:
+            return 0
+        self._expiry_mark = mark
+        if isinstance(kind, Tumbling):
+            retention = kind.size_ms + kind.retention_ms
+            gone = [k for k in _keys(self.data) if k[1] + retention <= stream_time]
+            for k in gone:
+                del self.data[k]
+            return len(gone)
+        assert self.book is not None
+        deleted = 0
+        for (key, _), entry in list(self.book.items()):
+            kept = []
+            for s in entry["w"]:
+                if s[2] == ENDED and kind.expiry_time(Window(s[0], s[1])) <= stream_time:
+                    if (key, s[0]) in self.data:
+                        del self.data[(key, s[0])]
+                    deleted += 1
+                else:
+                    kept.append(s)
+            if len(kept) != len(entry["w"]):
+                self._write_book(key, entry, kept)
+        return deleted
+
+    # -- reads ------------------------------------------------------------------------------------
+    def windows(self, key: Any, key_bytes: bytes | None = None) -> list[tuple[Window, Any]]:
+        """``key``'s windows held now (closed ones too, until they expire), oldest first."""
+        kind = self.kind
+        ends: dict[int, int] = {}
+        if isinstance(kind, Session):
+            entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
+            ends = {s[0]: s[1] for s in entry["w"]} if entry else {}
+        between = getattr(self.data, "items_between", None)
+        if between is not None and key_bytes is not None:
+            found = between(key_bytes + b"\x00" * 8, key_bytes + b"\xff" * 8)
+        else:
+            found = self.data.items()
+        out = []
+        for (k, start), value in found:
+            if k != key:
+                continue
+            if isinstance(kind, Tumbling):
+                out.append((Window(start, start + kind.size_ms), value))
+            elif isinstance(kind, Count):
+                out.append((Window(start, start + kind.n), value))
+            else:
+                out.append((Window(start, ends.get(start, start)), value))
+        out.sort()
+        return out
+
+
+class _None:
+    def __repr__(self) -> str:
+        return "<none>"
+
+
+_NONE: Any = _None()
+
+
+def _keys(data: Backend) -> list[Any]:
+    keys = getattr(data, "keys", None)
+    return list(keys()) if keys is not None else [k for k, _ in data.items()]

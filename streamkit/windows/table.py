@@ -1,0 +1,192 @@
+"""Windowed tables as handlers use them.
+
+``t[key]`` addresses the window of the record being handled (its Kafka timestamp), as
+faust's ``.current()`` does: the tumbling window that holds it, or the session it
+created, extended or merged. A record joins several hopping windows and several count
+windows, so those tables are updated with ``t.update(key, fn)`` (``fn`` applied to
+every window that holds the record), which every kind has. ``t.windows(key)`` lists a
+key's windows.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from stores.serde import Serde, serde_for
+from streamkit.tables import Table, TableBackend
+from streamkit.windows.kinds import Count, Hopping, LateRecordError, Session, Tumbling, Window, WindowKind
+from streamkit.windows.state import WindowState
+
+_MISSING: Any = object()
+
+
+class WindowKeySerde:
+    """Stored key of a windowed table: the user key's bytes + 8-byte big-endian window start."""
+
+    def __init__(self, inner: Serde) -> None:
+        self.inner = inner
+
+    def dumps(self, key: tuple[Any, int]) -> bytes:
+        return self.inner.dumps(key[0]) + struct.pack(">q", key[1])
+
+    def loads(self, data: bytes) -> tuple[Any, int]:
+        return self.inner.loads(data[:-8]), struct.unpack(">q", data[-8:])[0]
+
+
+class CurrentTime(Protocol):
+    @property
+    def timestamp(self) -> int: ...
+
+
+class _NoClock:
+    """The clock of an unbound windowed table: no record, no time."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def timestamp(self) -> int:
+        raise RuntimeError(f"windowed table {self._name!r} was used outside a handler or timer: no record time")
+
+
+def _kind_name(kind: WindowKind) -> str:
+    return type(kind).__name__.lower()
+
+
+class BookTable(Table):
+    """The hidden table beside a windowed table that books its windows (``state``)."""
+
+    def __init__(self, table: WindowedTable) -> None:
+        super().__init__(table.book_name, table.key_serde, serde_for("json"))
+        self.window = table.window
+        self._stored_key_serde = WindowKeySerde(table.key_serde)
+
+    @property
+    def store_key_serde(self) -> Serde:
+        return self._stored_key_serde
+
+
+class WindowedTable(Table):
+    """A table whose keys are (key, window start): see the module's docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        key_serde: Serde,
+        value_serde: Serde,
+        window: WindowKind,
+        default: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(name, key_serde, value_serde, default)
+        self.window = window
+        self.closes = False
+        """A close callback is declared (``App.on_window_close``): the table keeps a book."""
+        self._clock: Any = _NoClock(name)
+        self._state: WindowState | None = None
+        self._stored_key_serde = WindowKeySerde(key_serde)
+        self._fast = type(window) is Tumbling  # one window per record, located by arithmetic
+
+    @property
+    def book_name(self) -> str:
+        return f"{self.name}__windows"
+
+    @property
+    def needs_book(self) -> bool:
+        return self.closes or isinstance(self.window, Session | Count)
+
+    def state_over(self, data: TableBackend, book: TableBackend | None) -> WindowState:
+        """This table's window state over one processor's backends (``book``: the book's)."""
+        return WindowState(self.name, self.window, data, book if self.needs_book else None)
+
+    def bind(self, backend: TableBackend | None, clock: Any = None) -> None:
+        """Bind to a processor's ``WindowState`` (None: unbound): entries are read and
+        written in its ``data`` directly, windows placed by it."""
+        if backend is not None and not isinstance(backend, WindowState):
+            raise TypeError(f"windowed table {self.name!r} must be bound to its WindowState, got {backend!r}")
+        self._state = backend
+        super().bind(backend.data if backend is not None else None, clock)
+        self._clock = clock if clock is not None and backend is not None else _NoClock(self.name)
+
+    @property
+    def store_key_serde(self) -> Serde:
+        return self._stored_key_serde
+
+    def _bound(self) -> WindowState:
+        if self._state is None:
+            self._backend.get(None)  # the unbound backend's error
+        assert self._state is not None
+        return self._state
+
+    def _place(self, key: Any) -> list[Window]:
+        clock = self._clock
+        stream_time, record = getattr(clock, "stream_time", -1), getattr(clock, "record", None)
+        return self._bound().place(key, clock.timestamp, stream_time, record)
+
+    def _wkey(self, key: Any) -> tuple[Any, int]:
+        if self._fast and not self.closes:
+            clock = self._clock
+            ts = clock.timestamp
+            window: Tumbling = self.window
+            start = ts - ts % window.size_ms
+            stream_time = getattr(clock, "stream_time", -1)
+            if stream_time >= 0 and window.closed(start, stream_time):
+                raise LateRecordError(
+                    f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
+                    f"grace {window.grace:g} s): the record is late",
+                    self.name, start, start + window.size_ms, stream_time,
+                )  # fmt: skip
+            return (key, start)
+        if isinstance(self.window, Hopping | Count):
+            raise TypeError(
+                f"table {self.name!r} has {_kind_name(self.window)} windows: a record joins several of them; "
+                f"update them with {self.name}.update(key, fn)"
+            )
+        return (key, self._place(key)[-1].start)
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self._wkey(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._backend.get(self._wkey(key), default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._backend[self._wkey(key)] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._backend.__delitem__(self._wkey(key))
+
+    def __contains__(self, key: object) -> bool:
+        return self._wkey(key) in self._backend
+
+    def update(self, key: Any, fn: Callable[[Any], Any]) -> list[Window]:  # type: ignore[override]
+        """Apply ``fn(value) -> new value`` to every window of ``key`` that the record being
+        handled joins (a missing window starts from the table's ``default()``, else None);
+        returns those windows. The way to update hopping and count windows; works for every
+        kind (a count window table counts the record once, however often it is called)."""
+        backend = self._backend
+        default = self.default
+        windows = self._place(key)
+        for w in windows:
+            k = (key, w.start)
+            value = backend.get(k, _MISSING)
+            if value is _MISSING:
+                value = default() if default is not None else None
+            backend[k] = fn(value)
+        return windows
+
+    def windows(self, key: Any) -> list[tuple[Window, Any]]:
+        """``key``'s windows held now (closed ones too, until they expire), oldest first, as
+        (``Window(start, end)``, value)."""
+        return self._bound().windows(key, self.key_serde.dumps(key))
+
+    def get_window(self, key: Any, start_ms: int, default: Any = None) -> Any:
+        """Value of `key` in the window starting at `start_ms`."""
+        return self._backend.get((key, start_ms), default)
+
+    def window_start(self, timestamp_ms: int) -> int:
+        """The start of the (newest) time window holding ``timestamp_ms``."""
+        if not isinstance(self.window, Tumbling):
+            raise TypeError(f"table {self.name!r} has {_kind_name(self.window)} windows: no fixed start per time")
+        return self.window.start_of(timestamp_ms)

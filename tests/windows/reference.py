@@ -1,0 +1,84 @@
+"""What every window should hold and which closes should fire, computed here from the
+definitions alone (plain loops, no streamkit code): the reference the window tests
+compare a worker's and the test driver's results with.
+
+One processor's records in the order it applies them: ``(key, timestamp ms, value)``.
+Stream time is the largest timestamp applied (the record's own included); a window
+closes when stream time reaches its close time, after the record that got it there.
+Every kind is summed: a record adds its value to each window it joins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Result:
+    windows: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(key, start) -> value of the windows held at the end (closed or not; count
+    windows are deleted when they close)."""
+    closes: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(key, start) -> the value each close saw, once per window."""
+    late: int = 0
+
+
+def time_windows(records: list[tuple[str, int, int]], size: int, advance: int, grace: int) -> Result:
+    out = Result()
+    stream = -1
+    open_: dict[tuple[str, int], int] = {}  # (key, start) -> close time
+    for key, ts, value in records:
+        stream = max(stream, ts)
+        starts = [s for s in range(ts - ts % advance, ts - size, -advance) if s >= 0]
+        live = [s for s in starts if s + size + grace > stream]
+        if not live:
+            out.late += 1
+        for s in live:
+            out.windows[(key, s)] = out.windows.get((key, s), 0) + value
+            open_[(key, s)] = s + size + grace
+        for k, at in sorted(open_.items(), key=lambda kv: kv[1]):
+            if at <= stream:
+                out.closes[k] = out.windows[k]
+                del open_[k]
+    return out
+
+
+def sessions(records: list[tuple[str, int, int]], gap: int, grace: int) -> Result:
+    out = Result()
+    stream = -1
+    live: dict[str, list[list[int]]] = {}  # key -> [[start, end, value]] not closed
+    for key, ts, value in records:
+        stream = max(stream, ts)
+        mine = live.setdefault(key, [])
+        joined = [s for s in mine if s[0] - gap <= ts <= s[1] + gap and s[1] + gap + grace > stream]
+        if not joined and ts + gap + grace <= stream:
+            out.late += 1
+        else:
+            for s in joined:
+                mine.remove(s)
+                del out.windows[(key, s[0])]
+            start = min([ts, *(s[0] for s in joined)])
+            end = max([ts, *(s[1] for s in joined)])
+            total = sum(s[2] for s in joined) + value
+            mine.append([start, end, total])
+            out.windows[(key, start)] = total
+        for k, ss in live.items():
+            for s in list(ss):
+                if s[1] + gap + grace <= stream:
+                    out.closes[(k, s[0])] = s[2]
+                    ss.remove(s)
+    return out
+
+
+def counts(records: list[tuple[str, int, int]], n: int, step: int) -> Result:
+    out = Result()
+    seen: dict[str, int] = {}
+    for key, _, value in records:
+        index = seen.get(key, 0)
+        seen[key] = index + 1
+        for i in range(index // step + 1):
+            start = i * step
+            if start <= index < start + n:
+                out.windows[(key, start)] = out.windows.get((key, start), 0) + value
+                if index == start + n - 1:
+                    out.closes[(key, start)] = out.windows.pop((key, start))
+    return out

@@ -1,0 +1,47 @@
+"""Which windows a record joins, and the settings each kind refuses (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamkit.windows import Count, Hopping, Session, Tumbling, Window
+
+
+def test_settings_are_checked_with_a_line_that_names_them() -> None:
+    with pytest.raises(ValueError, match="retention .* must be at least its grace"):
+        Tumbling(60, grace=30, retention=10)
+    with pytest.raises(ValueError, match="advance must be > 0 and at most its size"):
+        Hopping(60, 90)
+    with pytest.raises(ValueError, match="gap must be > 0"):
+        Session(0)
+    with pytest.raises(TypeError, match="merge must be a function"):
+        Session(5, merge=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="step must be an integer from 1 to n"):
+        Count(3, 4)
+
+
+def test_a_record_joins_every_hopping_window_that_holds_it() -> None:
+    h = Hopping(10, 4)
+    assert h.windows_of(12_000) == [Window(4_000, 14_000), Window(8_000, 18_000), Window(12_000, 22_000)]
+    assert h.windows_of(3_000) == [Window(0, 10_000)]  # none starts before the epoch
+    assert Hopping(10, 10).windows_of(12_000) == Tumbling(10).windows_of(12_000) == [Window(10_000, 20_000)]
+    assert h.close_time(Window(4_000, 14_000)) == 14_000 + h.grace_ms
+
+
+def test_count_windows_hold_n_records_every_step() -> None:
+    assert [Count(2).windows_of(i) for i in range(4)] == [
+        [Window(0, 2)], [Window(0, 2)], [Window(2, 4)], [Window(2, 4)]
+    ]  # fmt: skip
+    assert [Count(3, 1).windows_of(i) for i in range(4)] == [
+        [Window(0, 3)],
+        [Window(0, 3), Window(1, 4)],
+        [Window(0, 3), Window(1, 4), Window(2, 5)],
+        [Window(1, 4), Window(2, 5), Window(3, 6)],
+    ]
+
+
+def test_a_session_takes_records_within_its_gap_and_closes_gap_plus_grace_after_its_last() -> None:
+    s = Session(5, grace=2)
+    w = Window(10_000, 20_000)
+    assert s.joins(w, 5_000) and s.joins(w, 25_000) and not s.joins(w, 25_001) and not s.joins(w, 4_999)
+    assert s.close_time(w) == 27_000 and s.expiry_time(w) == 27_000 + s.retention_ms

@@ -1,0 +1,14 @@
+"""The README's "Windows" example, run as it stands (its asserts are the test)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.runtime.jobs import ROOT
+
+
+def test_the_readmes_windows_example_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- windows:[^>]*-->\s*```python\n(.*?)```", text, re.S)
+    assert m is not None, "README lost its windows example"
+    exec(compile(m.group(1), "README.md (Windows)", "exec"), {"__name__": "readme_windows"})
