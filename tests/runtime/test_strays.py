@@ -20,6 +20,7 @@ from pathlib import Path
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.kafkaio import KafkaIO
+from streamkit.layout import transitions
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import activation
@@ -46,6 +47,26 @@ def expand(broker: str, topic: str, partitions: int) -> None:
     async def go() -> None:
         async with LayoutCoordinator(broker, ack_timeout=10.0) as co:
             await co.expand(topic, partitions)
+
+    asyncio.run(go())
+
+
+def expand_after_the_sweep_passed(job: Job, partitions: int, swept: int) -> None:
+    """``expand``, with the coordinator stalling between reading the announce offsets and
+    announcing until the group's sweep of partition ``swept`` committed beyond them: a
+    legal interleaving (records land there meanwhile) in which the sweep reads past the
+    activation before any worker can know of it, whenever its registry poll comes."""
+
+    async def go() -> None:
+        async with LayoutCoordinator(job.bootstrap, ack_timeout=10.0) as co:
+            layout = await co.registry.load(job.topic)
+            hws = await co.io.high_watermarks(job.topic, range(layout.physical))
+            deadline = time.monotonic() + 60
+            while (await co.io.committed(f"streamkit-{job.app}", job.topic, [swept])).get(swept, 0) <= hws[swept]:
+                assert time.monotonic() < deadline, f"the sweep of {swept} did not pass {hws[swept]}"
+                await asyncio.sleep(0.1)
+            await co.registry.publish(transitions.expand(layout, partitions, announce_offsets=hws))
+            await co.resume(job.topic)  # waits for the acknowledgements, seals
 
     asyncio.run(go())
 
@@ -186,7 +207,7 @@ def test_what_a_sweep_forwarded_past_an_activation_a_rebuild_does_not_apply_agai
         writer = threading.Thread(target=write_during)
         writer.start()
         time.sleep(1.5)
-        expand(broker, topic, 3)
+        expand_after_the_sweep_passed(job, 3, 2)
         writer.join()
         wait_drained(job, capacity=4)
         activated, ends = sweep_of(broker, job, 2)
