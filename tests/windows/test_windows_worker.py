@@ -2,14 +2,17 @@
 while it works through a history of out-of-order, late and gapped records on the real
 broker: the stores end with exactly the reference's windows (``reference``, per
 partition: one processor each), every close the reference makes is sent with its final
-value, no other, and a close sent twice only because a kill came before its checkpoint.
-And ``close_on="wall"``: an idle key's window closes and is sent with no further input."""
+value, no other, and a close sent twice only because a kill came before its checkpoint;
+then a store restored from the changelog, and both rebuilt from the input history, hold
+the same windows and send no close again. And ``close_on="wall"``: an idle key's window
+closes and is sent with no further input."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +162,22 @@ def test_every_kind_of_window_is_exact_through_sigkills_and_each_close_is_sent(b
         assert not wrong, f"{kind}: closes sent with another value than the final one: {list(wrong.items())[:3]}"
     twice = sum(len(t) - 1 for t in sent.values())
     assert twice <= KILLS * 400, f"{twice} closes sent again: more than kills before a checkpoint explain"
+
+    # a lost disk restored from the changelog, then both rebuilt from the input history:
+    # the same windows, and no close sent again (the book says which closed)
+    closes_sent = len(read_topic(broker, f"{app}-closes"))
+    for lost, env in (([0], {}), ([0, 1], {"STREAMKIT_CHANGELOG": "false"})):
+        for pid in lost:
+            shutil.rmtree(tmp_path / "state" / app / f"processor-{pid}")
+        worker.env.update(env)
+        worker.start()
+        worker.wait_for("hosts processors")  # restored, or rebuilt, before it hosts them
+        assert ("restored from the changelog" if not env else "rebuilt from") in worker.log(), worker.log()[-3000:]
+        assert worker.stop() == 0, worker.log()[-3000:]
+        held = stores(tmp_path, app)
+        for kind in KINDS:
+            assert held[kind] == want[kind].windows, f"{kind}: windows differ after losing stores {lost}"
+        assert len(read_topic(broker, f"{app}-closes")) == closes_sent, f"closes sent again after losing {lost}"
 
 
 def test_close_on_wall_closes_an_idle_keys_window_without_further_input(broker: str, tmp_path: Path) -> None:
