@@ -19,7 +19,7 @@ from streamkit.connection import Connection
 from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table
 from streamkit.topics import Topic
-from streamkit.windows import BookTable, WindowedTable, WindowKind
+from streamkit.windows import BookTable, Count, Session, Tumbling, WindowedTable, WindowKind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -112,6 +112,8 @@ class App:
         ks, vs = serde_for(key_serde), serde_for(value_serde)
         if window is None:
             table = Table(name, ks, vs, default)
+        elif not isinstance(window, Tumbling | Session | Count):
+            raise TypeError(f"table {name!r}: window must be Tumbling, Hopping, Session or Count, got {window!r}")
         else:
             table = WindowedTable(name, ks, vs, window, default)
             if table.book_name in self.tables:

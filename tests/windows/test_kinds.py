@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import streamkit
 from streamkit.windows import Count, Hopping, Session, Tumbling, Window
 
 
@@ -18,6 +19,8 @@ def test_settings_are_checked_with_a_line_that_names_them() -> None:
         Session(5, merge=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="step must be an integer from 1 to n"):
         Count(3, 4)
+    with pytest.raises(TypeError, match="table 'w': window must be Tumbling, Hopping, Session or Count, got 60"):
+        streamkit.App("a").table("w", window=60)  # type: ignore[arg-type]
 
 
 def test_a_record_joins_every_hopping_window_that_holds_it() -> None:
