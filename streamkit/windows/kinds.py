@@ -58,6 +58,7 @@ class _TimeKind:
     retention: float = DEFAULT_RETENTION
 
     def _check(self, name: str) -> None:
+        """Refuse what cannot be served; then keep the settings in ms (read per record)."""
         if self.grace < 0:
             raise ValueError(f"{name} window grace must be >= 0 seconds, got {self.grace!r}")
         if self.retention < self.grace:
@@ -65,14 +66,11 @@ class _TimeKind:
                 f"{name} window retention ({self.retention!r} s) must be at least its grace ({self.grace!r} s): "
                 "a window must be kept while it accepts records"
             )
+        object.__setattr__(self, "grace_ms", _ms(self.grace))
+        object.__setattr__(self, "retention_ms", _ms(self.retention))
 
-    @property
-    def grace_ms(self) -> int:
-        return _ms(self.grace)
-
-    @property
-    def retention_ms(self) -> int:
-        return _ms(self.retention)
+    grace_ms: int = field(default=0, init=False, repr=False, compare=False)
+    retention_ms: int = field(default=0, init=False, repr=False, compare=False)
 
     def close_time(self, window: Window) -> int:
         """When stream time closes ``window``: no record joins it from then on."""
@@ -97,15 +95,12 @@ class Tumbling(_TimeKind):
         object.__setattr__(self, "retention", retention)
         if self.size <= 0:
             raise ValueError(f"Tumbling window size must be > 0 seconds, got {self.size!r}")
-        self._check("Tumbling")
+        self._check(type(self).__name__)
+        object.__setattr__(self, "size_ms", _ms(self.size))
+        object.__setattr__(self, "advance_ms", _ms(getattr(self, "advance", 0.0) or self.size))
 
-    @property
-    def size_ms(self) -> int:
-        return _ms(self.size)
-
-    @property
-    def advance_ms(self) -> int:
-        return self.size_ms
+    size_ms: int = field(default=0, init=False, repr=False, compare=False)
+    advance_ms: int = field(default=0, init=False, repr=False, compare=False)
 
     def start_of(self, timestamp_ms: int) -> int:
         """Start (ms since the epoch) of the window holding `timestamp_ms`."""
@@ -144,10 +139,6 @@ class Hopping(Tumbling):
         if advance <= 0 or advance > size:
             raise ValueError(f"Hopping window advance must be > 0 and at most its size ({size!r} s), got {advance!r}")
         super().__init__(size, grace, retention)
-
-    @property
-    def advance_ms(self) -> int:
-        return _ms(self.advance)
 
     def windows_of(self, timestamp_ms: int) -> list[Window]:
         advance, size = self.advance_ms, self.size_ms
@@ -191,10 +182,9 @@ class Session(_TimeKind):
         if not callable(merge):
             raise TypeError(f"Session window merge must be a function (older, newer) -> merged, got {merge!r}")
         self._check("Session")
+        object.__setattr__(self, "gap_ms", _ms(gap))
 
-    @property
-    def gap_ms(self) -> int:
-        return _ms(self.gap)
+    gap_ms: int = field(default=0, init=False, repr=False, compare=False)
 
     def close_time(self, window: Window) -> int:
         return window.end + self.gap_ms + self.grace_ms

@@ -167,10 +167,16 @@ class WindowState:
         return self._place_count(key, record, kind)
 
     def _place_time(self, key: Any, timestamp: int, stream_time: int, kind: Tumbling) -> list[Window]:
-        windows = kind.windows_of(timestamp)
+        size = kind.size_ms
+        if kind.advance_ms == size:  # tumbling: one window, by arithmetic
+            start = timestamp - timestamp % size
+            windows = [Window(start, start + size)]
+        else:
+            windows = kind.windows_of(timestamp)
         if stream_time >= 0:
             grace = kind.grace_ms
-            windows = [w for w in windows if w.end + grace > stream_time]
+            if windows[0].end + grace <= stream_time:  # (the oldest closes first)
+                windows = [w for w in windows if w.end + grace > stream_time]
             if not windows:
                 start = kind.start_of(timestamp)
                 raise LateRecordError(
