@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
+import sys
 
 import typer
 
@@ -32,7 +35,8 @@ def worker(
         help="answer queries of state by key on this port (STREAMKIT_QUERY_PORT)",
     ),
 ) -> None:
-    """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out).
+    """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out); SIGUSR1
+    prints every thread's stack to stderr.
 
     The job's processor count is the app's (App(processors=...)) and changes with
     `streamkit scale`; --members only says how many group members this process runs."""
@@ -44,6 +48,7 @@ def worker(
             "count is App(processors=...) and changes with streamkit scale"
         )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # `kill -USR1`: where it is stuck
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     for name, port in (("METRICS_PORT", metrics_port), ("QUERY_PORT", query_port)):
         if port is not None:  # the app's settings read it

@@ -64,7 +64,7 @@ class Worker:
         self.env = dict(
             os.environ, SK_WINDOW="all", SK_TEST_APP=app, SK_TEST_TOPIC=topic, STREAMKIT_BROKER=broker,
             STREAMKIT_STATE_DIR=str(tmp / "state"), STREAMKIT_PROCESSORS=str(PARTITIONS),
-            STREAMKIT_SESSION_TIMEOUT_MS="2000", STREAMKIT_HEARTBEAT_INTERVAL_MS="300", PYTHONPATH=str(ROOT),
+            STREAMKIT_SESSION_TIMEOUT_MS="4000", STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT),
             SK_TEST_OUT=f"{app}-closes", **env,
         )  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
@@ -84,6 +84,15 @@ class Worker:
             assert self.proc is not None and self.proc.poll() is None, f"worker exited: {self.log()[-3000:]}"
             assert time.monotonic() < deadline, f"worker did not log {text!r}: {self.log()[-3000:]}"
             time.sleep(0.05)
+
+    def stacks(self) -> str:
+        """The worker's log since it started, its last lines the stack of every thread
+        (SIGUSR1: what a stuck worker is doing)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        lines = self.log().splitlines()
+        return "\n".join(line for line in lines if "acknowledged epoch" not in line)[-6000:]
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
@@ -144,7 +153,8 @@ def test_every_kind_of_window_is_exact_through_sigkills_and_each_close_is_sent(b
     deadline = time.monotonic() + 120
     while sum((at := committed(broker, f"streamkit-{app}", topic, PARTITIONS)).values()) < len(records):
         assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
-        assert time.monotonic() < deadline, f"stuck at {at}: {worker.log()[-3000:]}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"stuck at {at} of {len(records)}: {worker.stacks()}")
         time.sleep(0.3)
     assert worker.stop() == 0, worker.log()[-3000:]
 
