@@ -36,7 +36,7 @@ from tests.windows.windows_app import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
-KILLS = int(os.environ.get("STREAMKIT_WINDOW_KILLS", "3"))
+KILLS = int(os.environ.get("STREAMKIT_WINDOW_KILLS", "2"))
 
 
 async def produce(broker: str, topic: str, records: list[tuple[str, int, int]]) -> None:
@@ -64,7 +64,7 @@ class Worker:
         self.env = dict(
             os.environ, SK_WINDOW="all", SK_TEST_APP=app, SK_TEST_TOPIC=topic, STREAMKIT_BROKER=broker,
             STREAMKIT_STATE_DIR=str(tmp / "state"), STREAMKIT_PROCESSORS=str(PARTITIONS),
-            STREAMKIT_SESSION_TIMEOUT_MS="4000", STREAMKIT_HEARTBEAT_INTERVAL_MS="400", PYTHONPATH=str(ROOT),
+            STREAMKIT_SESSION_TIMEOUT_MS="3000", STREAMKIT_HEARTBEAT_INTERVAL_MS="300", PYTHONPATH=str(ROOT),
             SK_TEST_OUT=f"{app}-closes", **env,
         )  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
