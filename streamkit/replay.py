@@ -101,7 +101,7 @@ class Replayer:
         ctx = Context(outbox)
         for name, t in app.tables.items():
             if isinstance(t, WindowedTable):  # its windows, placed over its book (if it has one)
-                t.bind(t.state_over(states[name], states.get(t.book_name)), ctx)
+                t.bind(t.state_over(states[name], states.get(t.book_name), index=False), ctx)
             else:
                 t.bind(states[name], ctx)
         try:

@@ -54,14 +54,17 @@ async def fire_closes(
     the callbacks (unless ``silent``) with the processor's tables bound (the caller binds
     them), then record the close. Returns how many closed. A callback that raises is
     logged; the window closes all the same (calling it again would not end otherwise)."""
-    if bound is None:
-        bound = proc.close_bound()
     closed = 0
     for name, state in proc.window_states.items():
+        state.forget_records()
         if state.book is None:
             continue
         nxt = state.next_close()
-        if nxt is None or nxt > bound:
+        if nxt is None or nxt > proc.stream_time:
+            continue
+        if bound is None:
+            bound = proc.close_bound()
+        if nxt > bound:
             continue
         fns = () if silent else callbacks.get(name, ())
         for key, window in state.due(bound):

@@ -153,6 +153,7 @@ class Dispatcher:
                 v = vl(rec.value) if rec.value is not None and vl is not None else rec.value
             except Exception as exc:  # noqa: BLE001 - any decode error is a dead letter
                 failures.append((rec, _decode_reason(rec, kl), exc, ""))
+                proc.stream_at.pop((rec.topic, rec.partition, rec.offset), None)  # (it holds closes back)
                 return
             ctx = Context(self.outbox)  # one per record: handlers of other keys run meanwhile
             ctx._rec, ctx.processor = rec, proc.id

@@ -147,14 +147,15 @@ class ProcessorState:
         """How far windows may close now: stream time, held back to the oldest record a
         key-concurrent handler has not finished (it may still write a window that stream
         time alone would close)."""
-        if self.stream_at:
-            return min(self.stream_time, min(self.stream_at.values()))
+        for held in self.stream_at.values():  # fixed in offset order: the first is the oldest
+            return min(self.stream_time, held)
         return self.stream_time
 
     def expire_windows(self) -> int:
         """Delete the windows past their retention (through the caches: part of the next
         checkpoint's batch; ``WindowState.expire``). Returns how many were deleted."""
-        deleted = sum(state.expire(self.stream_time) for state in self.window_states.values())
+        bound = self.close_bound()  # (a window a queued record may still write is kept)
+        deleted = sum(state.expire(bound) for state in self.window_states.values())
         self.uncommitted += deleted
         return deleted
 

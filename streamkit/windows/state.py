@@ -48,7 +48,9 @@ class WindowState:
 
     __slots__ = ("name", "kind", "data", "book", "_heap", "_seq", "_known", "_counted", "_expiry_mark")
 
-    def __init__(self, name: str, kind: WindowKind, data: Backend, book: Backend | None) -> None:
+    def __init__(self, name: str, kind: WindowKind, data: Backend, book: Backend | None, index: bool = True) -> None:
+        """``index=False``: no close index (the offline replay, which sees one key at a
+        time and closes nothing)."""
         self.name = name
         self.kind = kind
         self.data = data
@@ -57,10 +59,11 @@ class WindowState:
         self._seq = itertools.count()
         self._known: set[tuple[Any, int]] = set()
         """(key, start) of the tumbling/hopping windows the book has open."""
-        self._counted: tuple[Any, Any, list[Window]] | None = None
-        """The record a count window table last counted, its key and windows (idempotent)."""
+        self._counted: dict[tuple[int, Any], tuple[Any, list[Window]]] = {}
+        """(id(record), key) -> (record, windows) this batch: a count table counts each once."""
         self._expiry_mark = -1
-        self.reindex()
+        if index:
+            self.reindex()
 
     # -- the table protocol ---------------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
@@ -83,7 +86,7 @@ class WindowState:
         """Rebuild the close index from the book (at open, after a rollback)."""
         self._heap.clear()
         self._known.clear()
-        self._counted = None
+        self._counted.clear()
         if self.book is None:
             return
         for (key, _), entry in self.book.items():
@@ -93,6 +96,11 @@ class WindowState:
                     self._known.add((key, start))
                 elif state == FULL:
                     self._push(key, Window(start, end), due=-1)
+
+    def forget_records(self) -> None:
+        """The batch is over: the records a count table counted are done with."""
+        if self._counted:
+            self._counted.clear()
 
     def _push(self, key: Any, window: Window, due: int | None = None) -> None:
         at = self.kind.close_time(window) if due is None else due
@@ -118,8 +126,14 @@ class WindowState:
                 if s != start:
                     continue
                 window = Window(s, e)
-                if (state == FULL and at == -1) or (state == OPEN and self.kind.close_time(window) == at):
+                if state == FULL and at == -1:
                     out.append((key, window))
+                elif state == OPEN:
+                    close = self.kind.close_time(window)
+                    if close <= at:
+                        out.append((key, window))
+                    elif isinstance(self.kind, Session):  # it grew since: due later
+                        self._push(key, window)
                 break
         return out
 
@@ -198,14 +212,16 @@ class WindowState:
         assert self.book is not None
         entry = self.book.get((key, BOOK_SLOT)) or {"w": []}
         sessions = entry["w"]
+        near = [s for s in sessions if kind.joins(Window(s[0], s[1]), timestamp)]
         joined = [
-            s for s in sessions
-            if s[2] == OPEN and kind.joins(Window(s[0], s[1]), timestamp)
-            and (stream_time < 0 or kind.close_time(Window(s[0], s[1])) > stream_time)
-        ]  # fmt: skip
+            s for s in near if s[2] == OPEN and (stream_time < 0 or kind.close_time(Window(s[0], s[1])) > stream_time)
+        ]
         if len(joined) == 1 and joined[0][0] <= timestamp <= joined[0][1]:
             return Window(joined[0][0], joined[0][1])  # inside one session: nothing changes
-        if not joined and stream_time >= 0 and kind.close_time(Window(timestamp, timestamp)) <= stream_time:
+        closed_near = len(joined) < len(near)  # a closed session is final: a record it would take is late
+        if closed_near or (
+            not joined and stream_time >= 0 and kind.close_time(Window(timestamp, timestamp)) <= stream_time
+        ):
             raise LateRecordError(
                 f"table {self.name!r}: a session of the record's time ({timestamp} ms) closed (stream time "
                 f"{stream_time} ms, gap {kind.gap:g} s, grace {kind.grace:g} s): the record is late",
@@ -215,10 +231,11 @@ class WindowState:
         start = min([timestamp, *(s[0] for s in joined)])
         end = max([timestamp, *(s[1] for s in joined)])
         merged: Any = _NONE
-        for s in joined:
+        for s in joined:  # every value merged before any is deleted (a merge may raise)
             value = self.data.get((key, s[0]), _NONE)
             if value is not _NONE:
                 merged = value if merged is _NONE else kind.merge(merged, value)
+        for s in joined:
             if s[0] != start and (key, s[0]) in self.data:
                 del self.data[(key, s[0])]
         if merged is not _NONE:
@@ -226,13 +243,13 @@ class WindowState:
         rest = [s for s in sessions if s not in joined]
         self._write_book(key, entry, sorted([*rest, [start, end, OPEN]]))
         window = Window(start, end)
-        self._push(key, window)
+        if all(s[0] != start for s in joined):  # a session with this start has its entry (re-pushed when due)
+            self._push(key, window)
         return window
 
     def _place_count(self, key: Any, record: Any, kind: Count) -> list[Window]:
-        counted = self._counted
-        if counted is not None and record is not None and counted[0] is record and counted[1] == key:
-            return counted[2]
+        if record is not None and (seen := self._counted.get((id(record), key))) is not None and seen[0] is record:
+            return seen[1]
         assert self.book is not None
         entry = self.book.get((key, BOOK_SLOT)) or {"w": [], "n": 0}
         index = entry.get("n", 0)
@@ -246,7 +263,8 @@ class WindowState:
                 w[2] = FULL
                 self._push(key, Window(w[0], w[1]), due=-1)
         self._write_book(key, {"n": index + 1}, book)
-        self._counted = (record, key, windows)
+        if record is not None:
+            self._counted[(id(record), key)] = (record, windows)
         return windows
 
     # -- expiry ---------------------------------------------------------------------------------

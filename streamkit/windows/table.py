@@ -96,9 +96,10 @@ class WindowedTable(Table):
     def needs_book(self) -> bool:
         return self.closes or isinstance(self.window, Session | Count)
 
-    def state_over(self, data: TableBackend, book: TableBackend | None) -> WindowState:
-        """This table's window state over one processor's backends (``book``: the book's)."""
-        return WindowState(self.name, self.window, data, book if self.needs_book else None)
+    def state_over(self, data: TableBackend, book: TableBackend | None, index: bool = True) -> WindowState:
+        """This table's window state over one processor's backends (``book``: the book's;
+        ``index=False``: no close index, for the replay)."""
+        return WindowState(self.name, self.window, data, book if self.needs_book else None, index)
 
     def bind(self, backend: TableBackend | None, clock: Any = None) -> None:
         """Bind to a processor's ``WindowState`` (None: unbound): entries are read and

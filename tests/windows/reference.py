@@ -4,7 +4,8 @@ compare a worker's and the test driver's results with.
 
 One processor's records in the order it applies them: ``(key, timestamp ms, value)``.
 Stream time is the largest timestamp applied (the record's own included); a window
-closes when stream time reaches its close time, after the record that got it there.
+closes when stream time reaches its close time, after the record that got it there. A
+record within the gap of a closed session is late (a closed session is final).
 Every kind is summed: a record adds its value to each window it joins."""
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ def sessions(records: list[tuple[str, int, int]], gap: int, grace: int) -> Resul
     out = Result()
     stream = -1
     live: dict[str, list[list[int]]] = {}  # key -> [[start, end, value]] not closed
+    ended: dict[str, list[list[int]]] = {}  # key -> the closed ones: final
     for key, ts, value in records:
         stream = max(stream, ts)
         mine = live.setdefault(key, [])
-        joined = [s for s in mine if s[0] - gap <= ts <= s[1] + gap and s[1] + gap + grace > stream]
-        if not joined and ts + gap + grace <= stream:
+        near = [s for s in mine + ended.get(key, []) if s[0] - gap <= ts <= s[1] + gap]
+        joined = [s for s in near if s in mine and s[1] + gap + grace > stream]
+        if len(joined) < len(near) or (not joined and ts + gap + grace <= stream):  # next to a final one: late
             out.late += 1
         else:
             for s in joined:
@@ -66,6 +69,7 @@ def sessions(records: list[tuple[str, int, int]], gap: int, grace: int) -> Resul
                 if s[1] + gap + grace <= stream:
                     out.closes[(k, s[0])] = s[2]
                     ss.remove(s)
+                    ended.setdefault(k, []).append(s)
     return out
 
 
