@@ -57,8 +57,8 @@ def make_all_app(
     name: str, topic: str, delay_ms: float = 0.0, closes: str = "closes", **settings: Any
 ) -> streamkit.App:
     """One table of each kind (``sums_tumbling``, ...), all summing the same records; every
-    close goes to ``closes`` with its table's kind. ``delay_ms``: per record (a job slow
-    enough to be killed at many points of its input)."""
+    close goes to ``closes`` with its table's kind (a late record to ``<closes>-late``).
+    ``delay_ms``: per record (a job slow enough to be killed at many points of its input)."""
     app = streamkit.App(name, **settings)
     source = app.topic(topic)
     tables = {kind: app.table(f"sums_{kind}", default=int, window=window) for kind, window in KINDS.items()}
@@ -71,7 +71,7 @@ def make_all_app(
             try:
                 table.update(key, lambda total: total + value["n"])
             except LateRecordError:  # late for one kind, not for the others
-                ctx.send("late", key, {"table": table.name, "ts": ctx.timestamp})
+                ctx.send(f"{closes}-late", key, {"table": table.name, "ts": ctx.timestamp})
 
     def closer(kind: str) -> Any:
         def closed(key: str, window: streamkit.Window, total: int, ctx: streamkit.Context) -> None:
