@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -38,17 +39,21 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
         wait_drained(job, capacity=2)
         urls = [f"http://127.0.0.1:{port}" for port in ports]
 
-        async def ask_all() -> list[tuple[str, int, dict]]:
+        last: list[Any] = []
+
+        async def ask_all() -> list[tuple[str, int, dict]] | None:
             out = []
             for url in urls:
                 async with Client(url) as client:
                     for key in sorted(expected):
-                        out.append((key, ports[urls.index(url)], await client.get("stats", key)))
+                        answer = await client.get("stats", key)
                         windows = (await client.windows("per_minute", key))["windows"]
-                        assert [(w["start"], w["value"]) for w in windows] == [
-                            (start, n) for start, n in per_minute[key] if n
-                        ], (key, windows)
+                        want = [(start, n) for start, n in per_minute[key] if n]
+                        if answer["value"] != expected[key] or [(w["start"], w["value"]) for w in windows] != want:
+                            last[:] = [url, key, answer, windows]  # a processor moved late and is catching up
+                            return None
                         assert all(w["end"] == w["start"] + 60_000 for w in windows)
+                        out.append((key, ports[urls.index(url)], answer))
             return out
 
         def answered() -> list[tuple[str, int, dict]] | None:  # once both workers have heartbeats with their URLs
@@ -57,7 +62,9 @@ def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker
             except QueryError:
                 return None
 
-        answers = _wait("every key answered by both workers", answered)
+        # every key answered right by both workers (a rebalance after the input was drained
+        # moves a processor, which answers from its store while it catches up)
+        answers = _wait("every key answered right by both workers", answered, shown=lambda: last)
 
         async def refused() -> str:
             async with Client(urls[0], retries=0) as client:
