@@ -38,6 +38,15 @@ class LateRecordError(StreamkitError):
         self.table, self.start, self.end, self.stream_time = table, start, end, stream_time
 
 
+def window_closed(table: str, kind: Tumbling, start: int, stream_time: int) -> LateRecordError:
+    """The error of a record whose time window (the one starting at ``start``) closed."""
+    return LateRecordError(
+        f"table {table!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
+        f"grace {kind.grace:g} s): the record is late",
+        table, start, start + kind.size_ms, stream_time,
+    )  # fmt: skip
+
+
 class Window(NamedTuple):
     """One window of a key: ``[start, end)`` in ms for time windows (a session's ``end``
     is its last record's time); for count windows, record numbers ``[start, end)``."""

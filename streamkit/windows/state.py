@@ -35,6 +35,7 @@ from streamkit.windows.kinds import (
     Tumbling,
     Window,
     WindowKind,
+    window_closed,
 )
 
 OPEN, ENDED, FULL = 0, 1, 2
@@ -192,12 +193,7 @@ class WindowState:
             if windows[0].end + grace <= stream_time:  # (the oldest closes first)
                 windows = [w for w in windows if w.end + grace > stream_time]
             if not windows:
-                start = kind.start_of(timestamp)
-                raise LateRecordError(
-                    f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
-                    f"grace {kind.grace:g} s): the record is late",
-                    self.name, start, start + kind.size_ms, stream_time,
-                )  # fmt: skip
+                raise window_closed(self.name, kind, kind.start_of(timestamp), stream_time)
         if self.book is not None:
             known = self._known
             for w in windows:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from stores.serde import Serde, serde_for
 from streamkit.tables import Table, TableBackend
-from streamkit.windows.kinds import Count, Hopping, LateRecordError, Session, Tumbling, Window, WindowKind
+from streamkit.windows.kinds import Count, Hopping, Session, Tumbling, Window, WindowKind, window_closed
 from streamkit.windows.state import WindowState
 
 _MISSING: Any = object()
@@ -133,11 +133,7 @@ class WindowedTable(Table):
             start = ts - ts % window.size_ms
             stream_time = getattr(clock, "stream_time", -1)
             if stream_time >= 0 and window.closed(start, stream_time):
-                raise LateRecordError(
-                    f"table {self.name!r}: the window starting at {start} ms closed (stream time {stream_time} ms, "
-                    f"grace {window.grace:g} s): the record is late",
-                    self.name, start, start + window.size_ms, stream_time,
-                )  # fmt: skip
+                raise window_closed(self.name, window, start, stream_time)
             return (key, start)
         if isinstance(self.window, Hopping | Count):
             raise TypeError(
