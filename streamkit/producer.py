@@ -270,12 +270,14 @@ class Producer:
 
     async def flush(self) -> None:
         """Hand every open batch to the broker and wait until all are acknowledged."""
-        for k in list(self._open):
-            ob = self._open.pop(k, None)
-            if ob is not None:
-                await self._dispatch(ob)
-        pending = [f for s in self._inflight.values() for f in s]
-        if pending:
+        while True:  # until nothing is open or in flight (a batch may be sealed meanwhile)
+            for k in list(self._open):
+                ob = self._open.pop(k, None)
+                if ob is not None:
+                    await self._dispatch(ob)
+            pending = [f for s in self._inflight.values() for f in s if not f.done()]
+            if not pending and not self._open:
+                break
             await asyncio.gather(*pending, return_exceptions=True)
         if self._error is not None:
             raise self._error
@@ -363,8 +365,13 @@ class Producer:
     def _seal_topic(self, topic: str | None = None) -> None:
         """Dispatch open batches (of one topic) now, in the background."""
         for k in [k for k in self._open if topic is None or k[0] == topic]:
-            ob = self._open.pop(k)
-            asyncio.ensure_future(self._dispatch(ob))
+            self._dispatch_later(self._open.pop(k))
+
+    def _dispatch_later(self, ob: OpenBatch) -> None:
+        """:meth:`_dispatch` in the background, the batch counted in flight at once: a
+        :meth:`flush` right after (before the task first runs) waits for it too."""
+        self._inflight.setdefault(ob.topic, set()).add(ob.future)
+        asyncio.ensure_future(self._dispatch(ob))
 
     async def _dispatch(self, ob: OpenBatch) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
@@ -428,8 +435,7 @@ class Producer:
                     continue
             now = time.monotonic()
             for k in [k for k, ob in self._open.items() if now - ob.created >= self.linger]:
-                ob = self._open.pop(k)
-                asyncio.ensure_future(self._dispatch(ob))
+                self._dispatch_later(self._open.pop(k))
 
     # ------------------------------------------------------------------ layouts, lease, acks
 
@@ -468,7 +474,7 @@ class Producer:
                 self._stats["records"] -= 1
                 self._stats["replaced"] += 1
                 if full is not None:
-                    asyncio.ensure_future(self._dispatch(full))
+                    self._dispatch_later(full)
             ob.future.set_result(REPLACED)
         log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
 

@@ -193,3 +193,26 @@ def test_lease_blocks_sends_until_layout_reread(broker: str) -> None:
             assert p.stats["lease_renewals"] == before + 1
 
     asyncio.run(go())
+
+
+def test_a_flush_right_after_the_linger_loop_sealed_a_batch_waits_for_it(broker: str) -> None:
+    """The linger loop takes a batch out of the open ones and sends it from a task of its
+    own. A flush that runs before that task's first step used to find the batch neither
+    open nor in flight and return at once: the producer's last records could be counted as
+    sent and never written (one record lost at the very end of a test run)."""
+    topic = name("prod-linger")
+
+    async def go() -> None:
+        async with KafkaIO(broker) as io:
+            await io.create_topic(topic, 1)
+        async with Producer(broker, client_id="linger", linger_ms=1) as p:
+            for round_ in range(20):
+                d = await p.send(topic, f"k{round_}", {"i": round_})
+                while p._open:  # the linger loop seals the batch; its send task is only scheduled
+                    await asyncio.sleep(0)
+                await p.flush()
+                assert d.done(), f"round {round_}: flush returned before the sealed batch was acknowledged"
+        recs = await read(broker, topic, 1)
+        assert [r.offset for r in recs[0]] == list(range(20))
+
+    asyncio.run(go())

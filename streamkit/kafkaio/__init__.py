@@ -2,8 +2,10 @@
 asked for again (:class:`KafkaIO`).  The group consumers are aiokafka's own."""
 
 from streamkit.kafkaio.client import (
+    ACKED_HOLE_WAIT,
     CREATE_CONFIGS,
     CREATE_PARTITIONS_API,
+    HOLE_CONFIRM_FETCHES,
     HOLE_CONFIRM_SECONDS,
     FetchedRecord,
     KafkaIO,
@@ -11,8 +13,10 @@ from streamkit.kafkaio.client import (
 )
 
 __all__ = [
+    "ACKED_HOLE_WAIT",
     "CREATE_CONFIGS",
     "CREATE_PARTITIONS_API",
+    "HOLE_CONFIRM_FETCHES",
     "HOLE_CONFIRM_SECONDS",
     "FetchedRecord",
     "KafkaIO",

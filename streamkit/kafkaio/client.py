@@ -16,6 +16,7 @@ behaviours of the reference broker (see ``docs/architecture.md``):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,15 @@ from streamkit.connection import Connection, as_connection, connect_failure, qui
 from streamkit.errors import StreamkitError, TopicNotFoundError
 from streamkit.layout.stamps import NO_HEADERS, batch_stamp
 
-__all__ = ["CREATE_CONFIGS", "HOLE_CONFIRM_SECONDS", "FetchedRecord", "KafkaIO", "KafkaIOError"]
+__all__ = [
+    "ACKED_HOLE_WAIT",
+    "CREATE_CONFIGS",
+    "HOLE_CONFIRM_FETCHES",
+    "HOLE_CONFIRM_SECONDS",
+    "FetchedRecord",
+    "KafkaIO",
+    "KafkaIOError",
+]
 
 _BEYOND = 1 << 62
 CREATE_PARTITIONS_API = 37
@@ -66,8 +75,26 @@ class FetchedRecord:
     headers: tuple[tuple[str, bytes], ...]
 
 
-HOLE_CONFIRM_SECONDS = 0.01
-"""A hole in a fetch answer still there this long after it was first seen is real."""
+log = logging.getLogger(__name__)
+
+HOLE_CONFIRM_SECONDS = 1.0
+"""A hole in a fetch answer still there this long after it was first seen (and after
+``HOLE_CONFIRM_FETCHES`` fetches) is real. Tansu's memory engine hands out a batch's
+offsets before it writes the batch, so a later batch can be seen first; on a loaded
+machine the earlier one took longer than the 10 ms this used to be, and a worker read
+past a record that was only late (one record lost in a full test run)."""
+
+HOLE_CONFIRM_FETCHES = 3
+"""Fetches that must all miss a hole before it is read past."""
+
+HOLE_PAUSES = (0.0, 0.05, 0.2, 0.75)
+"""Pauses before :meth:`KafkaIO.fetch` asks for a hole again (the last answer decides), as
+shares of its ``hole_wait``."""
+
+ACKED_HOLE_WAIT = 0.01
+"""``hole_wait`` for a log read only below a record its writer saw acknowledged after the
+rest (a changelog up to a marker): every batch there was written, so a hole is real
+(compaction, which on a changelog leaves many)."""
 
 
 class KafkaIO:
@@ -215,7 +242,14 @@ class KafkaIO:
         raise AssertionError("unreachable")
 
     async def fetch(
-        self, topic: str, partition: int, offset: int, *, max_wait_ms: int = 1, max_bytes: int = 1 << 20
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_wait_ms: int = 1,
+        max_bytes: int = 1 << 20,
+        hole_wait: float = HOLE_CONFIRM_SECONDS,
     ) -> tuple[list[FetchedRecord], int]:
         """Records at ``>= offset`` (one response's worth) and the high watermark (-1 if unknown).
 
@@ -224,20 +258,25 @@ class KafkaIO:
 
         Holes are checked: Tansu (memory engine) sometimes leaves batches out of an answer
         while producers write the partition, and they are there when asked again.  An
-        answer is cut at a hole, which is asked for again (twice, the second time after
-        ``HOLE_CONFIRM_SECONDS``); a hole still there then is real (compaction) and read past."""
+        answer is cut at a hole, which is asked for again after each of ``HOLE_PAUSES``
+        (``hole_wait`` in all); a hole still there then is real (compaction) and read
+        past, with a warning."""
         out, hole, hw = await self._fetch_checked(topic, partition, offset, max_wait_ms, max_bytes, None)
-        for pause in (0.0, HOLE_CONFIRM_SECONDS):
+        for i, pause in enumerate(HOLE_PAUSES):
             if hole is None:
                 break
             if pause:
-                await asyncio.sleep(pause)
-            more, hole_next, hw2 = await self._fetch_checked(
-                topic, partition, hole, 1, max_bytes, hole if pause else None
-            )
+                await asyncio.sleep(pause * hole_wait)
+            last = i == len(HOLE_PAUSES) - 1
+            real = hole if last else None
+            more, hole_next, hw2 = await self._fetch_checked(topic, partition, hole, 1, max_bytes, real)
             hw = max(hw, hw2)
             if not more and hole_next == hole:
-                continue  # still there: ask once more, then accept it
+                continue  # still there: ask again, the last time reading past it
+            if last and (not more or more[0].offset != hole) and hole_wait >= HOLE_CONFIRM_SECONDS:
+                log.warning(
+                    "%s[%d]: offset %d missing from every answer: a real hole, read past", topic, partition, hole
+                )
             out.extend(more)
             break
         return out, hw
@@ -329,16 +368,23 @@ class KafkaIO:
         return await self.high_watermarks(topic, range(count or 0))
 
     async def read(
-        self, topic: str, partition: int, start: int, end: int | None = None, *, max_bytes: int = 1 << 20
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        *,
+        max_bytes: int = 1 << 20,
+        hole_wait: float = HOLE_CONFIRM_SECONDS,
     ) -> tuple[list[FetchedRecord], int]:
         """Records in ``[start, end)`` and ``end``; with ``end`` None, up to the high
         watermark of the first fetch response (returned as the end; it may be below
-        ``start`` if the log was truncated)."""
+        ``start`` if the log was truncated). ``hole_wait``: as :meth:`fetch`'s."""
         out: list[FetchedRecord] = []
         pos, stop, misses = start, end, 0
         while stop is None or pos < stop:
             recs, hw = await self.fetch(
-                topic, partition, pos, max_bytes=max_bytes, max_wait_ms=1 if misses == 0 else 20
+                topic, partition, pos, max_bytes=max_bytes, max_wait_ms=1 if misses == 0 else 20, hole_wait=hole_wait
             )
             if stop is None and hw >= 0:
                 stop = hw

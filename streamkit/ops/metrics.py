@@ -123,6 +123,8 @@ class WorkerView:
     strays_waiting: Mapping[str, int] = field(default_factory=dict)
     """Per "topic/partition" a sweep reads (no layout reads it in place): records not forwarded yet."""
     tables: list[TableView] = field(default_factory=list)
+    holes: Mapping[str, int] = field(default_factory=dict)
+    """Offset gaps in fetch answers: "asked_again" (each seen), "read_past" (confirmed real)."""
 
 
 METRICS: dict[str, str] = {
@@ -140,6 +142,9 @@ METRICS: dict[str, str] = {
     "streamkit_processor_progress": "a bootstrapping or restoring processor's progress (done) and goal (target)",
     "streamkit_changelog_position": "the changelog position a processor's store matches",
     "streamkit_rebalances_total": "group rebalances this worker's members took an assignment from",
+    "streamkit_fetch_holes_total": "gaps in the offsets of a fetch answer: asked_again (each gap seen), "
+    "read_past (still there after a second of asking: compaction, transaction markers or retention; anything "
+    "else is records lost)",
     "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
     "streamkit_handler_batch_seconds": "time in the handlers per partition batch",
     "streamkit_gate_wait_seconds": "how long a partition waited at its gate for the group to pass a seal",
@@ -212,6 +217,10 @@ class WorkerCollector(Collector):
         rebalances = _fam(CounterMetricFamily, "streamkit_rebalances_total", labels)
         rebalances.add_metric(base, v.rebalances)
         yield rebalances
+        holes = _fam(CounterMetricFamily, "streamkit_fetch_holes_total", [*labels, "outcome"])
+        for outcome, n in sorted(v.holes.items()):
+            holes.add_metric([*base, outcome], n)
+        yield holes
         waiting = _fam(GaugeMetricFamily, "streamkit_strays_waiting", [*labels, "partition"])
         for where, n in sorted(v.strays_waiting.items()):
             waiting.add_metric([*base, where], n)

@@ -6,9 +6,9 @@ Per partition batch, in this order:
 2. Holes: records must follow each other without a gap from the position. The
    reference broker sometimes leaves batches out of a fetch answer while producers
    write the partition; asked again, they are there. The answer is cut before the
-   hole and the consumer sent back to it; a hole still there at least
-   ``HOLE_CONFIRM_SECONDS`` after it was first seen is real (compaction, transaction
-   markers, retention) and read past.
+   hole and the consumer sent back to it; a hole still there after
+   ``HOLE_CONFIRM_FETCHES`` fetches over ``HOLE_CONFIRM_SECONDS`` is real (compaction,
+   transaction markers, retention) and read past, with a warning.
 3. The gate: after a layout change a partition may deliver only offsets below its
    limit until the partitions its keys came from are consumed to their seals
    (``streamkit.layout.gating``). Records at or beyond the limit wait: the consumer
@@ -46,7 +46,7 @@ from aiokafka import TopicPartition
 
 from assignors.murmur2 import key_hash, key_hash_cached
 from assignors.placement import KeyFilter
-from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
+from streamkit.kafkaio import HOLE_CONFIRM_FETCHES, HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.stamps import (
@@ -141,6 +141,7 @@ class Admission:
         self.gated = False
         """Some partition is held by its gate: re-gate often (the group's positions move)."""
         self.holes_refetched = 0
+        self.holes_read_past = 0
         self.amended = 0
         """Records skipped because a checkpoint's IC ranges say they were applied."""
         self.copies_skipped = 0
@@ -299,18 +300,28 @@ class Admission:
         return stale
 
     def cut_at_hole(self, tp: TopicPartition, route: Route, pos: int, records: list[Any]) -> list[Any]:
-        """The records before the first hole in their offsets, seeking back to ask for it again."""
+        """The records before the first hole in their offsets, seeking back to ask for it
+        again. A hole is read past only once it was asked for ``HOLE_CONFIRM_FETCHES``
+        times over at least ``HOLE_CONFIRM_SECONDS``, with one warning line: a batch the
+        broker has not written yet must never be taken for a real hole."""
         expected = pos
         for i, r in enumerate(records):
             if r.offset != expected:
                 now = time.monotonic()
                 seen = route.hole
-                if seen is not None and seen[:2] == (expected, r.offset) and now - seen[2] >= HOLE_CONFIRM_SECONDS:
-                    route.hole = None  # real: read past it
+                if seen is None or seen[:2] != (expected, r.offset):
+                    route.hole = seen = (expected, r.offset, now, 0)
+                    self.holes_refetched += 1
+                if now - seen[2] >= HOLE_CONFIRM_SECONDS and seen[3] >= HOLE_CONFIRM_FETCHES:
+                    route.hole = None  # real (compaction, transaction markers, retention): read past it
+                    self.holes_read_past += 1
+                    log.warning(
+                        "%s[%d]: offsets %d..%d are missing from every answer for %.1f s (%d fetches): "
+                        "a real hole (compaction, transaction markers or retention), read past",
+                        tp.topic, tp.partition, expected, r.offset - 1, now - seen[2], seen[3],
+                    )  # fmt: skip
                 else:
-                    if seen is None or seen[:2] != (expected, r.offset):
-                        route.hole = (expected, r.offset, now)
-                        self.holes_refetched += 1
+                    route.hole = (*seen[:3], seen[3] + 1)
                     self.consumer.seek(tp, expected)
                     return records[:i]
             expected = r.offset + 1

@@ -82,7 +82,7 @@ class Route:
     epoch_bytes: bytes | None = None  # the layout epoch as stamped: records carrying it pass
     limit: int | None = None  # gate: deliver offsets below it only
     stale_epoch: int | None = None  # a record named a newer layout epoch than ours
-    hole: tuple[int, int, float] | None = None  # (start, next offset, first seen): see Admission.cut_at_hole
+    hole: tuple[int, int, float, int] | None = None  # (start, next offset, first seen, fetches): Admission.cut_at_hole
     key_filter: KeyFilter | None = None
     """Only records whose key hash it accepts are applied (None: every record)."""
     null_keys: bool = True

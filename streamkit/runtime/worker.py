@@ -281,6 +281,10 @@ class Worker:
             gate_waits=gate_waits,
             strays_waiting=strays_waiting,
             tables=tables,
+            holes={
+                "asked_again": sum(m.admission.holes_refetched for m in self.members),
+                "read_past": sum(m.admission.holes_read_past for m in self.members),
+            },
         )
 
     async def shutdown(self, clean: bool = True) -> None:

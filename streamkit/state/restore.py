@@ -30,7 +30,7 @@ from assignors.linear_hashing import lh_bucket_batch, nearest_ancestor_below
 from assignors.vectorized import key_hash_batch
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
-from streamkit.kafkaio import KafkaIO
+from streamkit.kafkaio import ACKED_HOLE_WAIT, KafkaIO
 from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker
 
 log = logging.getLogger(__name__)
@@ -166,15 +166,17 @@ READ_CHUNK = 100_000
 
 
 async def read_partition(io: KafkaIO, topic: str, partition: int, on_read: ReadProgress | None = None) -> list[Any]:
-    """Every record of ``topic[partition]`` up to its end as of now, reporting progress."""
+    """Every record of ``topic[partition]`` up to its end as of now, reporting progress.
+    What a restore applies lies below a marker, written once every record before it was
+    acknowledged: a hole there is compaction's, read past at once."""
     if on_read is None:
-        return (await io.read(topic, partition, 0))[0]
+        return (await io.read(topic, partition, 0, hole_wait=ACKED_HOLE_WAIT))[0]
     end = (await io.high_watermarks(topic, [partition]))[partition]
     out: list[Any] = []
     pos = 0
     on_read(pos, end)
     while pos < end:
-        records, pos = await io.read(topic, partition, pos, min(pos + READ_CHUNK, end))
+        records, pos = await io.read(topic, partition, pos, min(pos + READ_CHUNK, end), hole_wait=ACKED_HOLE_WAIT)
         out.extend(records)
         on_read(pos, end)
     return out

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from stores.base import Store, StoreLockedError
 from stores.rocksdb import RocksDBStore
 from streamkit.connection import Connection
-from streamkit.kafkaio import KafkaIO
+from streamkit.kafkaio import ACKED_HOLE_WAIT, KafkaIO
 from streamkit.state.changelog import (
     CHANGELOG_BATCH_BYTES,
     CHANGELOG_POSITION,
@@ -90,7 +90,7 @@ async def newest_generation(io: KafkaIO, topic: str, partition: int, incarnation
     as a restore sees them)."""
     if partition >= ((await io.partition_count(topic)) or 0):
         return -1
-    records, _ = await io.read(topic, partition, 0)
+    records, _ = await io.read(topic, partition, 0, hole_wait=ACKED_HOLE_WAIT)  # (markers: acknowledged)
     markers = [Marker.decode(r.value) for r in records if r.value and r.key and r.key.startswith(MARKER_PREFIX)]
     theirs = [
         m for m in markers if not incarnation or str(m.checkpoint.extra.get(INCARNATION_KEY, "")) in ("", incarnation)

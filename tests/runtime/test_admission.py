@@ -14,11 +14,12 @@ from aiokafka import TopicPartition
 
 from stores.memory import MemoryStore
 from streamkit.app import App
-from streamkit.kafkaio import HOLE_CONFIRM_SECONDS
+from streamkit.kafkaio import HOLE_CONFIRM_FETCHES
 from streamkit.layout import transitions
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
 from streamkit.layout.stamps import stamp as stamp_header
+from streamkit.runtime import admission as admission_module
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route
@@ -117,18 +118,40 @@ def test_records_the_group_handled_before_are_rebuilt_without_output() -> None:
     assert offsets(out.rebuild) == [0, 1, 2] and offsets(out.deliver) == [3, 4, 5]
 
 
-def test_a_hole_is_asked_for_again_then_read_past_once_confirmed() -> None:
+def test_a_hole_is_asked_for_again_then_read_past_once_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "HOLE_CONFIRM_SECONDS", 0.05)
     admission, consumer, route = make()
     [(_, out)] = admission.admit(TP, recs([0, 1, 2, 5, 6]))
     assert offsets(out.deliver) == [0, 1, 2] and out.next_position == 3
     assert consumer.seeks == [(TP, 3)] and admission.holes_refetched == 1
     route.position = out.next_position
-    # asked again at once: still there, not yet confirmed
-    assert admission.admit(TP, recs([5, 6])) == []
-    assert consumer.seeks[-1] == (TP, 3) and admission.holes_refetched == 1
-    time.sleep(HOLE_CONFIRM_SECONDS * 2)
+    for _ in range(HOLE_CONFIRM_FETCHES - 1):  # asked again: still there, not yet confirmed
+        assert admission.admit(TP, recs([5, 6])) == []
+        assert consumer.seeks[-1] == (TP, 3) and admission.holes_refetched == 1
+    time.sleep(0.1)
     [(_, out)] = admission.admit(TP, recs([5, 6]))
     assert offsets(out.deliver) == [5, 6] and out.next_position == 7
+    assert admission.holes_read_past == 1
+
+
+def test_a_hole_is_not_read_past_by_many_quick_fetches_nor_by_one_slow_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu writes a batch after handing out its offsets: on a loaded machine the hole can
+    last longer than a few fetches take, or than one pause of the loop. Either alone is
+    not proof that the records are not coming."""
+    monkeypatch.setattr(admission_module, "HOLE_CONFIRM_SECONDS", 0.05)
+    admission, consumer, route = make()
+    [(_, out)] = admission.admit(TP, recs([0, 3]))
+    route.position = out.next_position
+    for _ in range(10):  # many fetches at once: too soon
+        assert admission.admit(TP, recs([3])) == []
+    admission2, _, route2 = make()
+    [(_, out)] = admission2.admit(TP, recs([0, 3]))
+    route2.position = out.next_position
+    time.sleep(0.1)  # one fetch after a long pause: too few
+    assert admission2.admit(TP, recs([3])) == []
+    assert admission.holes_read_past == admission2.holes_read_past == 0
+    [(_, out)] = admission.admit(TP, recs([1, 2, 3]))  # the late batch is written: nothing lost
+    assert offsets(out.deliver) == [1, 2, 3]
 
 
 def test_a_hole_that_fills_when_asked_again_loses_nothing() -> None:

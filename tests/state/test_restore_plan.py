@@ -149,7 +149,7 @@ class _OnePartition:
     async def partition_count(self, topic: str) -> int:
         return 4
 
-    async def read(self, topic: str, partition: int, offset: int) -> tuple[list[Any], int]:
+    async def read(self, topic: str, partition: int, offset: int, **_: Any) -> tuple[list[Any], int]:
         return (self.log.records, len(self.log.records)) if partition == 0 else ([], 0)
 
 
