@@ -19,7 +19,7 @@ from streamkit.connection import Connection
 from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table
 from streamkit.topics import Topic
-from streamkit.windows import BookTable, Count, Session, Tumbling, WindowedTable, WindowKind
+from streamkit.windows import BookTable, Count, Session, Sliding, Tumbling, WindowedTable, WindowKind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,7 +104,7 @@ class App:
         window: WindowKind | None = None,
     ) -> Table:
         """Declare a table; ``window=`` makes it a windowed table: ``Tumbling(60)``,
-        ``Hopping(60, 10)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``)."""
+        ``Hopping(60, 10)``, ``Sliding(60)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``)."""
         if name in self.tables:
             raise ValueError(f"table {name!r} is declared twice")
         if default is not None and not callable(default):
@@ -112,8 +112,10 @@ class App:
         ks, vs = serde_for(key_serde), serde_for(value_serde)
         if window is None:
             table = Table(name, ks, vs, default)
-        elif not isinstance(window, Tumbling | Session | Count):
-            raise TypeError(f"table {name!r}: window must be Tumbling, Hopping, Session or Count, got {window!r}")
+        elif not isinstance(window, Tumbling | Session | Sliding | Count):
+            raise TypeError(
+                f"table {name!r}: window must be Tumbling, Hopping, Sliding, Session or Count, got {window!r}"
+            )
         else:
             table = WindowedTable(name, ks, vs, window, default)
             if table.book_name in self.tables:

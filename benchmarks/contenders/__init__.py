@@ -100,6 +100,7 @@ ALIASES: dict[str, str] = {
     "streamkit-hopping": "streamkit_windows_app",
     "streamkit-session": "streamkit_windows_app",
     "streamkit-count": "streamkit_windows_app",
+    "streamkit-sliding": "streamkit_windows_app",
     "quix-hopping": "quix_hopping",
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:

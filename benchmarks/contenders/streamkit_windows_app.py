@@ -6,9 +6,10 @@ a close callback per window (which counts the closes; it sends nothing, as quixs
         --bootstrap B --topic T --records N --partitions P --workdir DIR --session-timeout-ms MS
 
 The kind comes from ``BENCH_CONTENDER`` (``streamkit-tumbling``, ``-hopping``,
-``-session``, ``-count``; ``WINDOWS`` below), over the records' Kafka timestamps (the
-harness's input is written in a few seconds, so the windows are short: a second, ten
-seconds hopping by one, half a second of inactivity, ten records). Otherwise as the
+``-session``, ``-count``, ``-sliding``; ``WINDOWS`` below), over the records' Kafka
+timestamps (the harness's input is written in a few seconds, so the windows are short: a
+second, ten seconds hopping by one, half a second of inactivity, ten records, records
+half a second apart). Otherwise as the
 plain ``streamkit`` contender: one worker hosting every processor, default settings
 (changelog on). ``check`` is omitted (a window's totals are not the key's); the record
 count is the harness's check that the work was done.
@@ -27,13 +28,14 @@ from typing import Any
 
 import streamkit
 from streamkit.runtime.worker import Worker
-from streamkit.windows import Count, Hopping, Session, Tumbling
+from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling
 
 WINDOWS = {
     "streamkit-tumbling": Tumbling(1, grace=0),
     "streamkit-hopping": Hopping(10, 1, grace=0),
     "streamkit-session": Session(0.5, grace=0, merge=lambda a, b: [a[0] + b[0], a[1] + b[1]]),
     "streamkit-count": Count(10),
+    "streamkit-sliding": Sliding(0.5, grace=0, reduce=lambda a, b: [a[0] + b[0], a[1] + b[1]]),
 }
 
 
@@ -49,13 +51,17 @@ def main() -> None:
     source = app.topic(a.topic, key_serde="raw")
     per_window = app.table("per_window", key_serde="raw", default=lambda: [0, 0], window=WINDOWS[contender])
     progress = {"n": 0, "first": 0.0, "last": 0.0, "closes": 0}
+    sliding = isinstance(per_window.window, Sliding)
     target = a.records
     worker = Worker(app, 1)
 
     @app.processor(source)
     def count_and_sum(key: bytes, value: Any, ctx: streamkit.Context) -> None:
         amount = value["amount"]
-        per_window.update(key, lambda s: [s[0] + 1, s[1] + amount])
+        if sliding:
+            per_window.add(key, [1, amount])
+        else:
+            per_window.update(key, lambda s: [s[0] + 1, s[1] + amount])
         n = progress["n"] = progress["n"] + 1
         if n == 1:
             progress["first"] = time.time()

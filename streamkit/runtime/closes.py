@@ -68,7 +68,7 @@ async def fire_closes(
             continue
         fns = () if silent else callbacks.get(name, ())
         for key, window in state.due(bound):
-            value = state.data.get((key, window.start), _NOTHING) if fns else _NOTHING
+            value = state.value_of(key, window, _NOTHING) if fns else _NOTHING
             if value is not _NOTHING:  # (a window only read, never written, has nothing to close)
                 ctx = CloseContext(outbox, proc.id, name, window)
                 for fn in fns:

@@ -180,6 +180,15 @@ class TestDriver:
                 out[key] = value
         return out
 
+    def windows(self, name: str) -> dict[tuple[Any, int], Any]:
+        """Windowed table ``name``'s windows held now, every processor's, as
+        ``(key, window start ms) -> value`` (a sliding window's value computed from its
+        records, which is all its table stores)."""
+        found = [proc.window_states[name] for proc in self._procs.values() if name in proc.window_states]
+        if not found:
+            raise KeyError(f"app {self.app.name!r} has no windowed table {name!r}")
+        return {(key, window.start): value for state in found for key, window, value in state.held()}
+
     def output(self, topic: str) -> list[OutputRecord]:
         """Every record sent to ``topic`` so far, in the order sent (after a restart, what
         was sent again too: output is at least once)."""

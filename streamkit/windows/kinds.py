@@ -9,12 +9,14 @@ deleted at a checkpoint. All times are ms since the epoch; the settings are seco
 
 The definitions follow Kafka Streams' where it has the kind: ``TimeWindows`` (tumbling,
 hopping: ``[start, start + size)``, start a multiple of the advance), ``SessionWindows``
-(an inactivity gap; a record that bridges two sessions merges them). ``Count`` windows
+(an inactivity gap; a record that bridges two sessions merges them), ``SlidingWindows``
+(windows defined by the records, both ends included). ``Count`` windows
 are quixstreams' (a key's n records, optionally hopping by ``step`` records).
 """
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,6 +210,79 @@ class Session(_TimeKind):
 
 
 @dataclass(frozen=True)
+class Sliding(_TimeKind):
+    """Kafka Streams' sliding windows (``SlidingWindows.ofTimeDifferenceAndGrace``): windows
+    defined by the records themselves. Two records are in one window when their
+    timestamps differ by at most ``size`` seconds. The windows of a key are, for each of
+    its records at time t, the window ``[t - size, t]`` that ends with it and, when a
+    later record lies within ``size`` of it, the window ``[t + 1, t + 1 + size]`` that
+    starts right after it; both ends are included (``Window.end`` is the last
+    millisecond a record may have). A window's value is ``reduce`` (default ``+``)
+    over the values its records added (``table.add(key, value)``), in timestamp order,
+    so ``reduce`` must be associative. A window closes ``grace`` seconds after its end;
+    a record is late when the window ending with it has closed (then every window
+    holding it has). Records are kept ``retention`` seconds after the last window
+    holding them ends."""
+
+    size: float = 0.0
+    reduce: Callable[[Any, Any], Any] = field(default=operator.add, compare=False)
+
+    def __init__(
+        self,
+        size: float,
+        grace: float = DEFAULT_RETENTION,
+        retention: float = DEFAULT_RETENTION,
+        reduce: Callable[[Any, Any], Any] = operator.add,
+    ) -> None:
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "grace", grace)
+        object.__setattr__(self, "retention", retention)
+        object.__setattr__(self, "reduce", reduce)
+        if size <= 0:
+            raise ValueError(f"Sliding window size must be > 0 seconds, got {size!r}")
+        if not callable(reduce):
+            raise TypeError(f"Sliding window reduce must be a function (older, newer) -> combined, got {reduce!r}")
+        self._check("Sliding")
+        object.__setattr__(self, "size_ms", _ms(size))
+
+    size_ms: int = field(default=0, init=False, repr=False, compare=False)
+
+    def close_time(self, window: Window) -> int:
+        return window.end + 1 + self.grace_ms
+
+    def expiry_time(self, window: Window) -> int:
+        return window.end + 1 + self.retention_ms
+
+    def left(self, t: int) -> Window:
+        """The window that ends with a record at ``t``."""
+        return Window(t - self.size_ms, t)
+
+    def right(self, t: int) -> Window:
+        """The window that starts right after a record at ``t`` (it exists when it holds one)."""
+        return Window(t + 1, t + 1 + self.size_ms)
+
+    def windows_over(self, times: list[int]) -> list[Window]:
+        """Every window the records at ``times`` (sorted, distinct) define, oldest first."""
+        found = {self.left(t) for t in times}
+        for t in times:
+            w = self.right(t)
+            i = bisect.bisect_left(times, w.start)
+            if i < len(times) and times[i] <= w.end:
+                found.add(w)
+        return sorted(found)
+
+    def last_end_holding(self, t: int, times: list[int]) -> int:
+        """The latest end of a window that holds a record at ``t`` (``times``: the key's)."""
+        size = self.size_ms
+        i = bisect.bisect_right(times, t + size) - 1  # the last record whose window ending with it holds t
+        end = times[i] if i >= 0 and times[i] >= t else t
+        j = bisect.bisect_right(times, t - 1) - 1  # the last record before t: its right window holds t
+        if j >= 0 and times[j] >= t - 1 - size:
+            end = max(end, times[j] + 1 + size)
+        return end
+
+
+@dataclass(frozen=True)
 class Count:
     """Windows of a key's ``n`` records: records ``[i * step, i * step + n)`` of the key
     (``step`` defaults to ``n``: tumbling by count; a smaller step makes them hop). A
@@ -238,5 +313,5 @@ class Count:
         return NEVER
 
 
-WindowKind = Tumbling | Session | Count
+WindowKind = Tumbling | Session | Sliding | Count
 """Every kind a windowed table can have (``Hopping`` is a ``Tumbling``)."""

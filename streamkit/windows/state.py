@@ -22,6 +22,7 @@ one has none and costs nothing more than its windows.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from streamkit.windows.kinds import (
     Count,
     LateRecordError,
     Session,
+    Sliding,
     Tumbling,
     Window,
     WindowKind,
@@ -90,7 +92,15 @@ class WindowState:
         self._counted.clear()
         if self.book is None:
             return
+        kind = self.kind
         for (key, _), entry in self.book.items():
+            if isinstance(kind, Sliding):
+                closed = entry.get("c", -1)
+                for t in entry["t"]:
+                    for w in (kind.left(t), kind.right(t)):
+                        if kind.close_time(w) > closed:
+                            self._push(key, w)
+                continue
             for start, end, state in entry["w"]:
                 if state == OPEN:
                     self._push(key, Window(start, end))
@@ -118,10 +128,26 @@ class WindowState:
         heap, book = self._heap, self.book
         if book is None:
             return out
+        sliding = self.kind if isinstance(self.kind, Sliding) else None
+        seen: set[tuple[Any, int]] = set()
         while heap and heap[0][0] <= bound:
             at, _, key, start = heapq.heappop(heap)
             entry = book.get((key, BOOK_SLOT))
             if entry is None:
+                continue
+            if sliding is not None:  # due unless closed already, or empty (a right window nothing joined)
+                window = Window(start, start + sliding.size_ms)
+                times = entry["t"]
+                i = bisect.bisect_left(times, window.start)
+                if (
+                    (key, start) not in seen
+                    and sliding.close_time(window) > entry.get("c", -1)
+                    and window.start > entry.get("x", _NEVER)
+                    and i < len(times)
+                    and times[i] <= window.end
+                ):
+                    seen.add((key, start))
+                    out.append((key, window))
                 continue
             for s, e, state in entry["w"]:
                 if s != start:
@@ -145,6 +171,9 @@ class WindowState:
         assert self.book is not None
         entry = self.book.get((key, BOOK_SLOT))
         if entry is None:
+            return
+        if isinstance(self.kind, Sliding):  # closes come in close-time order: one mark per key
+            self.book[(key, BOOK_SLOT)] = {**entry, "c": max(entry.get("c", -1), self.kind.close_time(window))}
             return
         kept = []
         for w in entry["w"]:
@@ -179,6 +208,8 @@ class WindowState:
             return self._place_time(key, timestamp, stream_time, kind)
         if isinstance(kind, Session):
             return [self._place_session(key, timestamp, stream_time, kind)]
+        if isinstance(kind, Sliding):
+            return [self._place_sliding(key, timestamp, stream_time, kind)]
         return self._place_count(key, record, kind)
 
     def _place_time(self, key: Any, timestamp: int, stream_time: int, kind: Tumbling) -> list[Window]:
@@ -243,6 +274,43 @@ class WindowState:
             self._push(key, window)
         return window
 
+    def _place_sliding(self, key: Any, timestamp: int, stream_time: int, kind: Sliding) -> Window:
+        """The window ending with the record; its time joins the key's (booked). Every window
+        holding a record ends at or after it, so if the one ending with it is open, all are."""
+        left = kind.left(timestamp)
+        if stream_time >= 0 and kind.close_time(left) <= stream_time:
+            raise LateRecordError(
+                f"table {self.name!r}: the sliding window ending with the record ({timestamp} ms) closed (stream "
+                f"time {stream_time} ms, grace {kind.grace:g} s): the record is late",
+                self.name, left.start, left.end, stream_time,
+            )  # fmt: skip
+        assert self.book is not None
+        entry = self.book.get((key, BOOK_SLOT)) or {"t": []}
+        times = entry["t"]
+        i = bisect.bisect_left(times, timestamp)
+        if i == len(times) or times[i] != timestamp:
+            self.book[(key, BOOK_SLOT)] = {**entry, "t": [*times[:i], timestamp, *times[i:]]}
+            self._push(key, left)
+            self._push(key, kind.right(timestamp))
+        return left
+
+    def value_of(self, key: Any, window: Window, default: Any = None) -> Any:
+        """``window``'s value: its entry, or for a sliding window the ``reduce`` of the values
+        its records added, in time order (``default`` when it holds none)."""
+        kind = self.kind
+        if not isinstance(kind, Sliding):
+            return self.data.get((key, window.start), default)
+        entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
+        if not entry:
+            return default
+        times = entry["t"]
+        value: Any = _NONE
+        for t in times[bisect.bisect_left(times, window.start) : bisect.bisect_right(times, window.end)]:
+            v = self.data.get((key, t), _NONE)
+            if v is not _NONE:
+                value = v if value is _NONE else kind.reduce(value, v)
+        return default if value is _NONE else value
+
     def _place_count(self, key: Any, record: Any, kind: Count) -> list[Window]:
         if record is not None and (seen := self._counted.get((id(record), key))) is not None and seen[0] is record:
             return seen[1]
@@ -271,6 +339,8 @@ class WindowState:
         kind = self.kind
         if stream_time < 0 or isinstance(kind, Count):
             return 0
+        if isinstance(kind, Sliding):
+            return self._expire_sliding(stream_time, kind)
         period = kind.advance_ms if isinstance(kind, Tumbling) else kind.gap_ms
         mark = stream_time // period
         if mark == self._expiry_mark:
@@ -297,10 +367,62 @@ class WindowState:
                 self._write_book(key, entry, kept)
         return deleted
 
+    def _expire_sliding(self, stream_time: int, kind: Sliding) -> int:
+        """Delete the records whose every window is past its retention and closed (the
+        book's ``x``: the last time deleted; windows starting there or before are gone)."""
+        mark = stream_time // kind.size_ms
+        if mark == self._expiry_mark:
+            return 0
+        self._expiry_mark = mark
+        assert self.book is not None
+        deleted = 0
+        for (key, _), entry in list(self.book.items()):
+            times, closed = entry["t"], entry.get("c", -1)
+            gone = 0
+            for t in times:
+                last = kind.last_end_holding(t, times)
+                if last + 1 + kind.retention_ms > stream_time or last + 1 + kind.grace_ms > closed:
+                    break
+                gone += 1
+            if not gone:
+                continue
+            for t in times[:gone]:
+                if (key, t) in self.data:
+                    del self.data[(key, t)]
+            deleted += gone
+            if gone == len(times):
+                del self.book[(key, BOOK_SLOT)]
+            else:
+                self.book[(key, BOOK_SLOT)] = {**entry, "t": times[gone:], "x": times[gone - 1]}
+        return deleted
+
     # -- reads ------------------------------------------------------------------------------------
+    def held(self) -> Iterator[tuple[Any, Window, Any]]:
+        """Every key's windows held now, as (key, window, value): what :meth:`windows` gives
+        per key, for all keys (tests and tools)."""
+        if isinstance(self.kind, Sliding):
+            assert self.book is not None
+            for (key, _), _entry in list(self.book.items()):
+                for window, value in self.windows(key):
+                    yield key, window, value
+            return
+        keys = sorted({k for k, _ in _keys(self.data)}, key=repr)
+        for key in keys:
+            for window, value in self.windows(key):
+                yield key, window, value
+
     def windows(self, key: Any, key_bytes: bytes | None = None) -> list[tuple[Window, Any]]:
         """``key``'s windows held now (closed ones too, until they expire), oldest first."""
         kind = self.kind
+        if isinstance(kind, Sliding):
+            entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
+            if not entry:
+                return []
+            return [
+                (w, self.value_of(key, w))
+                for w in kind.windows_over(entry["t"])
+                if w.start > entry.get("x", _NEVER)
+            ]  # fmt: skip
         ends: dict[int, int] = {}
         if isinstance(kind, Session):
             entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
@@ -330,6 +452,8 @@ class _None:
 
 
 _NONE: Any = _None()
+_NEVER = -(1 << 62)
+"""The book's ``x`` (the last record time a sliding table deleted) while it deleted none."""
 
 
 def _keys(data: Backend) -> list[Any]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from stores.serde import Serde, serde_for
 from streamkit.tables import Table, TableBackend
-from streamkit.windows.kinds import Count, Hopping, Session, Tumbling, Window, WindowKind, window_closed
+from streamkit.windows.kinds import Count, Hopping, Session, Sliding, Tumbling, Window, WindowKind, window_closed
 from streamkit.windows.state import WindowState
 
 _MISSING: Any = object()
@@ -94,7 +94,7 @@ class WindowedTable(Table):
 
     @property
     def needs_book(self) -> bool:
-        return self.closes or isinstance(self.window, Session | Count)
+        return self.closes or isinstance(self.window, Session | Sliding | Count)
 
     def state_over(self, data: TableBackend, book: TableBackend | None, index: bool = True) -> WindowState:
         """This table's window state over one processor's backends (``book``: the book's;
@@ -143,25 +143,68 @@ class WindowedTable(Table):
         return (key, self._place(key)[-1].start)
 
     def __getitem__(self, key: Any) -> Any:
+        if isinstance(self.window, Sliding):
+            value = self._current(key, _MISSING)
+            if value is _MISSING:
+                if self.default is None:
+                    raise KeyError(key)
+                return self.default()
+            return value
         return super().__getitem__(self._wkey(key))
 
     def get(self, key: Any, default: Any = None) -> Any:
+        if isinstance(self.window, Sliding):
+            return self._current(key, default)
         return self._backend.get(self._wkey(key), default)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._backend[self._wkey(key)] = value
+        self._backend[self._wkey(key)] = self._no_sliding_write(value)
 
     def __delitem__(self, key: Any) -> None:
+        self._no_sliding_write(None)
         self._backend.__delitem__(self._wkey(key))
 
     def __contains__(self, key: object) -> bool:
+        if isinstance(self.window, Sliding):
+            return self._current(key, _MISSING) is not _MISSING
         return self._wkey(key) in self._backend
+
+    def _no_sliding_write(self, value: Any) -> Any:
+        if isinstance(self.window, Sliding):
+            raise TypeError(
+                f"table {self.name!r} has sliding windows: their values come from their records; "
+                f"add the record's value with {self.name}.add(key, value)"
+            )
+        return value
+
+    def _current(self, key: Any, default: Any) -> Any:
+        """A sliding table's value in the window ending with the record being handled."""
+        window: Sliding = self.window
+        return self._bound().value_of(key, window.left(self._clock.timestamp), default)
+
+    def add(self, key: Any, value: Any) -> Window:
+        """Add the record's ``value`` to ``key``'s sliding windows (each window's value is
+        ``reduce`` over the values its records added); returns the window ending with the
+        record. Sliding windows only: the others are updated with :meth:`update`."""
+        if not isinstance(self.window, Sliding):
+            raise TypeError(
+                f"table {self.name!r} has {_kind_name(self.window)} windows: update them with "
+                f"{self.name}.update(key, fn) (add is for sliding windows)"
+            )
+        window = self._place(key)[0]
+        backend = self._backend
+        k = (key, window.end)  # one entry per record time: the values added at that time, reduced
+        old = backend.get(k, _MISSING)
+        backend[k] = value if old is _MISSING else self.window.reduce(old, value)
+        return window
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> list[Window]:  # type: ignore[override]
         """Apply ``fn(value) -> new value`` to every window of ``key`` that the record being
         handled joins (a missing window starts from the table's ``default()``, else None);
         returns those windows. The way to update hopping and count windows; works for every
-        kind (a count window table counts the record once, however often it is called)."""
+        kind but sliding windows, whose values come from :meth:`add` (a count window table
+        counts the record once, however often it is called)."""
+        self._no_sliding_write(None)
         backend = self._backend
         default = self.default
         windows = self._place(key)
@@ -180,6 +223,9 @@ class WindowedTable(Table):
 
     def get_window(self, key: Any, start_ms: int, default: Any = None) -> Any:
         """Value of `key` in the window starting at `start_ms`."""
+        if isinstance(self.window, Sliding):
+            window = Window(start_ms, start_ms + self.window.size_ms)
+            return self._bound().value_of(key, window, default)
         return self._backend.get((key, start_ms), default)
 
     def window_start(self, timestamp_ms: int) -> int:

@@ -21,6 +21,9 @@ class Result:
     closes: dict[tuple[str, int], int] = field(default_factory=dict)
     """(key, start) -> the value each close saw, once per window."""
     late: int = 0
+    stored: dict[tuple[str, int], int] = field(default_factory=dict)
+    """What the table stores where it differs from its windows: per (key, record time), the
+    values the records at that time added (sliding windows)."""
 
 
 def time_windows(records: list[tuple[str, int, int]], size: int, advance: int, grace: int) -> Result:
@@ -85,4 +88,40 @@ def counts(records: list[tuple[str, int, int]], n: int, step: int) -> Result:
                 out.windows[(key, start)] = out.windows.get((key, start), 0) + value
                 if index == start + n - 1:
                     out.closes[(key, start)] = out.windows.pop((key, start))
+    return out
+
+
+def sliding(records: list[tuple[str, int, int]], size: int, grace: int) -> Result:
+    """Kafka Streams' sliding windows: for each record at t, [t - size, t]; and
+    [t + 1, t + 1 + size] when a record lies in it. Both ends included."""
+    out = Result()
+    stream = -1
+    kept: dict[str, list[tuple[int, int]]] = {}  # key -> (time, value) of its accepted records
+    closed: set[tuple[str, int]] = set()
+
+    def windows(key: str) -> dict[int, int]:
+        times = sorted({t for t, _ in kept[key]})
+        bounds = {t - size for t in times} | {t + 1 for t in times}
+        found = {}
+        for start in bounds:
+            inside = [v for t, v in kept[key] if start <= t <= start + size]
+            if inside:
+                found[start] = sum(inside)
+        return found
+
+    for key, ts, value in records:
+        stream = max(stream, ts)
+        if ts + 1 + grace <= stream:
+            out.late += 1
+        else:
+            kept.setdefault(key, []).append((ts, value))
+        for k in kept:
+            for start, total in windows(k).items():
+                if (k, start) not in closed and start + size + 1 + grace <= stream:
+                    closed.add((k, start))
+                    out.closes[(k, start)] = total
+    out.windows = {(k, start): total for k in kept for start, total in windows(k).items()}
+    for k, added in kept.items():
+        for t, v in added:
+            out.stored[(k, t)] = out.stored.get((k, t), 0) + v
     return out

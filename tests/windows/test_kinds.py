@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import streamkit
-from streamkit.windows import Count, Hopping, Session, Tumbling, Window
+from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling, Window
 
 
 def test_settings_are_checked_with_a_line_that_names_them() -> None:
@@ -19,7 +19,13 @@ def test_settings_are_checked_with_a_line_that_names_them() -> None:
         Session(5, merge=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="step must be an integer from 1 to n"):
         Count(3, 4)
-    with pytest.raises(TypeError, match="table 'w': window must be Tumbling, Hopping, Session or Count, got 60"):
+    with pytest.raises(ValueError, match="Sliding window size must be > 0"):
+        Sliding(0)
+    with pytest.raises(TypeError, match="reduce must be a function"):
+        Sliding(5, reduce=3)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match="table 'w': window must be Tumbling, Hopping, Sliding, Session or Count, got 60"
+    ):
         streamkit.App("a").table("w", window=60)  # type: ignore[arg-type]
 
 
@@ -48,3 +54,19 @@ def test_a_session_takes_records_within_its_gap_and_closes_gap_plus_grace_after_
     w = Window(10_000, 20_000)
     assert s.joins(w, 5_000) and s.joins(w, 25_000) and not s.joins(w, 25_001) and not s.joins(w, 4_999)
     assert s.close_time(w) == 27_000 and s.expiry_time(w) == 27_000 + s.retention_ms
+
+
+def test_sliding_windows_are_the_ones_records_end_and_start_both_ends_included() -> None:
+    w = Sliding(10, grace=2)
+    # records at 0, 4 and 10 s: each ends a window; 0 and 4 start one (a later record lies
+    # in it), 10 does not (nothing after it). [0.001, 10.001] holds 4 and 10; [4.001, 14.001] 10.
+    assert w.windows_over([0, 4_000, 10_000]) == [
+        Window(-10_000, 0), Window(-6_000, 4_000), Window(0, 10_000), Window(1, 10_001), Window(4_001, 14_001)
+    ]  # fmt: skip
+    assert w.windows_over([0, 10_001]) == [Window(-10_000, 0), Window(1, 10_001)]  # 10.001 s apart: never together
+    assert w.close_time(Window(0, 10_000)) == 10_000 + 1 + 2_000  # the end is the window's last millisecond
+    # the latest window holding a record: the one ending with the last record within size
+    # after it, or the one starting right after the last record before it
+    assert w.last_end_holding(4_000, [0, 4_000, 10_000]) == 10_001
+    assert w.last_end_holding(10_000, [0, 4_000, 10_000]) == 14_001
+    assert w.last_end_holding(0, [0, 20_000]) == 0

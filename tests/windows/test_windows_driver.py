@@ -37,6 +37,8 @@ def expected(kind: str, records: list[tuple[str, int, int]]) -> reference.Result
         return reference.counts(records, w.n, w.step)  # type: ignore[union-attr]
     if kind == "session":
         return reference.sessions(records, w.gap_ms, w.grace_ms)  # type: ignore[union-attr]
+    if kind == "sliding":
+        return reference.sliding(records, w.size_ms, w.grace_ms)  # type: ignore[union-attr]
     return reference.time_windows(records, w.size_ms, w.advance_ms, w.grace_ms)  # type: ignore[union-attr]
 
 
@@ -53,7 +55,7 @@ def test_windows_closes_and_late_records_match_the_reference(kind: str, seed: in
     with TestDriver(make_app(kind, item_syntax=item_syntax), processors=1) as driver:
         for key, ts, n in records:
             driver.send("events", key, {"n": n}, timestamp=ts / 1000)
-        got = {k: v for k, v in driver.table("sums").items()}
+        got = driver.windows("sums")
         fired = closes(driver)
         late = driver.output("late")
     assert got == want.windows
@@ -81,7 +83,7 @@ def test_crashes_at_random_points_keep_the_windows_exact_and_each_checkpointed_c
                 driver.restart()
                 again = [(k, s) for k, s, _ in closes(driver)[before:]]
                 assert not committed & set(again), f"checkpointed closes fired again: {committed & set(again)}"
-        got: dict[Any, Any] = dict(driver.table("sums").items())
+        got: dict[Any, Any] = driver.windows("sums")
         fired = closes(driver)
     assert got == want.windows
     assert {(k, s): t for k, s, t in fired} == want.closes  # the last value of each: the final one

@@ -12,7 +12,7 @@ import orjson
 import streamkit
 from streamkit.replay import Replayer
 from streamkit.testing import TestDriver
-from streamkit.windows import Count, Session, Tumbling
+from streamkit.windows import Count, Session, Sliding, Tumbling
 
 
 def test_a_count_table_counts_each_record_once_for_every_handler_and_call() -> None:
@@ -77,3 +77,57 @@ def test_the_offline_replay_runs_session_and_count_tables_one_key_at_a_time() ->
     ks = visits.store_key_serde
     assert {ks.loads(k): orjson.loads(v) for k, v in out["visits"].items()} == {("k", 1_000): 2, ("k", 20_000): 1}
     assert {ks.loads(k): orjson.loads(v) for k, v in out["per_2"].items()} == {("k", 0): 2, ("k", 2): 1}
+
+
+def test_sliding_windows_take_a_record_until_stream_time_passes_its_time_plus_grace() -> None:
+    """Both ends of a sliding window are included: a record is on time while stream time
+    is at most its time plus grace, and the window ending with it closes one millisecond
+    after that. ``t[key]`` reads that window; writes other than ``add`` are refused."""
+    app = streamkit.App("sliding")
+    events = app.topic("events")
+    last_10s = app.table("last_10s", default=int, window=Sliding(10, grace=2))
+
+    @app.processor(events)
+    def add(key: str, value: Any, ctx: streamkit.Context) -> None:
+        last_10s.add(key, value["n"])
+        ctx.send("sums", key, last_10s[key])
+
+    @app.on_window_close(last_10s)
+    def closed(key: str, window: streamkit.Window, total: int, ctx: streamkit.Context) -> None:
+        ctx.send("closes", key, [window.start, window.end, total])
+
+    with TestDriver(app) as driver:
+        driver.send("events", "k", {"n": 1}, timestamp=10.0)
+        driver.send("events", "k", {"n": 2}, timestamp=20.0)  # 10 s apart: in one window
+        driver.send("events", "k", {"n": 4}, timestamp=18.0)  # 18 + 2 = stream time: on time
+        driver.send("events", "k", {"n": 8}, timestamp=17.999)  # 1 ms later than that: late
+        assert [r.value for r in driver.output("sums")] == [1, 3, 5]
+        assert [d.reason for d in driver.dead_letters()] == ["late"]
+        driver.send("events", "j", {"n": 0}, timestamp=32.001)  # closes what ends by 30
+        assert [r.value for r in driver.output("closes")] == [
+            [0, 10_000, 1], [8_000, 18_000, 5], [10_000, 20_000, 7], [10_001, 20_001, 6], [18_001, 28_001, 2],
+        ]  # fmt: skip
+        assert driver.windows("last_10s")[("k", 8_000)] == 5
+
+
+def test_a_sliding_table_refuses_writes_but_add() -> None:
+    app = streamkit.App("sliding-writes")
+    events = app.topic("events")
+    last_10s = app.table("last_10s", default=int, window=Sliding(10))
+    per_10s = app.table("per_10s", default=int, window=Tumbling(10))
+    errors: list[str] = []
+
+    @app.processor(events)
+    def write(key: str, value: Any, ctx: streamkit.Context) -> None:
+        for attempt in (lambda: last_10s.__setitem__(key, 1), lambda: last_10s.update(key, int),
+                        lambda: per_10s.add(key, 1)):  # fmt: skip
+            try:
+                attempt()
+            except TypeError as exc:
+                errors.append(str(exc))
+
+    with TestDriver(app) as driver:
+        driver.send("events", "k", {}, timestamp=1.0)
+    assert len(errors) == 3
+    assert "add the record's value with last_10s.add(key, value)" in errors[0] == errors[1]
+    assert "update them with per_10s.update(key, fn)" in errors[2]

@@ -1,7 +1,7 @@
 """A job that sums each key's values per window, for every kind of window, and sends
 each window's final value when it closes (to ``closes``) and each late record (to
 ``late``). ``make_app(kind)`` builds it; as a module run by a worker, the kind comes
-from SK_WINDOW (``tumbling``, ``hopping``, ``session`` or ``count``; ``all``: one table of
+from SK_WINDOW (``tumbling``, ``hopping``, ``session``, ``sliding`` or ``count``; ``all``: one table of
 each; ``seconds``: tumbling windows of one second)."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import time
 from typing import Any
 
 import streamkit
-from streamkit.windows import Count, Hopping, LateRecordError, Session, Tumbling, WindowKind
+from streamkit.windows import Count, Hopping, LateRecordError, Session, Sliding, Tumbling, WindowKind
 
 KINDS: dict[str, WindowKind] = {
     "tumbling": Tumbling(10, grace=4),
     "hopping": Hopping(10, 4, grace=3),
     "session": Session(5, grace=2),
+    "sliding": Sliding(6, grace=3),
     "count": Count(4, 3),
 }
 
@@ -39,6 +40,8 @@ def make_app(
     def add(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         if item_syntax:
             sums[key] += value["n"]
+        elif isinstance(sums.window, Sliding):
+            sums.add(key, value["n"])
         else:
             sums.update(key, lambda total: total + value["n"])
 
@@ -69,7 +72,10 @@ def make_all_app(
             time.sleep(delay_ms / 1000)
         for table in tables.values():
             try:
-                table.update(key, lambda total: total + value["n"])
+                if isinstance(table.window, Sliding):
+                    table.add(key, value["n"])
+                else:
+                    table.update(key, lambda total: total + value["n"])
             except LateRecordError:  # late for one kind, not for the others
                 ctx.send(f"{closes}-late", key, {"table": table.name, "ts": ctx.timestamp})
 
