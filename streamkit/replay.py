@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from streamkit.app import App, HandlerSpec
 from streamkit.context import Context, Outbox, ReplayRecord
 from streamkit.errors import ReplayError
 from streamkit.tables import Table
-from streamkit.windows import BookTable, WindowedTable
+from streamkit.windows import BookTable, LateRecordError, WindowedTable
 
 
 class _KeyScopedState:
@@ -68,6 +68,9 @@ class ReplayStats:
     records: int = 0
     skipped_decode: int = 0
     handler_errors: int = 0
+    late: int = 0
+    """Records late for a windowed table (a worker sends them to the dead letters, reason
+    ``late``, or to ``on_late``): left out, as there, and counted."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -87,9 +90,19 @@ class Replayer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run_key(
-        self, key: bytes | None, records: Iterable[tuple[bytes | None, int, int, int]]
+        self,
+        key: bytes | None,
+        records: Iterable[tuple[Any, ...]],
+        close_through: int = -1,
     ) -> dict[str, dict[bytes, bytes]]:
-        """Replay one key's records, given in order as (value, timestamp_ms, partition, offset).
+        """Replay one key's records, given in order as (value, timestamp_ms, partition,
+        offset) or (..., stream time): the stream time of the key's processor as the record
+        is applied (what windowed tables judge late records by; without it, none is late).
+
+        ``close_through``: the processor's stream time at the end of the history: the
+        key's windows that it closes are recorded closed, with no callback (as a rebuild
+        does: their output belongs to the history), so a worker going on from the stores
+        does not close them again.
 
         Returns, per table, the stored bytes (key as stored -> value) the key's state ends with.
         """
@@ -112,8 +125,9 @@ class Replayer:
             return {}
         self.current_key = k
         try:
-            for value, ts, partition, offset in records:
+            for value, ts, partition, offset, *stream in records:
                 self.stats.records += 1
+                ctx.stream_time = stream[0] if stream else -1
                 try:
                     v = topic.value_serde.loads(value) if value is not None else None
                 except Exception:  # noqa: BLE001
@@ -128,6 +142,8 @@ class Replayer:
                             result = self._run(result)
                     except ReplayError:
                         raise
+                    except LateRecordError:
+                        self.stats.late += 1
                     except Exception as exc:  # noqa: BLE001 - user code, as the worker does
                         self.stats.handler_errors += 1
                         if len(self.stats.errors) < 20:
@@ -135,6 +151,8 @@ class Replayer:
         finally:
             for t in app.tables.values():
                 t.bind(None)
+        if close_through >= 0:
+            _close_through(app, states, close_through)
         out: dict[str, dict[bytes, bytes]] = {}
         for name, state in states.items():
             table = app.tables[name]
@@ -150,6 +168,19 @@ class Replayer:
     def close(self) -> None:
         if self._loop is not None:
             self._loop.close()
+
+
+def _close_through(app: App, states: dict[str, _KeyScopedState], stream_time: int) -> None:
+    """Record closed the windows of the replayed key that ``stream_time`` closes."""
+    for name, t in app.tables.items():
+        if isinstance(t, WindowedTable) and t.book_name in states:
+            book = states[t.book_name].data
+            if not book:
+                continue
+            data: Any = states[name].data  # plain dicts: the key's entries
+            windows = t.state_over(data, cast(Any, book))
+            for key, window in windows.due(stream_time):
+                windows.closed(key, window)
 
 
 def replay_records(

@@ -25,7 +25,7 @@ from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
-from streamkit.windows import WindowedTable
+from streamkit.windows import STREAM_TIME_KEY, WindowedTable
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ Position = tuple[str, int]
 
 INCARNATION = "incarnation"
 """The key of a checkpoint's ``extra`` naming the job incarnation its positions belong to."""
-STREAM_TIME = "stream_time"
+STREAM_TIME = STREAM_TIME_KEY
 """The key of a checkpoint's ``extra`` holding the processor's stream time (windows)."""
 SEEN_STRAYS = "seen_strays"
 """The key of a checkpoint's ``extra`` holding the forwarded strays applied (``SeenStrays``)."""

@@ -48,3 +48,6 @@ class BackfillPlan:
     """Why -> how many rows the stores do not reflect."""
     incarnation: str = ""
     """The job's incarnation in the cluster, stamped into the stores ("": no cluster)."""
+    stream_times: dict[int, int] = field(default_factory=dict)
+    """Per processor, its stream time at the end of the history (windowed tables: the
+    largest timestamp of its records; what its store's checkpoint carries)."""

@@ -20,6 +20,7 @@ from streamkit.spark.shuffle import spark_partition_keys
 from streamkit.spark.staging import BackfillError, InjectedFailure, Staging, check_fail
 from streamkit.state.changelog import changelog_topic
 from streamkit.state.seed import log_stores
+from streamkit.windows import STREAM_TIME_KEY
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -97,7 +98,7 @@ def _run(
         rows_read = 0
         task_s = write_s = replay_s = wait_s = fused_a = 0.0
         infos: list[str] = []
-        dups = nulls = handler_errors = skipped = 0
+        dups = nulls = handler_errors = skipped = late = 0
         for r in rows:
             if r.kind == "sst":
                 ssts[r.proc].setdefault(r.table, []).append(r.path)
@@ -122,6 +123,8 @@ def _run(
                         handler_errors += int(v)
                     elif k == "skipped_decode":
                         skipped += int(v)
+                    elif k == "late":
+                        late += int(v)
                 if rest:
                     infos.extend(rest.splitlines())
             elif r.kind == "timing" and r.info == "replay":
@@ -145,6 +148,8 @@ def _run(
             warnings.append(
                 "left out: " + ", ".join(f"{n:,} {why}" for why, n in left_out.items()) + " (allow_skipped)"
             )
+        if late:  # what a worker sends to the dead letters (reason "late"): not a failure
+            warnings.append(f"{late:,} record(s) were late for a windowed table and left out, as a worker would")
 
         positions = _final_positions(plan, max_off)
         per_proc, stamped_everywhere = _stamp(plan, positions, owners)
@@ -164,7 +169,8 @@ def _run(
         with reporter.phase("build", f"ingest SST files into {plan.p - plan.first} fresh store(s)"):
             for proc in range(plan.first, plan.p):
                 files = {t: sorted(fs) for t, fs in ssts[proc].items()}
-                checkpoint = Checkpoint(positions=per_proc[proc], layout_epochs=dict(plan.layout_epochs), extra=extra)
+                mine = {**extra, STREAM_TIME_KEY: plan.stream_times[proc]} if proc in plan.stream_times else extra
+                checkpoint = Checkpoint(positions=per_proc[proc], layout_epochs=dict(plan.layout_epochs), extra=mine)
                 path = staging.build_store(proc, all_tables, files, checkpoint)
                 if plan.verify_unique:
                     _verify_unique(path, files, ssts_keys[proc])
@@ -205,6 +211,7 @@ def _run(
             "duplicates": dups,
             "null_values": nulls,
             "handler_errors": handler_errors,
+            "late": late,
             "skipped_decode": skipped,
             "left_out": left_out,
             "buckets": plan.p * plan.subs,

@@ -3,6 +3,7 @@ own handlers (:func:`backfill_replay`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -84,6 +85,12 @@ def backfill_replay(
     handler that touches another key's state is refused with ``ReplayError``. Apps with
     per-processor timers are refused unless ``allow_timers`` (timers do not run here);
     rebalance callbacks do not run either (they move state, they should not make it).
+
+    Windowed tables: each record is applied with its processor's stream time
+    (``with_stream_time``), so the records a worker judges late are late here too (left
+    out and counted in ``details["late"]``), and each key's windows that the processor's
+    final stream time closes are recorded closed (no callback); each store's checkpoint
+    carries that stream time.
     """
     F = require("pyspark.sql.functions")
     app_obj, app_ref = _resolve_app(app)
@@ -172,6 +179,7 @@ def backfill_replay(
     from streamkit.spark.workerpath import worker_pythonpath
 
     codecs = tuple(tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde) for n in names)
+    windowed = any(app_obj.tables[n].window is not None for n in names)
     ddl = _REPLAY_A_DDL + "".join(f", _o{i} {ty}" for i, ty in enumerate(order_types))
 
     def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
@@ -199,6 +207,10 @@ def backfill_replay(
             extra={"sp_keys": sp_keys},
         )
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
+        if windowed:
+            placed, finals = with_stream_time(placed, subs, by_offset=offset_col is not None, order=len(order))
+            plan.stream_times = finals
+            spec = dataclasses.replace(spec, extra={**spec.extra, "stream_times": finals})
         return (
             placed.repartition(n, "_sp")
             .withColumn("_h", F.xxhash64("_k"))  # a long to sort on first: Spark's prefix sort
@@ -208,6 +220,23 @@ def backfill_replay(
         )
 
     return _run(plan, spark, build, reporter or Reporter())
+
+
+def with_stream_time(placed: DataFrame, subs: int, *, by_offset: bool, order: int) -> tuple[DataFrame, dict[int, int]]:
+    """``placed`` with ``_st``, each record's stream time: the largest timestamp among its
+    processor's records of its partition up to it, in offset order (a worker's, where
+    each processor reads one partition; without offsets, among its key's records in the
+    history's order), and each processor's stream time at the end (its largest timestamp)."""
+    F = require("pyspark.sql.functions")
+    Window = require("pyspark.sql.window").Window
+    proc = F.floor(F.col("_b") / subs).cast("int")
+    if by_offset:
+        window = Window.partitionBy(proc, F.col("_part")).orderBy("_off")
+    else:
+        window = Window.partitionBy("_b", "_k").orderBy(*[f"_o{i}" for i in range(order)])
+    running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    finals = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
+    return placed.withColumn("_st", F.max("_ts").over(running)), finals
 
 
 _REPLAY_A_DDL = "_sp int, _b int, _k binary, _v binary, _ts long, _topic string, _part int, _off long"

@@ -354,13 +354,15 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "keys": 0}
     wanted = {c.name for c in spec.tables}
+    stream_times: dict[int, int] = spec.extra.get("stream_times") or {}
+    streamed = "stream_times" in spec.extra  # windowed tables: each record with its stream time (_st)
 
-    def runs() -> Iterator[tuple[bytes, int, Iterable[tuple[Any, int, int, int]]]]:
+    def runs() -> Iterator[tuple[bytes, int, Iterable[tuple[Any, ...]]]]:
         """(key, bucket, records) per key: runs found vectorised per batch; a run that
         reaches the end of a batch is carried into the next one."""
         import pyarrow.compute as pc
 
-        carry: tuple[bytes, int, list[Any], list[int], list[int], list[int]] | None = None
+        carry: tuple[Any, ...] | None = None
         for batch in batches:
             n = batch.num_rows
             if n == 0:
@@ -374,6 +376,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             part, off = batch.column("_part"), batch.column("_off")
             pl = [-1] * n if part.null_count == n else part.fill_null(-1).to_pylist()
             ol = [-1] * n if off.null_count == n else off.fill_null(-1).to_pylist()
+            cols = (vl, tl, pl, ol, batch.column("_st").to_pylist()) if streamed else (vl, tl, pl, ol)
             bl = batch.column("_b").to_numpy()
             change = np.ones(n, dtype=bool)
             if n > 1:
@@ -383,7 +386,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             for s0, e0 in zip(starts, ends):
                 if carry is not None:
                     if s0 == 0 and carry[0] == kl[0]:
-                        for acc, src in zip(carry[2:], (vl, tl, pl, ol)):
+                        for acc, src in zip(carry[2:], cols):
                             acc.extend(src[0:e0])
                         if e0 == n:
                             continue
@@ -393,9 +396,9 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
                     yield carry[0], carry[1], zip(*carry[2:])
                     carry = None
                 if e0 == n:
-                    carry = (kl[s0], int(bl[s0]), vl[s0:e0], tl[s0:e0], pl[s0:e0], ol[s0:e0])
+                    carry = (kl[s0], int(bl[s0]), *(c[s0:e0] for c in cols))
                 else:
-                    yield kl[s0], int(bl[s0]), zip(vl[s0:e0], tl[s0:e0], pl[s0:e0], ol[s0:e0])
+                    yield kl[s0], int(bl[s0]), zip(*(c[s0:e0] for c in cols))
         if carry is not None:
             yield carry[0], carry[1], zip(*carry[2:])
 
@@ -406,7 +409,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         # Records arrive grouped by key (sorted by key hash, key, order): one handler run per key.
         for k, b, records in runs():
             stats["keys"] += 1
-            result = replayer.run_key(k, records)
+            result = replayer.run_key(k, records, close_through=stream_times.get(b // spec.subs, -1))
             state = states.get(b)
             if state is None:
                 state = states[b] = {name: [] for name in wanted}
@@ -441,7 +444,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         replayer.close()
     out.extend(offsets.rows())
     st = replayer.stats
-    info = f"keys={stats['keys']} skipped_decode={st.skipped_decode} handler_errors={st.handler_errors}"
+    info = f"keys={stats['keys']} skipped_decode={st.skipped_decode} handler_errors={st.handler_errors} late={st.late}"
     for err in st.errors[:5]:
         info += f"\n{err}"
     out.append({"kind": "stats", "rows": stats["rows"], "keys": stats["keys"], "info": info, "seconds": _cpu() - t0})

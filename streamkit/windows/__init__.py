@@ -7,6 +7,7 @@ stream time, and fires the close callbacks it reports due (``streamkit.runtime.c
 
 from streamkit.windows.kinds import (
     DEFAULT_RETENTION,
+    STREAM_TIME_KEY,
     Count,
     Hopping,
     LateRecordError,
@@ -21,6 +22,7 @@ from streamkit.windows.table import BookTable, WindowedTable, WindowKeySerde
 
 __all__ = [
     "DEFAULT_RETENTION",
+    "STREAM_TIME_KEY",
     "BookTable",
     "Count",
     "Hopping",

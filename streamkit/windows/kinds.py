@@ -28,6 +28,9 @@ DEFAULT_RETENTION = 24 * 3600.0
 """Seconds a window is kept after its end (and, by default, accepts late records): a day,
 as Kafka Streams' defaults were."""
 
+STREAM_TIME_KEY = "stream_time"
+"""Where a store's checkpoint holds its processor's stream time (``Checkpoint.extra``)."""
+
 NEVER = 1 << 62
 """A close time that stream time never reaches (count windows close on their n-th record)."""
 

@@ -1,0 +1,76 @@
+"""The Spark backfill (replay) of windowed tables equals a live worker's stores.
+
+One history, with out-of-order, late and gapped records for every kind of window
+(``tests.windows.windows_app``'s tables: tumbling, hopping, session, sliding, count),
+goes to Kafka; a real worker processes it, and the replay backfill builds stores from
+an export of the same records (partitions, offsets, timestamps). Both sets of stores
+must hold the same windows, the same books (which windows closed: the backfill records
+as closed what the history's stream time closed, so a worker going on from its stores
+does not send those closes again) and the same stream time per processor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stores.rocksdb import RocksDBStore
+from streamkit.spark import backfill_replay
+from streamkit.testing import create_topic, read_topic, unique_topic_name
+from streamkit.windows import STREAM_TIME_KEY
+from tests.runtime.jobs import committed
+from tests.windows.test_windows_driver import history
+from tests.windows.test_windows_worker import PARTITIONS, Worker, produce
+from tests.windows.windows_app import make_all_app
+
+
+def stores(app_dir: Path, tables: list[str]) -> dict[int, tuple[dict[str, dict[bytes, Any]], int]]:
+    """Per processor: every table's entries (values decoded) and its stream time."""
+    out = {}
+    for pid in range(PARTITIONS):
+        with RocksDBStore.open(str(app_dir / f"processor-{pid}"), tables, create=False) as store:
+            held = {t: {k: orjson.loads(v) for k, v in store.items(t)} for t in tables}
+            out[pid] = (held, int(store.checkpoint().extra.get(STREAM_TIME_KEY, -1)))
+    return out
+
+
+def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    records = history(77, n=700, keys=10)
+    topic, name = unique_topic_name("bfwin"), unique_topic_name("bfwinapp")
+    create_topic(broker, topic, partitions=PARTITIONS)
+    asyncio.run(produce(broker, topic, records))
+
+    live = Worker(broker, tmp_path / "live", name, topic)
+    (tmp_path / "live").mkdir()
+    live.start()
+    live.wait_for("hosts processors")
+    deadline = time.monotonic() + 90
+    while sum(committed(broker, f"streamkit-{name}", topic, PARTITIONS).values()) < len(records):
+        assert time.monotonic() < deadline, live.log()[-3000:]
+        time.sleep(0.2)
+    assert live.stop() == 0, live.log()[-3000:]
+
+    exported = [(r.key, r.value, r.partition, r.offset, r.timestamp) for r in read_topic(broker, topic)]
+    assert len(exported) == len(records)
+    df = spark.createDataFrame(exported, "key binary, value binary, partition int, offset long, ts long")
+    app = make_all_app(name, topic, processors=PARTITIONS)
+    result = backfill_replay(
+        app, df, key_encoded=True, value_encoded=True, partition_col="partition", offset_col="offset",
+        timestamp_col="ts", state_dir=tmp_path / "backfill", processors=PARTITIONS,
+    )  # fmt: skip
+
+    tables = sorted(app.tables)
+    assert any(t.endswith("__windows") for t in tables)
+    want, got = stores(tmp_path / "live" / "state" / name, tables), stores(tmp_path / "backfill" / name, tables)
+    for pid in range(PARTITIONS):
+        assert got[pid][1] == want[pid][1] > 0, f"processor {pid}: stream time"
+        for t in tables:
+            assert got[pid][0][t] == want[pid][0][t], f"processor {pid}, table {t}: the backfill differs"
+    assert len(read_topic(broker, f"{name}-closes-late")) > 50  # late decisions were made (the same ones)
+    assert result.details["late"] == 0  # (the app handles its late records itself)
+    assert sum(len(held[t]) for held, _ in want.values() for t in tables) > 100
