@@ -67,7 +67,15 @@ async def fire_closes(
         if nxt > bound:
             continue
         fns = () if silent else callbacks.get(name, ())
-        for key, window in state.due(bound):
+        if proc.sides is None:
+            due = state.due(bound)
+        else:  # each key set's windows on its own stream time (``sides``)
+            due = [
+                found
+                for side, at in sorted(proc.sides.times.items())
+                for found in state.due(min(bound, at), accept=proc.sides.owns(side, name))
+            ]
+        for key, window in due:
             value = state.value_of(key, window, _NOTHING) if fns else _NOTHING
             if value is not _NOTHING:  # (a window only read, never written, has nothing to close)
                 ctx = CloseContext(outbox, proc.id, name, window)

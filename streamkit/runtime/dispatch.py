@@ -115,6 +115,8 @@ class Dispatcher:
                     self.outbox.suppress = False
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
+            if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
+                proc.merge_sides()
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
@@ -243,7 +245,7 @@ class Dispatcher:
         failures: list[Failure] = []
         proc = route.proc
         # stream time with each record (windows): fixed once, in offset order, for every handler
-        times = [proc.advance(rec.timestamp) for rec in records] if proc.windows else None
+        times = [proc.advance(rec.timestamp, rec.key) for rec in records] if proc.windows else None
         ctx.stream_time = -1
         for spec in route.handlers:
             fn, is_async = spec.fn, spec.is_async

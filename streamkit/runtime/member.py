@@ -204,6 +204,8 @@ class GroupMember:
             timeout=self.app.settings.store_open_timeout, log_as=self.name, incarnation=job.incarnation,
             app=self.app.name, memory=self.services.memory,
         )  # fmt: skip
+        if step.staging:  # two processors' keys, each on its own stream time until it goes live
+            proc.hold_sides(job.p0, step.count + 1)
         self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
         self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
 

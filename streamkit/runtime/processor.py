@@ -23,6 +23,7 @@ from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
 from streamkit.errors import StreamkitError
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
+from streamkit.runtime.sides import SIDES, SideClocks
 from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
 from streamkit.windows import STREAM_TIME_KEY, WindowedTable
@@ -110,6 +111,10 @@ class ProcessorState:
         self.stream_time = int(loaded.extra.get(STREAM_TIME, -1)) if self.windows else -1
         """The largest record timestamp applied (ms; -1: none, or no windowed table); with
         ``close_on="wall"`` the wall clock moves it too."""
+        self._key_dumps = {name: t.key_serde.dumps for name, t in tables.items() if isinstance(t, WindowedTable)}
+        self.sides = SideClocks.from_extra(loaded.extra, self._key_dumps) if self.windows else None
+        """A shrink's staging store until it goes live: the stream time of each key set
+        (``sides``); None: one stream time."""
         self.stream_at: dict[tuple[str, int, int], int] = {}
         """Stream time of records queued for (or running in) key-concurrent handlers, fixed
         in offset order."""
@@ -125,6 +130,7 @@ class ProcessorState:
         self.seen_strays = SeenStrays(dict(self.loaded.extra.get(SEEN_STRAYS, {})))
         if self.windows:
             self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
+            self.sides = SideClocks.from_extra(self.loaded.extra, self._key_dumps)
             self.stream_at.clear()
             for state in self.window_states.values():
                 state.reindex()
@@ -137,11 +143,26 @@ class ProcessorState:
             cache.invalidate()
         self.rewind()
 
-    def advance(self, timestamp_ms: int) -> int:
-        """Stream time with a record of ``timestamp_ms`` applied (-1: not tracked)."""
+    def advance(self, timestamp_ms: int, key: bytes | None = None) -> int:
+        """Stream time with a record of ``timestamp_ms`` (and record key ``key``) applied,
+        as the record is judged by it: its key set's, while the store holds two (-1: not
+        tracked)."""
         if self.windows and timestamp_ms > self.stream_time:
             self.stream_time = timestamp_ms
+        if self.sides is not None:
+            return self.sides.advance(key, timestamp_ms)
         return self.stream_time
+
+    def hold_sides(self, p0: int, p: int) -> None:
+        """The store holds the keys of ``p`` processors' two key sets (a shrink's staging
+        store): each goes on with its own stream time until :meth:`merge_sides`."""
+        if self.windows and self.sides is None:
+            self.sides = SideClocks(p0, p, {}, self._key_dumps)
+
+    def merge_sides(self) -> None:
+        """The store's key sets are one processor's now (it applies records live): one
+        stream time, the larger."""
+        self.sides = None
 
     def close_bound(self) -> int:
         """How far windows may close now: stream time, held back to the oldest record a
@@ -211,6 +232,8 @@ class ProcessorState:
             out[INCARNATION] = self.incarnation
         if self.windows and self.stream_time >= 0:
             out[STREAM_TIME] = self.stream_time
+        if self.sides is not None:
+            out[SIDES] = self.sides.to_extra()
         if self.seen_strays.highest:
             out[SEEN_STRAYS] = dict(self.seen_strays.highest)
         return out

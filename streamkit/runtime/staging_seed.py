@@ -32,6 +32,7 @@ from stores.base import Checkpoint
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState, StateMemory
 from streamkit.runtime.rebuild import REBUILD_MARK, plan_rebuild, rebuild
+from streamkit.runtime.sides import SIDES, SideClocks
 from streamkit.state.changelog import CHANGELOG_POSITION, position_of
 from streamkit.state.restore import RestorePlan, head_count, keep_own_keys, live_changes, read_plan
 from streamkit.tables import Table
@@ -194,8 +195,9 @@ class StagingSeed:
             for origin, at in part.seen_strays.highest.items():  # per (origin, target): copies go in origin order
                 seen[origin] = max(seen.get(origin, -1), at)
         extra = staging.checkpoint_extra({"p": count, REBUILD_MARK: True})
-        if staging.windows:
+        if staging.windows:  # one stream time per key set until the merged processor goes live
             extra[STREAM_TIME] = max(p.stream_time for p in parts)
+            extra[SIDES] = SideClocks(self.p0, count + 1, {p.id: p.stream_time for p in parts}).to_extra()
         if seen:
             extra[SEEN_STRAYS] = seen
         staging.store.commit(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamkit.tables import TableBackend as Backend
@@ -121,13 +121,23 @@ class WindowState:
         """The earliest close time in the index (None: nothing to close)."""
         return self._heap[0][0] if self._heap else None
 
-    def due(self, bound: int) -> list[tuple[Any, Window]]:
+    def due(self, bound: int, accept: Callable[[Any], bool] | None = None) -> list[tuple[Any, Window]]:
         """The windows whose close time is at most ``bound``, in close-time order, as the
-        book has them now (stale index entries are dropped)."""
+        book has them now (stale index entries are dropped); ``accept``: of the keys it
+        accepts only (the others stay indexed)."""
         out: list[tuple[Any, Window]] = []
         heap, book = self._heap, self.book
         if book is None:
             return out
+        if accept is not None:
+            kept = [entry for entry in heap if entry[0] <= bound and not accept(entry[2])]
+            heap[:] = [entry for entry in heap if entry[0] > bound or accept(entry[2])]
+            heapq.heapify(heap)
+            try:
+                return self.due(bound)
+            finally:
+                for entry in kept:
+                    heapq.heappush(heap, entry)
         sliding = self.kind if isinstance(self.kind, Sliding) else None
         seen: set[tuple[Any, int]] = set()
         while heap and heap[0][0] <= bound:

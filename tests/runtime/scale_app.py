@@ -1,5 +1,7 @@
 """The job of the processor scaling test: per key, per producer, count and last seq, and
-one output record per input record (to the topic named by SK_TEST_OUT).
+one output record per input record (to the topic named by SK_TEST_OUT); per key and
+second of record time, a count (a tumbling window, grace ``GRACE_S``), sent when the
+window closes (to ``<out>-closes``; a record late for it to ``<out>-late``).
 
 With SK_TEST_CONCURRENCY=N the handler is async and key-concurrent: it awaits 1 ms per
 record, 200 ms for the slow keys k0..k3 (whose records queue up behind each other while
@@ -15,8 +17,10 @@ import time
 from typing import Any
 
 import streamkit
+from streamkit.windows import LateRecordError, Tumbling
 
 SLOW_KEYS = {"k0", "k1", "k2", "k3"}
+GRACE_S = 3.0
 log = logging.getLogger("scale_app")
 
 
@@ -25,6 +29,11 @@ def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: fl
     source = app.topic(topic)
     # key -> {producer: [count, last seq, disorder]}
     seen = app.table("seen", default=dict)
+    per_second = app.table("per_second", default=int, window=Tumbling(1, grace=GRACE_S))
+
+    @app.on_window_close(per_second)
+    def second_done(key: str, window: streamkit.Window, n: int, ctx: streamkit.Context) -> None:
+        ctx.send(f"{out}-closes", key, {"start": window.start, "n": n, "processor": ctx.processor})
 
     def apply(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         if delay_ms:
@@ -37,6 +46,10 @@ def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: fl
         state[value["p"]] = [count + 1, value["seq"], disorder + (value["seq"] <= last)]
         seen[key] = state
         ctx.send(out, key, {"p": value["p"], "seq": value["seq"], "processor": ctx.processor})
+        try:
+            per_second[key] += 1
+        except LateRecordError:
+            ctx.send(f"{out}-late", key, {"p": value["p"], "seq": value["seq"]})
 
     if concurrency == 1:
         app.processor(source)(apply)

@@ -44,13 +44,16 @@ def test_a_backfill_seeds_new_processors_and_scale_bootstraps_them_from_its_posi
             await job.wait_consumed(io)
             history = await asyncio.to_thread(read_topic, bootstrap, job.topic)
             df = spark.createDataFrame(
-                [(r.key.decode(), "h", orjson.loads(r.value)["seq"], r.partition, r.offset) for r in history],
-                "key string, p string, seq long, partition int, offset long",
+                [
+                    (r.key.decode(), "h", orjson.loads(r.value)["seq"], r.partition, r.offset, r.timestamp)
+                    for r in history
+                ],
+                "key string, p string, seq long, partition int, offset long, ts long",
             )
             result = await asyncio.to_thread(
                 backfill_replay, job.app_object(), df, value_col=["p", "seq"], partition_col="partition",
-                offset_col="offset", topic_partitions={job.topic: 4}, processors=4, broker=bootstrap,
-                state_dir=tmp_path / "state",
+                offset_col="offset", timestamp_col="ts", topic_partitions={job.topic: 4}, processors=4,
+                broker=bootstrap, state_dir=tmp_path / "state",
             )  # fmt: skip
             assert result.stores_published == 2, result
             assert sorted(p.name for p in state.glob("processor-*")) == [f"processor-{i}" for i in range(4)]
