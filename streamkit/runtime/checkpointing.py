@@ -47,6 +47,7 @@ from streamkit.state.changelog import (
     position_of,
     snapshot_changes,
 )
+from streamkit.windows import STREAM_TIME_KEY
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,14 @@ async def checkpoint(
     clean = [
         k for s in slots if s.swept and (o := whole.get(k := (s.tp.topic, s.tp.partition))) and o >= s.copies_until
     ]
-    await progress.record(member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean)
+    times = {  # what a processor taking a whole partition over goes on from: closes sent up to there
+        (s.tp.topic, s.tp.partition): min(int(at), s.proc.fired_through)
+        for s in slots
+        if not s.sharers and (at := s.proc.loaded.extra.get(STREAM_TIME_KEY)) is not None
+    }
+    await progress.record(
+        member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean, stream_times=times
+    )
     t4 = time.monotonic()
     await _commit_kafka(member, progress, {tp for tp, _ in committed} | behind, generation, epochs, commit_offsets)
     t5 = time.monotonic()

@@ -91,5 +91,7 @@ async def fire_closes(
                         )  # fmt: skip
             state.closed(key, window)
             closed += 1
+    if proc.sides is None and proc.window_states:
+        proc.fired_through = max(proc.fired_through, bound if bound is not None else proc.close_bound())
     proc.uncommitted += closed
     return closed

@@ -323,6 +323,9 @@ class GroupMember:
                     except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                         self.fatal = exc
                         return
+                if proc.window_states:  # a partition's last owner closed what its stream time closed: sent
+                    taken = [progress.stream_time(t, q) for t, q, shared in slots if not shared]
+                    await self.dispatcher.adopt_stream_time(proc, max(taken, default=-1))
                 await self.catchup.read_left_history(
                     proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots]
                 )
@@ -382,7 +385,7 @@ class GroupMember:
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
             await self.catchup.rebuild(joined, self._stamp(generation), job.p0, job.p)
-            await self.dispatcher.adopt_stream_time(joined, old.stream_time)
+            await self.dispatcher.adopt_stream_time(joined, min(old.stream_time, old.fired_through))
         # below a seal, the joined processor's keys past where the old owner got are its own now
         handled = self._handled_before[joined.id] = dict(old.positions)
         owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]

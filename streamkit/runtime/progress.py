@@ -10,7 +10,7 @@ partition, only records of the newest generation seen for it. A member about to
 checkpoint reads this log first: if a newer generation owns one of its partitions, it
 is the zombie, and its checkpoint is rejected (see `checkpointing`).
 
-Records (topic `__streamkit_progress`, one partition, key = group):
+Records (topic `__streamkit_progress`, one partition, key = group; "st": see below):
     {"group", "member", "gen", "epochs": {topic: epoch}, "parts": [[topic, partition, offset|null]],
      "shares": [[topic, partition, processor, offset|null, [sharers]]],
      "ic": [[topic, partition, processor, stable offset, IC ranges (icranges.encode)]]}
@@ -21,6 +21,8 @@ assignment arrives, before the member knows its positions). Optional:
     "sweep_ends": [[topic, partition, activation offset, end]]: where the sweep of a
         partition that an expansion activated ended (the first record of the partition
         the group applies in place; the first such record in the log wins);
+    "st": [[topic, partition, stream time]]: the committing processor's stream time with a
+        whole partition's position (windows; ``ProgressLog.stream_time``);
     "copies_after": [[topic, partition, [[partition, offset]]]]: for a swept position
         recorded with no copy of a stray at or beyond it in the topic, each partition's
         end then: copies of the partition's strays beyond the position lie after these
@@ -76,6 +78,10 @@ class _Owner:
     copies_after: dict[int, int] | None = None
     """Where copies of strays beyond the last swept offset can lie at the earliest (per
     partition of the topic; None: anywhere). Kept through positions applied in place."""
+    stream_time: int = -1
+    """The stream time of the processor that committed ``offset`` (a whole partition of a
+    job with windows; -1: none), as its checkpoint had it: the time a processor taking
+    the partition over goes on from, so that it takes the closes it made for sent."""
 
     def settle(self) -> None:
         if self.sharers and all(p in self.shares for p in self.sharers):
@@ -115,6 +121,7 @@ class ProgressLog:
         gen = int(d["gen"])
         swept = {(t, int(q)) for t, q in d.get("swept", ())}
         bounds = {(t, int(q)): {int(x): int(o) for x, o in ends} for t, q, ends in d.get("copies_after", ())}
+        times = {(t, int(q)): int(at) for t, q, at in d.get("st", ())}
         for topic, part, offset in d["parts"]:
             cur = self._admit(d, (topic, part), gen)
             if cur is not False:
@@ -122,11 +129,15 @@ class ProgressLog:
                 after = bounds.get((topic, part), cur.copies_after if cur is not None else None)
                 if offset is None:
                     swept_before = cur.swept if cur is not None else False
-                    self._state[(topic, part)] = _Owner(gen, base, swept=swept_before, copies_after=after)
+                    at = cur.stream_time if cur is not None else -1
+                    self._state[(topic, part)] = _Owner(
+                        gen, base, swept=swept_before, copies_after=after, stream_time=at
+                    )
                 else:
                     self._state[(topic, part)] = _Owner(
-                        gen, int(offset), swept=(topic, part) in swept, copies_after=after
-                    )
+                        gen, int(offset), swept=(topic, part) in swept, copies_after=after,
+                        stream_time=times.get((topic, part), -1),
+                    )  # fmt: skip
         for topic, part, pid, offset, sharers in d.get("shares", ()):
             cur = self._admit(d, (topic, part), gen)
             if cur is False:
@@ -200,6 +211,11 @@ class ProgressLog:
             return cur.shares[processor]
         return cur.offset
 
+    def stream_time(self, topic: str, partition: int) -> int:
+        """The stream time that came with a whole partition's group position (-1: none)."""
+        cur = self._state.get((topic, partition))
+        return -1 if cur is None or cur.sharers else cur.stream_time
+
     def positions(self, topic: str) -> dict[int, int]:
         return {p: o.offset for (t, p), o in self._state.items() if t == topic}
 
@@ -218,6 +234,7 @@ class ProgressLog:
         swept: Iterable[TP] = (),
         sweep_ends: Mapping[tuple[str, int, int], int] | None = None,
         no_copies_beyond: Iterable[TP] = (),
+        stream_times: Mapping[TP, int] | None = None,
     ) -> None:
         """Append a commit (or a fence, for offsets None) and wait until it is stored.
 
@@ -228,7 +245,8 @@ class ProgressLog:
         partition, activation offset), where its sweep ended (see :meth:`sweep_ends`).
         ``no_copies_beyond``: which of ``swept`` have no copy of a stray at or beyond
         their position anywhere: the topic's ends are read and recorded with them (see
-        :meth:`copies_after`)."""
+        :meth:`copies_after`). ``stream_times``: per partition of ``parts``, the stream time
+        of the processor that committed it (:meth:`stream_time`)."""
         if not parts and not shares and not ic and not sweep_ends:
             return
         body: dict[str, Any] = {
@@ -242,6 +260,8 @@ class ProgressLog:
             body["shares"] = [[t, p, pid, o, list(of)] for (t, p, pid), (o, of) in sorted(shares.items())]
         if ic:
             body["ic"] = [[t, p, pid, base, text] for (t, p, pid), (base, text) in sorted(ic.items())]
+        if stream_times and (at := sorted((tp, t) for tp, t in stream_times.items() if tp in parts and t >= 0)):
+            body["st"] = [[t, p, st] for (t, p), st in at]
         if swept := sorted(tp for tp in swept if tp in parts):
             body["swept"] = [list(tp) for tp in swept]
         if sweep_ends:

@@ -206,12 +206,14 @@ class ScaleJob:
         processors: int,
         counts: tuple[int, ...] = (),
         producers: list[str] | None = None,
+        closes_once: bool = False,
     ) -> None:
         """State: the whole stream applied once, each key on its processor only.
         Output: every input record's output exists, each key's in the producers' order,
         and was emitted by a processor that owned the key at one of the job's processor
         ``counts`` (no other processor ever handled it). ``producers``: the name of each
-        report's producer (default p0, p1, ...)."""
+        report's producer (default p0, p1, ...). Windows: see ``_verify_windows``;
+        ``closes_once``: no window sent twice either (a run without crashes)."""
         expected: dict[str, dict[str, list[int]]] = {}
         names = producers or [f"p{i}" for i in range(len(reports))]
         for name, report in zip(names, reports, strict=True):
@@ -242,7 +244,7 @@ class ScaleJob:
             e_g = list(wrong.items())[:3]
             raise AssertionError(f"{len(wrong)} keys differ (state, expected), e.g. {e_g}" + self._disorder())
 
-        self._verify_windows(windows, open_windows)
+        self._verify_windows(windows, open_windows, closes_once)
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:
@@ -265,7 +267,9 @@ class ScaleJob:
                     raise AssertionError(self._missing_output(key, producer, firsts, count, emitted_by))
                 assert firsts == sorted(firsts), f"{key}/{producer}: outputs out of order"
 
-    def _verify_windows(self, windows: dict[tuple[str, int], int], open_windows: set[tuple[str, int]]) -> None:
+    def _verify_windows(
+        self, windows: dict[tuple[str, int], int], open_windows: set[tuple[str, int]], closes_once: bool
+    ) -> None:
         """The job's per-second windows (``scale_app``): each holds its key's records of its
         second, the late ones left out; each window that closed (no longer open in its
         key's book) was sent, every time with its final value. A record judged late in one
@@ -312,6 +316,8 @@ class ScaleJob:
         )
         lost = sorted(w for w in windows if w not in open_windows and w not in sent and w not in historic)
         assert not lost, f"{len(lost)} windows closed without being sent, e.g. {lost[:5]}"
+        twice = {w: ns for w, ns in sent.items() if len(ns) > 1}
+        assert not closes_once or not twice, f"{len(twice)} windows sent twice, e.g. {list(twice.items())[:3]}"
         span = (max(r.timestamp for r in records) - min(r.timestamp for r in records)) / 1000 if records else 0
         assert sent or span < GRACE_S + 3, f"no window closed in {span:.1f} s of records: the run tests none"
 

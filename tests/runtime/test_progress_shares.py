@@ -84,3 +84,20 @@ def test_where_copies_of_strays_beyond_a_swept_position_can_lie() -> None:
     log._apply({"member": "n", "gen": 4, "parts": [["t", 2, 70]], "swept": [["t", 2]],
                 "copies_after": [["t", 2, [[0, 80], [1, 90], [2, 70]]]]})  # fmt: skip
     assert log.copies_after("t", 2) == {0: 80, 1: 90, 2: 70} and log.copies_after("t", 3) is None
+
+
+def test_a_whole_partitions_position_carries_its_committers_stream_time() -> None:
+    """What a processor taking the partition over goes on from (its windows' closes up to
+    there were sent by the committer); a fence keeps it, a zombie's does not replace it,
+    and a shared partition has none (its sharers' times differ)."""
+    log = ProgressLog(None, None, "g")  # type: ignore[arg-type]  # only _apply is used
+    log._apply({"member": "a", "gen": 1, "parts": [["t", 0, 40], ["t", 1, 9]], "st": [["t", 0, 5_000]]})
+    assert log.stream_time("t", 0) == 5_000 and log.stream_time("t", 1) == -1
+    log._apply({"member": "b", "gen": 2, "parts": [["t", 0, None]]})  # a fence: the new owner's generation
+    assert log.stream_time("t", 0) == 5_000
+    log._apply({"member": "a", "gen": 1, "parts": [["t", 0, 55]], "st": [["t", 0, 9_000]]})  # a zombie: rejected
+    assert log.stream_time("t", 0) == 5_000 and log.position("t", 0) == 40
+    log._apply({"member": "b", "gen": 2, "parts": [["t", 0, 60]], "st": [["t", 0, 7_000]]})
+    assert log.stream_time("t", 0) == 7_000
+    log._apply({"member": "b", "gen": 3, "parts": [], "shares": [["t", 0, 0, 61, [0, 1]]]})
+    assert log.stream_time("t", 0) == -1
