@@ -1,7 +1,9 @@
 """The job of the processor scaling test: per key, per producer, count and last seq, and
 one output record per input record (to the topic named by SK_TEST_OUT); per key and
 second of record time, a count (a tumbling window, grace ``GRACE_S``), sent when the
-window closes (to ``<out>-closes``; a record late for it to ``<out>-late``).
+window closes (to ``<out>-closes``; a record late for it to ``<out>-late``); the same
+count in a window of every other kind (``OTHER_WINDOWS``; their closes and late records
+name their table).
 
 With SK_TEST_CONCURRENCY=N the handler is async and key-concurrent: it awaits 1 ms per
 record, 200 ms for the slow keys k0..k3 (whose records queue up behind each other while
@@ -17,10 +19,16 @@ import time
 from typing import Any
 
 import streamkit
-from streamkit.windows import LateRecordError, Tumbling
+from streamkit.windows import Count, Hopping, LateRecordError, Session, Sliding, Tumbling, WindowKind
 
 SLOW_KEYS = {"k0", "k1", "k2", "k3"}
 GRACE_S = 3.0
+OTHER_WINDOWS: dict[str, WindowKind] = {
+    "hopping": Hopping(2, 1, grace=GRACE_S),
+    "session": Session(0.5, grace=GRACE_S),
+    "sliding": Sliding(2, grace=GRACE_S),
+    "count": Count(5),
+}
 log = logging.getLogger("scale_app")
 
 
@@ -31,9 +39,20 @@ def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: fl
     seen = app.table("seen", default=dict)
     per_second = app.table("per_second", default=int, window=Tumbling(1, grace=GRACE_S))
 
+    others = {kind: app.table(kind, default=int, window=w) for kind, w in OTHER_WINDOWS.items()}
+
     @app.on_window_close(per_second)
     def second_done(key: str, window: streamkit.Window, n: int, ctx: streamkit.Context) -> None:
         ctx.send(f"{out}-closes", key, {"start": window.start, "n": n, "processor": ctx.processor})
+
+    def sender(kind: str) -> Any:
+        def done(key: str, window: streamkit.Window, n: int, ctx: streamkit.Context) -> None:
+            ctx.send(f"{out}-closes", key, {"table": kind, "start": window.start, "end": window.end, "n": n})
+
+        return done
+
+    for kind, table in others.items():
+        app.on_window_close(table)(sender(kind))
 
     def apply(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
         if delay_ms:
@@ -50,6 +69,14 @@ def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: fl
             per_second[key] += 1
         except LateRecordError:
             ctx.send(f"{out}-late", key, {"p": value["p"], "seq": value["seq"]})
+        for kind, table in others.items():
+            try:
+                if kind == "sliding":
+                    table.add(key, 1)
+                else:
+                    table.update(key, lambda n: n + 1)
+            except LateRecordError:
+                ctx.send(f"{out}-late", key, {"table": kind, "p": value["p"], "seq": value["seq"]})
 
     if concurrency == 1:
         app.processor(source)(apply)

@@ -19,13 +19,11 @@ import orjson
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from stores.rocksdb import RocksDBStore
-from stores.serde import serde_for
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.jobmeta import JobLayout, read_job
 from streamkit.runtime.status import STATUS_TOPIC, WorkerStatus, decode_status
-from streamkit.windows import WindowKeySerde
 from tests.runtime.jobs import ROOT
-from tests.runtime.scale_app import GRACE_S
+from tests.runtime.scale_windows import verify_windows
 
 KEYS = 200
 
@@ -206,14 +204,14 @@ class ScaleJob:
         processors: int,
         counts: tuple[int, ...] = (),
         producers: list[str] | None = None,
-        closes_once: bool = False,
+        clean: bool = False,
     ) -> None:
         """State: the whole stream applied once, each key on its processor only.
         Output: every input record's output exists, each key's in the producers' order,
         and was emitted by a processor that owned the key at one of the job's processor
         ``counts`` (no other processor ever handled it). ``producers``: the name of each
-        report's producer (default p0, p1, ...). Windows: see ``_verify_windows``;
-        ``closes_once``: no window sent twice either (a run without crashes)."""
+        report's producer (default p0, p1, ...). Windows: ``scale_windows.verify_windows``;
+        ``clean``: a run without crashes or zombies (every close once, with its final value)."""
         expected: dict[str, dict[str, list[int]]] = {}
         names = producers or [f"p{i}" for i in range(len(reports))]
         for name, report in zip(names, reports, strict=True):
@@ -221,30 +219,19 @@ class ScaleJob:
                 seqs = range(k, report["sent"], KEYS)
                 expected.setdefault(f"k{k}", {})[name] = [len(seqs), seqs[-1], 0]
         state: dict[str, Any] = {}
-        windows: dict[tuple[str, int], int] = {}
-        open_windows: set[tuple[str, int]] = set()
-        wkeys = WindowKeySerde(serde_for("str"))
         for pid in range(processors):
-            path = str(self.tmp / "state" / self.app / f"processor-{pid}")
-            with RocksDBStore.open(path, ["seen", "per_second", "per_second__windows"]) as store:
+            with RocksDBStore.open(str(self.tmp / "state" / self.app / f"processor-{pid}"), ["seen"]) as store:
                 for k, v in store.items("seen"):
                     key = k.decode()
                     assert key not in state, f"{key} is in two processors' stores"
                     assert lh_bucket(key_hash(k), self.p0, processors) == pid, f"{key} left in processor {pid}"
                     state[key] = orjson.loads(v)
-                for k, v in store.items("per_second"):
-                    window = wkeys.loads(k)
-                    assert window not in windows, f"window {window} is in two processors' stores"
-                    windows[window] = orjson.loads(v)
-                for k, v in store.items("per_second__windows"):
-                    key = wkeys.loads(k)[0]
-                    open_windows |= {(key, start) for start, _, _ in orjson.loads(v)["w"]}
         wrong = {k: (state.get(k), want) for k, want in expected.items() if state.get(k) != want}
         if state != expected:
             e_g = list(wrong.items())[:3]
             raise AssertionError(f"{len(wrong)} keys differ (state, expected), e.g. {e_g}" + self._disorder())
 
-        self._verify_windows(windows, open_windows, closes_once)
+        verify_windows(self.broker, self.topic, self.out, self.tmp / "state" / self.app, processors, state, clean)
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:
@@ -266,60 +253,6 @@ class ScaleJob:
                 if len(firsts) != count or firsts[-1] != last:
                     raise AssertionError(self._missing_output(key, producer, firsts, count, emitted_by))
                 assert firsts == sorted(firsts), f"{key}/{producer}: outputs out of order"
-
-    def _verify_windows(
-        self, windows: dict[tuple[str, int], int], open_windows: set[tuple[str, int]], closes_once: bool
-    ) -> None:
-        """The job's per-second windows (``scale_app``): each holds its key's records of its
-        second, the late ones left out; each window that closed (no longer open in its
-        key's book) was sent, every time with its final value. A record judged late in one
-        run may not be after a crash (stream time is the processor's, and how its
-        partitions interleave differs): a window with a late record is checked for its
-        close only. Records of producer "h" are a Spark backfill's history: the windows it
-        closed were recorded closed without output (``backfill_replay``)."""
-
-        async def read(topic: str) -> list[Any]:
-            async with KafkaIO(self.broker) as io:
-                if await io.partition_count(topic) is None:
-                    return []
-                return await io.read_topic(topic)
-
-        async def read_all() -> list[list[Any]]:
-            return [await read(t) for t in (self.topic, f"{self.out}-late", f"{self.out}-closes")]
-
-        records, late, closes = asyncio.run(read_all())
-        late_ids = {(r.key.decode(), (v := orjson.loads(r.value))["p"], v["seq"]) for r in late}
-        counted: dict[tuple[str, int], set[tuple[str, int]]] = {}
-        with_late: set[tuple[str, int]] = set()
-        historic: set[tuple[str, int]] = set()
-        for r in records:
-            v = orjson.loads(r.value)
-            key, window = r.key.decode(), (r.key.decode(), r.timestamp - r.timestamp % 1000)
-            if v["p"] == "h":
-                historic.add(window)
-            if (key, v["p"], v["seq"]) in late_ids:
-                with_late.add(window)
-            else:
-                counted.setdefault(window, set()).add((v["p"], v["seq"]))  # (a stray's copy: counted once)
-        want = {w: len(ids) for w, ids in counted.items()}
-        wrong = {w: (windows.get(w), n) for w, n in want.items() if w not in with_late and windows.get(w) != n}
-        assert not wrong, f"{len(wrong)} windows differ (held, records), e.g. {list(wrong.items())[:3]}"
-        sent: dict[tuple[str, int], list[int]] = {}
-        for r in closes:
-            v = orjson.loads(r.value)
-            sent.setdefault((r.key.decode(), v["start"]), []).append(v["n"])
-        other = {
-            w: (ns, windows.get(w)) for w, ns in sent.items() if w not in with_late and set(ns) != {windows.get(w)}
-        }
-        assert not other, (
-            f"{len(other)} closes sent with another value than the final one, e.g. {list(other.items())[:3]}"
-        )
-        lost = sorted(w for w in windows if w not in open_windows and w not in sent and w not in historic)
-        assert not lost, f"{len(lost)} windows closed without being sent, e.g. {lost[:5]}"
-        twice = {w: ns for w, ns in sent.items() if len(ns) > 1}
-        assert not closes_once or not twice, f"{len(twice)} windows sent twice, e.g. {list(twice.items())[:3]}"
-        span = (max(r.timestamp for r in records) - min(r.timestamp for r in records)) / 1000 if records else 0
-        assert sent or span < GRACE_S + 3, f"no window closed in {span:.1f} s of records: the run tests none"
 
     def _missing_output(
         self, key: str, producer: str, firsts: list[int], count: int, emitted_by: dict[tuple[str, str, int], int]
