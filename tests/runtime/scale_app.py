@@ -2,8 +2,8 @@
 one output record per input record (to the topic named by SK_TEST_OUT); per key and
 second of record time, a count (a tumbling window, grace ``GRACE_S``), sent when the
 window closes (to ``<out>-closes``; a record late for it to ``<out>-late``); the same
-count in a window of every other kind (``OTHER_WINDOWS``; their closes and late records
-name their table).
+count in a window of every other kind with SK_TEST_WINDOWS=all (``OTHER_WINDOWS``; their
+closes and late records name their table).
 
 With SK_TEST_CONCURRENCY=N the handler is async and key-concurrent: it awaits 1 ms per
 record, 200 ms for the slow keys k0..k3 (whose records queue up behind each other while
@@ -32,14 +32,17 @@ OTHER_WINDOWS: dict[str, WindowKind] = {
 log = logging.getLogger("scale_app")
 
 
-def make_app(name: str, topic: str, out: str, concurrency: int = 1, delay_ms: float = 0.0) -> streamkit.App:
+def make_app(
+    name: str, topic: str, out: str, concurrency: int = 1, delay_ms: float = 0.0, every_kind: bool = False
+) -> streamkit.App:
+    """``every_kind``: the windows of ``OTHER_WINDOWS`` too (they cost a scaling test seconds)."""
     app = streamkit.App(name, commit_interval=0.3)
     source = app.topic(topic)
     # key -> {producer: [count, last seq, disorder]}
     seen = app.table("seen", default=dict)
     per_second = app.table("per_second", default=int, window=Tumbling(1, grace=GRACE_S))
 
-    others = {kind: app.table(kind, default=int, window=w) for kind, w in OTHER_WINDOWS.items()}
+    others = {kind: app.table(kind, default=int, window=w) for kind, w in OTHER_WINDOWS.items() if every_kind}
 
     @app.on_window_close(per_second)
     def second_done(key: str, window: streamkit.Window, n: int, ctx: streamkit.Context) -> None:
@@ -96,4 +99,5 @@ app = make_app(
     os.environ.get("SK_TEST_OUT", "scale-output"),
     int(os.environ.get("SK_TEST_CONCURRENCY", "1")),
     float(os.environ.get("SK_TEST_DELAY_MS", "0")),
+    os.environ.get("SK_TEST_WINDOWS") == "all",
 )

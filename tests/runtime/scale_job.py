@@ -29,7 +29,10 @@ KEYS = 200
 
 
 class ScaleJob:
-    def __init__(self, broker: str, tmp_path: Path, p0: int = 2, partitions: int = 4) -> None:
+    def __init__(
+        self, broker: str, tmp_path: Path, p0: int = 2, partitions: int = 4, every_window: bool = False
+    ) -> None:
+        """``every_window``: the job keeps a window of every kind, not only per-second ones."""
         tag = uuid.uuid4().hex[:8]
         self.broker = broker
         self.tmp = tmp_path
@@ -51,7 +54,9 @@ class ScaleJob:
             STREAMKIT_SESSION_TIMEOUT_MS="4000",
             STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
             PYTHONPATH=str(ROOT),
+            SK_TEST_WINDOWS="all" if every_window else "tumbling",
         )
+        self.every_window = every_window
         self.workers: list[subprocess.Popen[bytes]] = []
         self._statuses: dict[str, WorkerStatus] = {}
         self._status_offset = 0
@@ -196,7 +201,7 @@ class ScaleJob:
         """The job's App, as its workers load it."""
         from tests.runtime.scale_app import make_app
 
-        return make_app(self.app, self.topic, self.out)
+        return make_app(self.app, self.topic, self.out, every_kind=self.every_window)
 
     def verify(
         self,
@@ -231,7 +236,8 @@ class ScaleJob:
             e_g = list(wrong.items())[:3]
             raise AssertionError(f"{len(wrong)} keys differ (state, expected), e.g. {e_g}" + self._disorder())
 
-        verify_windows(self.broker, self.topic, self.out, self.tmp / "state" / self.app, processors, state, clean)
+        tables = self.tmp / "state" / self.app
+        verify_windows(self.broker, self.topic, self.out, tables, processors, state, clean, self.every_window)
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:

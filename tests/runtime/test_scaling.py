@@ -60,7 +60,7 @@ async def start(job: ScaleJob, io: KafkaIO, workers: int = 2, producers: int = 2
 def test_processors_grow_and_shrink_live_with_exact_state_and_ordered_output(broker: str, tmp_path: Path) -> None:
     """2 -> 3 -> 4 processors, 4 -> 3, the topic expanded from 4 to 6 partitions, 3 -> 4,
     producers writing all along."""
-    job = ScaleJob(broker, tmp_path, partitions=6)
+    job = ScaleJob(broker, tmp_path, partitions=6, every_window=True)
     scales = []
 
     async def scenario() -> None:
@@ -236,7 +236,7 @@ CI_KILLS = [
 def test_a_worker_killed_during_scaling_loses_nothing(broker: str, tmp_path: Path, victim: str, direction: str) -> None:
     """2 -> 3 processors (grow), or 3 -> 2 (shrink), with the worker SIGKILLed while the
     bootstrap runs, as the handover starts, or right after it."""
-    job = ScaleJob(broker, tmp_path)
+    job = ScaleJob(broker, tmp_path, every_window=True)
     if victim == "bootstrapping":  # slow the bootstrap down so that it is killed in the middle
         # (a shrink's receiving processor replays its own keys' history too: about 3x as many)
         job.env["STREAMKIT_BOOTSTRAP_RATE"] = "600" if direction == "grow" else "1500"
@@ -310,7 +310,7 @@ def test_an_old_owner_paused_across_the_handover_commits_nothing_beyond_it(broke
     """SIGSTOP the processor that splits while the new one bootstraps, until the group has
     given its partitions to a newer generation; woken up (SIGCONT), its checkpoint is
     refused and its state dropped, and the handover completes without it."""
-    job = ScaleJob(broker, tmp_path)
+    job = ScaleJob(broker, tmp_path, every_window=True)
     job.env["STREAMKIT_BOOTSTRAP_RATE"] = "500"  # a bootstrap long enough to be paused in:
     job.env["STREAMKIT_CHANGELOG"] = "false"  # from the input history (a changelog seed catches up at once)
     reports: list = []

@@ -112,7 +112,7 @@ class _TruncatedTopic:
     async def partition_count(self, topic: str) -> int | None:
         return None if self.marked is None else 64
 
-    async def read(self, topic: str, partition: int, offset: int) -> tuple[list[Any], int]:
+    async def read(self, topic: str, partition: int, offset: int, **_: Any) -> tuple[list[Any], int]:
         if self.marked is None or partition != 0:
             return [], 0
         head = Marker("b-1", None, 1, Checkpoint(positions=self.marked, extra={"p": 2}), -1)
