@@ -252,7 +252,7 @@ async def checkpoint(
     times = {  # what a processor taking a whole partition over goes on from: closes sent up to there
         (s.tp.topic, s.tp.partition): min(int(at), s.proc.fired_through)
         for s in slots
-        if not s.sharers and (at := s.proc.loaded.extra.get(STREAM_TIME_KEY)) is not None
+        if not s.sharers and not s.swept and (at := s.proc.loaded.extra.get(STREAM_TIME_KEY)) is not None
     }
     await progress.record(
         member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean, stream_times=times

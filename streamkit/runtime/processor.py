@@ -113,7 +113,8 @@ class ProcessorState:
         ``close_on="wall"`` the wall clock moves it too."""
         self.fired_through = -1
         """The close bound of the processor's last close check: every window that closes by
-        then has closed (and, live, been sent). -1: none since the store was opened."""
+        then has closed (and, live, been sent; a rollback does not unsend it, so it stays).
+        -1: none since the store was opened."""
         self._key_dumps = {name: t.key_serde.dumps for name, t in tables.items() if isinstance(t, WindowedTable)}
         self.sides = SideClocks.from_extra(loaded.extra, self._key_dumps) if self.windows else None
         """A shrink's staging store until it goes live: the stream time of each key set

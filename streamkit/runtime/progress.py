@@ -133,10 +133,11 @@ class ProgressLog:
                     self._state[(topic, part)] = _Owner(
                         gen, base, swept=swept_before, copies_after=after, stream_time=at
                     )
-                else:
+                else:  # (a position recorded again as it was, a start's: its stream time stays)
+                    kept = cur.stream_time if cur is not None and cur.offset == int(offset) else -1
                     self._state[(topic, part)] = _Owner(
                         gen, int(offset), swept=(topic, part) in swept, copies_after=after,
-                        stream_time=times.get((topic, part), -1),
+                        stream_time=times.get((topic, part), kept),
                     )  # fmt: skip
         for topic, part, pid, offset, sharers in d.get("shares", ()):
             cur = self._admit(d, (topic, part), gen)

@@ -231,7 +231,7 @@ def with_stream_time(placed: DataFrame, subs: int, *, by_offset: bool, order: in
     Window = require("pyspark.sql.window").Window
     proc = F.floor(F.col("_b") / subs).cast("int")
     if by_offset:
-        window = Window.partitionBy(proc, F.col("_part")).orderBy("_off")
+        window = Window.partitionBy(proc, F.col("_topic"), F.col("_part")).orderBy("_off")
     else:
         window = Window.partitionBy("_b", "_k").orderBy(*[f"_o{i}" for i in range(order)])
     running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)

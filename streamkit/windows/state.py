@@ -385,13 +385,16 @@ class WindowState:
             return 0
         self._expiry_mark = mark
         assert self.book is not None
+        # kept at least size + grace past its last window: a record still on time then lies
+        # beyond ``size`` after it, so no window of a record to come reaches back to it
+        keep = max(kind.retention_ms, kind.size_ms + kind.grace_ms)
         deleted = 0
         for (key, _), entry in list(self.book.items()):
             times, closed = entry["t"], entry.get("c", -1)
             gone = 0
             for t in times:
                 last = kind.last_end_holding(t, times)
-                if last + 1 + kind.retention_ms > stream_time or last + 1 + kind.grace_ms > closed:
+                if last + 1 + keep > stream_time or last + 1 + kind.grace_ms > closed:
                     break
                 gone += 1
             if not gone:

@@ -101,3 +101,12 @@ def test_a_whole_partitions_position_carries_its_committers_stream_time() -> Non
     assert log.stream_time("t", 0) == 7_000
     log._apply({"member": "b", "gen": 3, "parts": [], "shares": [["t", 0, 0, 61, [0, 1]]]})
     assert log.stream_time("t", 0) == -1
+
+
+def test_a_start_recorded_at_the_same_position_keeps_the_stream_time() -> None:
+    log = ProgressLog(None, None, "g")  # type: ignore[arg-type]  # only _apply is used
+    log._apply({"member": "a", "gen": 1, "parts": [["t", 0, 40]], "st": [["t", 0, 5_000]]})
+    log._apply({"member": "b", "gen": 2, "parts": [["t", 0, 40]]})  # a new owner's start: where it was
+    assert log.stream_time("t", 0) == 5_000
+    log._apply({"member": "b", "gen": 2, "parts": [["t", 0, 41]]})  # moved on, with no windows
+    assert log.stream_time("t", 0) == -1

@@ -131,3 +131,22 @@ def test_a_sliding_table_refuses_writes_but_add() -> None:
     assert len(errors) == 3
     assert "add the record's value with last_10s.add(key, value)" in errors[0] == errors[1]
     assert "update them with per_10s.update(key, fn)" in errors[2]
+
+
+def test_a_sliding_table_keeps_a_record_while_a_record_on_time_can_share_a_window_with_it() -> None:
+    """Retention shorter than size + grace: a record deleted too soon would be missing from
+    the windows of the records that are still on time (a review found it)."""
+    app = streamkit.App("sliding-expiry")
+    events = app.topic("events")
+    last_10s = app.table("last_10s", default=int, window=Sliding(10, grace=5, retention=5))
+
+    @app.processor(events)
+    def add(key: str, value: Any, ctx: streamkit.Context) -> None:
+        last_10s.add(key, 1)
+
+    with TestDriver(app) as driver:
+        driver.send("events", "k", {}, timestamp=1.0)
+        driver.send("events", "j", {}, timestamp=12.0)  # closes every window holding k's record at 1 s
+        driver.checkpoint()  # (expiry runs at checkpoints)
+        driver.send("events", "k", {}, timestamp=8.0)  # on time (8 + 5 > 12): 7 s after the first
+        assert driver.windows("last_10s")[("k", -2_000)] == 2  # [-2, 8] s holds both
