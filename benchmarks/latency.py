@@ -109,13 +109,15 @@ async def measure(
     reading = asyncio.create_task(read())
     try:
         warm = asyncio.create_task(produce(first_output, measured=False))
-        await asyncio.wait_for(asyncio.shield(first_output.wait()), WARMUP_TIMEOUT)
+        async with asyncio.timeout(WARMUP_TIMEOUT):
+            await asyncio.shield(first_output.wait())
         await warm
         await produce(time.monotonic() + warmup, measured=False)
         measured_sent = await produce(time.monotonic() + seconds, measured=True)
         await producer.flush()
         producing = False
-        await asyncio.wait_for(reading, DRAIN_TIMEOUT)
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            await reading
     finally:
         producing = False
         reading.cancel()

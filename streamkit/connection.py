@@ -161,9 +161,8 @@ async def connect_failure(conn: Connection, timeout_s: float = 10.0) -> BrokerUn
     rejected: tuple[type[Exception], ...] = (KeyError, ValueError) if sasl else ()
     host, _, port = conn.bootstrap.split(",")[0].strip().rpartition(":")
     try:
-        probe = await asyncio.wait_for(
-            create_conn(host, int(port), request_timeout_ms=int(timeout_s * 1000), **kw), timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            probe = await create_conn(host, int(port), request_timeout_ms=int(timeout_s * 1000), **kw)
     except ssl.SSLCertVerificationError as exc:
         if exc.verify_code == 62 or "mismatch" in str(exc.verify_message).lower():
             cause = f"its TLS certificate is not valid for the name {host!r}"

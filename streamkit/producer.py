@@ -188,7 +188,8 @@ class Producer:
             if self.follow_layouts:
                 try:
                     key, value = control_record("bye", self.producer_id)
-                    await asyncio.wait_for(self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0), 5)
+                    async with asyncio.timeout(5):
+                        await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
                 except Exception:  # noqa: BLE001 - best effort
                     pass
                 await self.registry.stop()

@@ -46,7 +46,9 @@ class _SharedLook:
         async with self._lock:
             if self._answer is None or time.monotonic() - self._at >= self.min_interval:
                 try:
-                    self._answer = (200, orjson.dumps(await asyncio.wait_for(self.snapshot(), LOOK_TIMEOUT)))
+                    async with asyncio.timeout(LOOK_TIMEOUT):
+                        snapshot = await self.snapshot()
+                    self._answer = (200, orjson.dumps(snapshot))
                 except TimeoutError:
                     error = f"no answer from the cluster within {LOOK_TIMEOUT:g} s"
                     self._answer = (503, orjson.dumps({"error": error}))

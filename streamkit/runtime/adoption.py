@@ -83,7 +83,8 @@ class LayoutAdoptions:
                 )  # fmt: skip
                 return False
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
             except TimeoutError:
                 pass
         return True

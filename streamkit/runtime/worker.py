@@ -7,10 +7,13 @@ import logging
 import os
 import signal
 import socket
+import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -42,6 +45,8 @@ from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, ch
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 2.0
+AUX_STOP_SECONDS = 5.0
+"""How long a stopping worker waits for its cancelled timers and heartbeat to end."""
 
 
 class Worker:
@@ -215,12 +220,15 @@ class Worker:
                     if failed is not None or m.awaiting_records:
                         t.cancel()
                 # the others leave their loop after their batch
-                await asyncio.gather(*runs, *aux, stop, return_exceptions=True)
+                await asyncio.gather(*runs, return_exceptions=True)
+                await _cancelled([*aux, stop])
                 await self.shutdown(clean=failed is None)
         if failed is not None:
             raise failed
 
     def stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("stopping: checkpointing and leaving the group")
         self._stop.set()
 
     async def _serve(self, services: Services) -> None:
@@ -289,6 +297,7 @@ class Worker:
 
     async def shutdown(self, clean: bool = True) -> None:
         """Leave the group; checkpoint first unless a failure may have left a batch half done."""
+        started = time.monotonic()
         if self._stop_metrics is not None:
             self._stop_metrics()
             self._stop_metrics = None
@@ -297,6 +306,7 @@ class Worker:
             self._stop_queries = None
         for m in self.members:
             try:
+                log.info("%s: stopping (%s)", m.name, "checkpoint first" if clean else "no checkpoint")
                 await m.stop(checkpoint=clean)
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("%s: error while stopping", m.name)
@@ -316,6 +326,7 @@ class Worker:
             await self._io.close()
         if self._embedded is not None:
             self._embedded.stop()
+        log.info("stopped in %.1f s", time.monotonic() - started)
 
     async def _publish_status(self, alive: bool = True) -> None:
         assert self._producer is not None and self.services is not None
@@ -343,9 +354,27 @@ class Worker:
             self._beat.clear()
             await self._publish_status()
             try:
-                await asyncio.wait_for(self._beat.wait(), HEARTBEAT_SECONDS)
+                async with asyncio.timeout(HEARTBEAT_SECONDS):
+                    await self._beat.wait()
             except TimeoutError:
                 pass
+
+
+async def _cancelled(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait for cancelled helper tasks to end, but not forever: one that swallowed its
+    cancellation must not keep the worker from checkpointing and leaving."""
+    _, pending = await asyncio.wait(tasks, timeout=AUX_STOP_SECONDS)
+    for task in pending:
+        log.warning("task %s did not end %.0f s after its cancellation; stopping without it", task.get_name(),
+                    AUX_STOP_SECONDS)  # fmt: skip
+
+
+def print_tasks() -> None:
+    """Every asyncio task's stack to stderr (SIGUSR2): where a worker that does not stop waits."""
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def run_worker(app: App, members: int = 1, bootstrap: str | Connection | None = None) -> None:
@@ -356,6 +385,7 @@ def run_worker(app: App, members: int = 1, bootstrap: str | Connection | None = 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGUSR2, print_tasks)
         await worker.run()
 
     asyncio.run(main())

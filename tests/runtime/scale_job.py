@@ -117,12 +117,15 @@ class ScaleJob:
         """SIGTERM: they checkpoint and leave."""
         for w in self.live_workers:
             w.send_signal(signal.SIGTERM)
-        for w in self.workers:
+        for i, w in enumerate(self.workers):
             try:
                 w.wait(30)
             except subprocess.TimeoutExpired:
+                w.send_signal(signal.SIGUSR2)  # its tasks' stacks into its log
+                time.sleep(2)
                 w.kill()
-                raise
+                tail = (self.tmp / f"w{i}.log").read_text(errors="replace")[-12000:]
+                raise AssertionError(f"worker {i} did not stop within 30 s of SIGTERM; its log ends:\n{tail}") from None
 
     def cleanup(self) -> None:
         self.stop_file.write_bytes(b"")

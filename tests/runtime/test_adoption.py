@@ -25,7 +25,9 @@ def test_the_wait_ends_when_every_member_reading_the_topic_has_taken_the_epoch()
         await asyncio.sleep(0)
         assert not waiting.done()
         adoptions.adopted("m1", "in", 3)
-        return await asyncio.wait_for(waiting, 5), behind, early
+        async with asyncio.timeout(5):
+            taken = await waiting
+        return taken, behind, early
 
     taken, behind, early = asyncio.run(scenario())
     assert taken and behind == ["m1"] and not early

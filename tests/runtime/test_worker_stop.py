@@ -68,3 +68,34 @@ def test_a_stop_does_not_wait_for_a_member_stuck_in_getmany(broker: str, tmp_pat
     with RocksDBStore.open(str(app.store_path(0, tmp_path)), ["totals"]) as store:
         assert store.checkpoint().positions == {(topic, 0): 30}
         assert {k.decode(): v for k, v in store.items("totals")} == {"k0": b"10", "k1": b"10", "k2": b"10"}
+
+
+def test_the_heartbeat_ends_when_cancelled_just_after_a_checkpoint_woke_it() -> None:
+    """A member's checkpoint wakes the heartbeat (``services.beat``); a stop that cancels the
+    heartbeat in the next few loop iterations must end it. Python 3.11's ``wait_for``
+    returned instead of raising there (its inner wait had finished), so the heartbeat
+    looped on, and the worker, waiting for it, never stopped: seen once in CI."""
+
+    async def still_running_after_cancel(iterations_after_beat: int) -> bool:
+        worker = Worker.__new__(Worker)  # only what _heartbeat touches
+        worker._beat = asyncio.Event()
+
+        async def publish(alive: bool = True) -> None:
+            pass
+
+        worker._publish_status = publish  # type: ignore[method-assign]
+        heartbeat = asyncio.create_task(worker._heartbeat())
+        for _ in range(5):  # into its wait for the next beat
+            await asyncio.sleep(0)
+        worker._beat.set()
+        for _ in range(iterations_after_beat):
+            await asyncio.sleep(0)
+        heartbeat.cancel()
+        done, _ = await asyncio.wait([heartbeat], timeout=1)
+        heartbeat.cancel()
+        return not done
+
+    async def scenario() -> list[int]:
+        return [n for n in range(6) if await still_running_after_cancel(n)]
+
+    assert asyncio.run(scenario()) == [], "the heartbeat outlived its cancellation"
