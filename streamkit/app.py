@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from stores.serde import serde_for
 from streamkit.connection import Connection
+from streamkit.joins import GlobalTable
 from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table
 from streamkit.topics import Topic
@@ -68,6 +69,7 @@ class App:
         self._token_provider = sasl_oauth_token_provider
         self.topics: dict[str, Topic] = {}
         self.tables: dict[str, Table] = {}
+        self.global_tables: dict[str, GlobalTable] = {}
         self.handlers: dict[str, list[HandlerSpec]] = {}
         self.timers: list[TimerSpec] = []
         self.keys_revoked_callbacks: list[Callable[..., Any]] = []
@@ -105,7 +107,7 @@ class App:
     ) -> Table:
         """Declare a table; ``window=`` makes it a windowed table: ``Tumbling(60)``,
         ``Hopping(60, 10)``, ``Sliding(60)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``)."""
-        if name in self.tables:
+        if name in self.tables or name in self.global_tables:
             raise ValueError(f"table {name!r} is declared twice")
         if default is not None and not callable(default):
             raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
@@ -122,6 +124,17 @@ class App:
                 raise ValueError(f"table {name!r}: the name {table.book_name!r} of its book is taken")
         self.tables[name] = table
         self._book(table)
+        return table
+
+    def global_table(self, name: str, *, source: Topic | str) -> GlobalTable:
+        """Declare a global table: the latest value of each key of ``source`` (decoded with
+        its serdes; a tombstone deletes), held whole by every worker and read before any
+        processor applies a record, for lookups by any key (``products.get(pid)``), which
+        is how a foreign-key join is written. Handlers read it, never write it."""
+        if name in self.tables or name in self.global_tables:
+            raise ValueError(f"table {name!r} is declared twice")
+        table = GlobalTable(name, self._resolve_topic(source))
+        self.global_tables[name] = table
         return table
 
     def _book(self, table: Table) -> None:

@@ -54,6 +54,17 @@ def workers_table(shown: StatusView) -> Table:
     return workers
 
 
+def global_tables_table(shown: StatusView) -> Table:
+    """Each running worker's copy of each global table: keys held, records behind its topic."""
+    table = Table(title="global tables (a copy on every worker)")
+    for col in ("table", "worker", "keys", "lag", "left out"):
+        table.add_column(col, justify="right" if col in ("keys", "lag") else "left")
+    for g in shown.global_tables:
+        left_out = ", ".join(f"{n} {reason}" for reason, n in sorted(g.get("skipped", {}).items())) or "-"
+        table.add_row(g["table"], g["worker"], str(g["keys"]), str(g["lag"]), left_out)
+    return table
+
+
 def partitions_table(shown: StatusView) -> Table:
     parts = Table(title=f"partitions (consumer group {shown.group})")
     cols = ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag",
@@ -106,6 +117,8 @@ def status(
     console.print(workers_table(shown))
     console.print(processors_table(found.job, found.statuses))
     console.print(partitions_table(shown))
+    if shown.global_tables:
+        console.print(global_tables_table(shown))
     console.print(dead_letters_table(shown.dead_letters, app.dead_letter_topic))
     console.print(f"as of {time.strftime('%H:%M:%S')}")
 

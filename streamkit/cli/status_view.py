@@ -130,6 +130,8 @@ class StatusView:
     p0: int | None = None
     scaling: str | None = None
     """"2 -> 3" while the job changes its processor count."""
+    global_tables: list[dict[str, Any]] = field(default_factory=list)
+    """Per running worker and global table: its copy's keys, lag and records left out."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +171,10 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
             }
         )
     out.processors = processor_rows(job, found.statuses, now)
+    for s in found.statuses:
+        if s.alive and not s.stale:
+            for name, g in sorted(s.global_tables.items()):
+                out.global_tables.append({"table": name, "worker": s.worker, **g})
     for (topic, partition), (com, hw) in found.offsets.items():
         where = f"{topic}/{partition}"
         mode = found.modes.get((topic, partition), "?")

@@ -53,6 +53,8 @@ class WorkerStatus:
     restoring: dict[int, dict[str, int]] = field(default_factory=dict)
     """Processors restoring their store from the changelog: {id: {"at", "end", "since_ms"}}
     (changelog offsets read to, and to read to)."""
+    global_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per global table, this worker's copy: {"keys", "lag", "skipped": {reason: n}}."""
 
     @property
     def stale(self) -> bool:
@@ -75,6 +77,7 @@ def snapshot(
     processors: Iterable[ProcessorState] = (),
     query_url: str | None = None,
     alive: bool = True,
+    global_tables: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
     processor consumes, its counts, and its output's dead-letter figures."""
@@ -94,6 +97,7 @@ def snapshot(
         joining={pid: dict(v) for pid, v in (joining or {}).items()},
         restoring={pid: dict(v) for pid, v in (restoring or {}).items()},
         query_url=query_url,
+        global_tables={name: dict(v) for name, v in (global_tables or {}).items()},
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
     )

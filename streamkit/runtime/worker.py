@@ -22,6 +22,7 @@ from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.connection import Connection, as_connection
 from streamkit.errors import ConfigError
+from streamkit.joins.global_store import GlobalStores
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
@@ -71,6 +72,7 @@ class Worker:
         self._changelog_producer: AIOKafkaProducer | None = None
         self._io: KafkaIO | None = None
         self._registry: LayoutRegistry | None = None
+        self._globals: GlobalStores | None = None
 
     async def prepare(self) -> Services:
         """Resolve the broker and the job (p0), check topics, start the shared parts."""
@@ -114,6 +116,7 @@ class Worker:
         await asyncio.to_thread(
             check_local_stores, app.store_path(0, app.settings.state_dir).parent, app.name, job.incarnation
         )
+        self._globals = await open_global_tables(app, io, registry, job.incarnation)
         registry.add_listener(self._on_layout_change)
         registry.watch(app.settings.layout_poll_interval)
         progress = ProgressLog(io, self._producer, app.group_id)
@@ -201,6 +204,8 @@ class Worker:
                 for t in self.app.timers
             ]
             aux.append(asyncio.create_task(self._heartbeat()))
+            if self._globals is not None:
+                aux.append(asyncio.create_task(self._globals.follow(services.io), name="global tables"))
             aux.append(asyncio.create_task(services.jobs.run()))
             stop = asyncio.create_task(self._stop.wait())
             failed: BaseException | None = None
@@ -310,6 +315,9 @@ class Worker:
                 await m.stop(checkpoint=clean)
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("%s: error while stopping", m.name)
+        if self._globals is not None:
+            self._globals.close()
+            self._globals = None
         if self._output_producer is not None:
             await self._output_producer.stop()
         if self._changelog_producer is not None:
@@ -346,6 +354,7 @@ class Worker:
             processors=[proc for m in self.members for proc in m.processors.values()],
             alive=alive,
             query_url=self.query_url,
+            global_tables=self._globals.status() if self._globals is not None else {},
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 
@@ -367,6 +376,32 @@ async def _cancelled(tasks: list[asyncio.Task[Any]]) -> None:
     for task in pending:
         log.warning("task %s did not end %.0f s after its cancellation; stopping without it", task.get_name(),
                     AUX_STOP_SECONDS)  # fmt: skip
+
+
+async def open_global_tables(app: App, io: KafkaIO, registry: LayoutRegistry, incarnation: str) -> GlobalStores | None:
+    """The app's global tables, each read to its topic's end (None: it has none). Refused
+    with one line: a source topic that does not exist, or one whose layout changed (a key
+    must stay in one partition for its latest value to be known)."""
+    if not app.global_tables:
+        return None
+    for table in app.global_tables.values():
+        topic = table.topic.name
+        if await io.partition_count(topic) is None:
+            raise ConfigError(f"global table {table.name!r}: its topic {topic!r} does not exist")
+        layout = registry.get(topic)
+        if layout is not None and (layout.seals or layout.active != layout.n0):
+            raise ConfigError(
+                f"global table {table.name!r}: topic {topic!r} changed its partitions (layout epoch "
+                f"{layout.epoch}); a global table needs each key in one partition: give it a topic of its own"
+            )
+    app_dir = app.store_path(0, app.settings.state_dir).parent
+    stores = await asyncio.to_thread(GlobalStores, list(app.global_tables.values()), app_dir, incarnation)
+    try:
+        await stores.catch_up(io)
+    except BaseException:
+        stores.close()
+        raise
+    return stores
 
 
 def print_tasks() -> None:

@@ -105,6 +105,11 @@ def backfill_replay(
     if not names:
         raise ConfigError(f"app {app_obj.name!r} has no table: nothing to backfill")
     _common_checks(app_obj, names, "replay", allow_partial)
+    if app_obj.global_tables:
+        raise ConfigError(
+            f"app {app_obj.name!r} reads global tables ({', '.join(sorted(app_obj.global_tables))}), which the replay "
+            "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
+        )
     if not allow_partial and len(inputs) > 1:
         raise ConfigError(
             f"app {app_obj.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "

@@ -38,6 +38,7 @@ from assignors.linear_hashing import partition_for_key
 from assignors.placement import processors_for_partition
 from streamkit.app import App, HandlerSpec
 from streamkit.context import Header
+from streamkit.joins.global_store import GlobalStores
 from streamkit.runtime import checkpointing, timers
 from streamkit.runtime.admission import Admitted
 from streamkit.runtime.dispatch import Dispatcher
@@ -106,6 +107,10 @@ class TestDriver:
         self._routes: dict[tuple[str, int], Route] = {}
         self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)
         self._dispatcher = self._new_dispatcher()
+        self._globals = (
+            GlobalStores(list(app.global_tables.values()), self._dir / app.name) if app.global_tables else None
+        )
+        self._global_offsets: dict[str, int] = {}
         self._open()
 
     # -- the test's side ----------------------------------------------------------------
@@ -121,6 +126,8 @@ class TestDriver:
         for proc in self._procs.values():
             proc.close()
         self._procs.clear()
+        if self._globals is not None:
+            self._globals.close()
         self._loop.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -135,7 +142,10 @@ class TestDriver:
     ) -> None:
         """Write one record to input ``topic`` (encoded with its serdes; ``value`` may be
         ``bytes`` as they are, to test a record that does not decode) and apply it.
-        ``timestamp``: seconds (default: the driver's clock)."""
+        ``timestamp``: seconds (default: the driver's clock). A global table's topic
+        updates the table at once (as a worker reads it before its next record)."""
+        if self._feed_global(topic, key, value, headers) and topic not in self.app.handlers:
+            return
         spec = self._handlers(topic)[0].topic
         kb = key if isinstance(key, bytes) else spec.encode_key(key)
         vb = value if isinstance(value, bytes) else spec.encode_value(value)
@@ -145,6 +155,22 @@ class TestDriver:
         ts = self.now if timestamp is None else timestamp
         log.append(InputRecord(topic, part, len(log), round(ts * 1000), kb, vb, tuple(headers)))
         self._run(self._pump())
+
+    def _feed_global(self, topic: str, key: Any, value: Any, headers: Iterable[Header]) -> bool:
+        """Apply a record of a global table's topic to that table; False: no such table."""
+        fed = False
+        for store in self._globals.stores if self._globals is not None else ():
+            spec = store.table.topic
+            if spec.name != topic:
+                continue
+            kb = key if isinstance(key, bytes) or key is None else spec.encode_key(key)
+            vb = value if isinstance(value, bytes) or value is None else spec.encode_value(value)
+            offset = self._global_offsets[topic] = self._global_offsets.get(topic, 0) + 1
+            store.apply(
+                [InputRecord(topic, 0, offset - 1, round(self.now * 1000), kb, vb, tuple(headers))], {0: offset}
+            )
+            fed = True
+        return fed
 
     def advance(self, seconds: float) -> None:
         """Move the wall clock on by ``seconds``, firing the timers that fall due (in time

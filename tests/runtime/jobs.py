@@ -31,6 +31,7 @@ class Job:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: dict[int, Path] = field(default_factory=dict)
     """Each worker's log file, by process id."""
+    app_spec: str = "tests.runtime.job_app:app"
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -60,7 +61,7 @@ class Job:
                     "-m",
                     "streamkit.cli",
                     "worker",
-                    "tests.runtime.job_app:app",
+                    self.app_spec,
                     "--members",
                     str(members),
                     "--log-level",
