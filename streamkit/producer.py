@@ -130,6 +130,8 @@ class Producer:
         self._open: dict[tuple[str, int], OpenBatch] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._inflight: dict[str, set[asyncio.Future[None]]] = {}
+        self._dispatches: set[asyncio.Task[None]] = set()
+        """Batches being handed to the client, each in a task of its own (a cancelled sender does not stop it)."""
         self._tasks: list[asyncio.Task[Any]] = []
         self._ack_tasks: set[asyncio.Task[Any]] = set()
         self._acked: set[tuple[str, int, str]] = set()
@@ -248,8 +250,9 @@ class Producer:
         kb = key if type(key) is bytes else self._key(key)
         vb = value if type(value) is bytes else self._value(value)
         d, full = self._append(st, kb, vb, headers, timestamp_ms, None)
-        if full is not None:
-            await self._dispatch(full)
+        if full is not None:  # other senders' records too: a cancelled send must not drop them
+            self._inflight.setdefault(full.topic, set()).add(full.future)
+            await asyncio.shield(self._dispatch_tracked(full))
         if st.parents is not None and kb is not None:
             await self._copy(st, kb, vb, timestamp_ms)
         return d
@@ -372,7 +375,20 @@ class Producer:
         """:meth:`_dispatch` in the background, the batch counted in flight at once: a
         :meth:`flush` right after (before the task first runs) waits for it too."""
         self._inflight.setdefault(ob.topic, set()).add(ob.future)
-        asyncio.ensure_future(self._dispatch(ob))
+        asyncio.ensure_future(self._dispatch_tracked(ob))
+
+    def _dispatch_tracked(self, ob: OpenBatch) -> asyncio.Task[None]:
+        """:meth:`_dispatch` as a task of its own, kept until it ends; its error reaches
+        :meth:`flush` and the next :meth:`send` through ``_error`` whoever awaited it."""
+        task = asyncio.ensure_future(self._dispatch(ob))
+        self._dispatches.add(task)
+        task.add_done_callback(self._dispatched)
+        return task
+
+    def _dispatched(self, task: asyncio.Task[None]) -> None:
+        self._dispatches.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: it is in _error (and the batch's future) already
 
     async def _dispatch(self, ob: OpenBatch) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
@@ -415,7 +431,12 @@ class Producer:
             self._inflight.get(ob.topic, set()).discard(ob.future)
 
     def _fail(self, ob: OpenBatch, exc: BaseException) -> None:
-        if self._error is None and not isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError) and ob.records:  # never sent: a later flush must not pass
+            exc = StreamkitError(
+                f"{self.producer_id}: a batch of {len(ob.records)} record(s) to {ob.topic}[{ob.partition}] was "
+                "abandoned unsent (its send was cancelled)"
+            )
+        if self._error is None:
             self._error = exc
         if not ob.future.done():
             ob.future.set_exception(exc)

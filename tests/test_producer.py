@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 import uuid
+from typing import Any
 
 import pytest
 from aiokafka.record.memory_records import MemoryRecords
@@ -216,3 +218,58 @@ def test_a_flush_right_after_the_linger_loop_sealed_a_batch_waits_for_it(broker:
         assert [r.offset for r in recs[0]] == list(range(20))
 
     asyncio.run(go())
+
+
+def test_a_cancelled_send_neither_drops_the_batch_it_filled_nor_lets_a_flush_pass_over_it() -> None:
+    """A send that fills a batch hands it to the client itself, and may wait there (one
+    batch per partition in flight). Cancelled meanwhile (a timer at a worker's stop), it
+    dropped the whole batch, other senders' records included, and the next flush passed:
+    a checkpoint would have committed input whose output was never written. (A fake
+    client: what is tested is the producer's bookkeeping of its batches.)"""
+
+    class Builder:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def append(self, timestamp: Any, key: Any, value: Any, headers: Any) -> Any:
+            if self.n >= 2:  # a batch holds two records
+                return None
+            self.n += 1
+            return types.SimpleNamespace(offset=self.n - 1)
+
+    class Client:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+            self.drained = asyncio.Event()
+
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+        def create_batch(self) -> Builder:
+            return Builder()
+
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0}
+
+        async def send_batch(self, builder: Builder, topic: str, partition: int) -> asyncio.Future[Any]:
+            await self.drained.wait()  # as aiokafka's wait_drain: another batch of the partition in flight
+            self.sent.append(builder.n)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(types.SimpleNamespace(offset=0))
+            return done
+
+    async def scenario() -> list[int]:
+        producer = Producer("127.0.0.1:1", follow_layouts=False, linger_ms=60_000)
+        producer._kp = client = Client()  # type: ignore[assignment]
+        await producer.start()
+        await producer.send("out", b"k1", b"a member's")
+        await producer.send("out", b"k2", b"two records")
+        timer = asyncio.create_task(producer.send("out", b"k3", b"a timer's"))  # fills the batch: sends it
+        await asyncio.sleep(0.01)
+        timer.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+        client.drained.set()
+        await producer.flush()
+        await producer.stop()
+        return client.sent
+
+    assert asyncio.run(scenario()) == [2, 1]  # the full batch, then the timer's record

@@ -53,6 +53,17 @@ class KeyScheduler:
         passed and at most ``max_pending`` are pending; return once none is running."""
         deadline = time.monotonic() + budget
         running: dict[asyncio.Task[None], tuple[Hashable, int]] = {}
+        try:
+            await self._run(handle, deadline, running)
+        finally:  # cancelled, or a bug: no handler may go on running against closed stores
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+
+    async def _run(
+        self, handle: Callable[[Any], Awaitable[None]], deadline: float, running: dict[asyncio.Task[None], Any]
+    ) -> None:
         while True:
             while (
                 self._ready

@@ -181,9 +181,13 @@ class GroupMember:
             self.consumer._coordinator.request_rejoin()
             return
         if job.bootstrap is not None and self.assigned_generation >= 0:
-            task = asyncio.create_task(self._host_joining_locked(job, self.assigned_generation))
+            task = asyncio.create_task(
+                self._host_joining_locked(job, self.assigned_generation),
+                name=f"the store of joining processor {job.bootstrap.pid}",
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._bootstrap_ended)  # opening its store failed: the same
 
     async def _host_joining_locked(self, job: JobLayout, generation: int) -> None:
         async with self.services.lock:
@@ -207,7 +211,19 @@ class GroupMember:
         if step.staging:  # two processors' keys, each on its own stream time until it goes live
             proc.hold_sides(job.p0, step.count + 1)
         self.assignor.info.hosted = sorted({*self.assignor.info.hosted, step.pid})  # keep it here at the handover
-        self._joining[step.pid] = (proc, asyncio.create_task(self._bootstrap(proc, step, generation)))
+        task = asyncio.create_task(self._bootstrap(proc, step, generation), name=f"bootstrap of processor {step.pid}")
+        task.add_done_callback(self._bootstrap_ended)
+        self._joining[step.pid] = (proc, task)
+
+    def _bootstrap_ended(self, task: asyncio.Task[None]) -> None:
+        """A bootstrap that failed is said, and retried after a rebalance (which closes it):
+        left alone, the scale change would wait for it for ever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("%s: %s failed (%s: %s); rejoining the group to start it again", self.name, task.get_name(),
+                  type(task.exception()).__name__, task.exception(), exc_info=task.exception())  # fmt: skip
+        if not self._stopping:
+            self.consumer._coordinator.request_rejoin()
 
     def on_layout_change(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """A layout of an input topic changed: re-gate; rejoin if placement changed."""

@@ -224,8 +224,10 @@ class Worker:
                     # for a whole rebalance (getmany waits for the new assignment): not for that
                     if failed is not None or m.awaiting_records:
                         t.cancel()
-                # the others leave their loop after their batch
-                await asyncio.gather(*runs, return_exceptions=True)
+                # the others leave their loop after their batch; one that failed in it fails the stop
+                ended = await asyncio.gather(*runs, return_exceptions=True)
+                if failed is None:
+                    failed = next((e for e in ended if isinstance(e, Exception)), None)
                 await _cancelled([*aux, stop])
                 await self.shutdown(clean=failed is None)
         if failed is not None:
