@@ -19,6 +19,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ DATA = "data"
 INCARNATION = "incarnation"
 READ_CHUNK_BYTES = 4 << 20
 """Bytes fetched per partition and read: one store batch each."""
+CACHED_LOOKUPS = 100_000
+"""Stored values of the last lookups kept in memory (a hot key is not read from RocksDB)."""
+_UNREAD: Any = object()
 MAX_SLOTS = 64
 """Worker processes sharing a state directory, each with its copy, at most."""
 FOLLOW_SECONDS = 0.5
@@ -62,6 +66,8 @@ class GlobalStore:
         self.stats = GlobalStoreStats()
         self._kdumps = table.topic.key_serde.dumps
         self._vloads = table.topic.value_serde.loads
+        self._recent: OrderedDict[bytes, bytes | None] = OrderedDict()
+        """The last lookups' stored values (None: absent), ``CACHED_LOOKUPS`` at most."""
         self.path, self._store = self._open_slot(app_dir)
         cp = self._store.checkpoint()
         self.positions: dict[int, int] = {p: o for (t, p), o in cp.positions.items() if t == table.topic.name}
@@ -100,8 +106,14 @@ class GlobalStore:
 
     # -- lookups ---------------------------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
-        data = self._store.get(DATA, self._kdumps(key))
-        return default if data is None else self._vloads(data)
+        kb = self._kdumps(key)
+        data = self._recent.get(kb, _UNREAD)
+        if data is _UNREAD:
+            data = self._store.get(DATA, kb)
+            if len(self._recent) >= CACHED_LOOKUPS:
+                self._recent.popitem(last=False)  # the oldest read
+            self._recent[kb] = data
+        return default if data is None else self._vloads(data)  # decoded per lookup: a handler may change it
 
     def __len__(self) -> int:
         return self.stats.keys
@@ -135,6 +147,8 @@ class GlobalStore:
             extra={INCARNATION: self.incarnation, "keys": keys},
         )
         self._store.commit({DATA: changes}, cp)
+        for k in changes:
+            self._recent.pop(k, None)
         self.stats.keys = keys
         self.stats.applied += len(changes)
 
