@@ -277,8 +277,9 @@ class Producer:
         while True:  # until nothing is open or in flight (a batch may be sealed meanwhile)
             for k in list(self._open):
                 ob = self._open.pop(k, None)
-                if ob is not None:
-                    await self._dispatch(ob)
+                if ob is not None:  # behind the batches of its partition already handed to tasks: in order
+                    self._inflight.setdefault(ob.topic, set()).add(ob.future)
+                    await asyncio.shield(self._dispatch_tracked(ob))
             pending = [f for s in self._inflight.values() for f in s if not f.done()]
             if not pending and not self._open:
                 break

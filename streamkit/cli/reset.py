@@ -37,7 +37,8 @@ def reset(
     bootstrap = app.connection(broker)
     if cluster and bootstrap is None:
         raise CliError("no broker: give --broker or set STREAMKIT_BROKER (--cluster resets the job there)")
-    stores = sorted(p for p in app_dir.glob("processor-*") if p.is_dir()) if app_dir.is_dir() else []
+    held = ("processor-*", "global-*")  # processors' stores, and global tables' copies
+    stores = sorted(p for g in held for p in app_dir.glob(g) if p.is_dir()) if app_dir.is_dir() else []
     locks = []
     try:
         for path in stores:

@@ -4,13 +4,21 @@ store batch, so that a restart reads on from there (a crash at any instant leave
 batch whole or absent). The store is a cache of the topic: one of another incarnation
 of the job, or one that cannot be opened as such, is read again from the topic's start.
 
-1. ``catch_up``: read every partition from its position to its end as of now, in chunks,
-   each chunk one store batch. A worker does this before its processors apply a record.
-2. ``follow``: the same, again and again, until the worker stops.
+1. ``catch_up``: read every partition from its position to its end as it was a second
+   before (``HOLE_CONFIRM_SECONDS``: a batch below that end has been written, so a gap in
+   the offsets there is compaction's and is read past at once), in chunks of
+   ``READ_CHUNK`` records, each chunk one store batch. A worker does this before its
+   processors apply a record.
+2. ``follow``: the same, again and again, until the worker stops; a failed round is
+   retried (said in one line naming the table) and only ``FOLLOW_FAILURES`` in a row stop
+   the worker.
 
-Records a lookup cannot use are counted and said in one line per chunk, never applied:
-keyless ones, and values the topic's serde cannot decode. KIP-253's copies (a compacted
-layout topic's records marked as copies) are skipped as any consumer skips them.
+Records a lookup cannot use are counted and said in one line per round: keyless ones
+(left out), and values the topic's serde cannot decode (the key is deleted: a lookup
+must not answer a value its topic has replaced). KIP-253's copies (a compacted layout
+topic's records marked as copies) are skipped as any consumer skips them. A topic that
+was deleted stops the worker with one line; one recreated under the same name (its ends
+below the positions held) is read again from its start.
 """
 
 from __future__ import annotations
@@ -28,15 +36,18 @@ from typing import Any
 from stores.base import Checkpoint, StoreError, StoreLockedError
 from stores.rocksdb import RocksDBStore
 from streamkit.joins.global_table import GlobalTable
-from streamkit.kafkaio import KafkaIO
+from streamkit.kafkaio import ACKED_HOLE_WAIT, HOLE_CONFIRM_SECONDS, KafkaIO
 from streamkit.layout.stamps import COPY_HEADER
 
 log = logging.getLogger(__name__)
 
 DATA = "data"
 INCARNATION = "incarnation"
-READ_CHUNK_BYTES = 4 << 20
-"""Bytes fetched per partition and read: one store batch each."""
+SOURCE = "source"
+READ_CHUNK = 50_000
+"""Records read per store batch (the event loop runs other work between two)."""
+FOLLOW_FAILURES = 10
+"""Rounds of ``follow`` that may fail in a row (a broker restarting) before the worker stops."""
 CACHED_LOOKUPS = 100_000
 """Stored values of the last lookups kept in memory (a hot key is not read from RocksDB)."""
 _UNREAD: Any = object()
@@ -44,6 +55,10 @@ MAX_SLOTS = 64
 """Worker processes sharing a state directory, each with its copy, at most."""
 FOLLOW_SECONDS = 0.5
 """How often a worker reads what its global tables' topics gained."""
+
+
+class GlobalTableError(Exception):
+    """A global table cannot be kept (one line naming it)."""
 
 
 @dataclass
@@ -95,17 +110,29 @@ class GlobalStore:
                         self.path, exc)  # fmt: skip
             shutil.rmtree(self.path, ignore_errors=True)
             return RocksDBStore.open(str(self.path), [DATA])
-        stored = str(store.checkpoint().extra.get(INCARNATION, ""))
-        if stored and self.incarnation and stored != self.incarnation:
-            log.info("global table %r: store of another incarnation of the job: reading the topic again",
-                     self.table.name)  # fmt: skip
+        extra = store.checkpoint().extra
+        stored, source = str(extra.get(INCARNATION, "")), str(extra.get(SOURCE, self.table.topic.name))
+        if (stored and self.incarnation and stored != self.incarnation) or source != self.table.topic.name:
+            log.info("global table %r: store of another incarnation of the job or of another topic (%s): reading "
+                     "%s again", self.table.name, source, self.table.topic.name)  # fmt: skip
             store.close()
             shutil.rmtree(self.path)
             return RocksDBStore.open(str(self.path), [DATA])
         return store
 
+    def _start_over(self) -> None:
+        """Forget everything held (the topic was recreated): read it again from its start."""
+        self._store.close()
+        shutil.rmtree(self.path)
+        self._store = RocksDBStore.open(str(self.path), [DATA])
+        self.positions.clear()
+        self._recent.clear()
+        self.stats.keys = 0
+
     # -- lookups ---------------------------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
+        if key is None:  # a record without the foreign key: nothing to look up
+            return default
         kb = self._kdumps(key)
         data = self._recent.get(kb, _UNREAD)
         if data is _UNREAD:
@@ -130,51 +157,64 @@ class GlobalStore:
             if r.key is None:
                 skipped["no key"] = skipped.get("no key", 0) + 1
                 continue
-            if r.value is not None:
+            value = r.value
+            if value is not None:
                 try:
-                    self._vloads(r.value)
-                except Exception:  # noqa: BLE001 - any decode error: the record is left out, counted
+                    self._vloads(value)
+                except Exception:  # noqa: BLE001 - any decode error: counted, and the key's old value is gone
                     skipped["undecodable"] = skipped.get("undecodable", 0) + 1
-                    continue
-            changes[r.key] = r.value
+                    value = None
+            changes[r.key] = value
         keys = self.stats.keys
         for k, v in changes.items():  # exact count: a put of a new key, a delete of a held one
             held = self._store.get(DATA, k) is not None
             keys += (v is not None and not held) - (v is None and held)
-        self.positions.update(positions)
+        moved = {**self.positions, **positions}
         cp = Checkpoint.empty().replace(
-            positions={(self.table.topic.name, p): o for p, o in self.positions.items()},
-            extra={INCARNATION: self.incarnation, "keys": keys},
+            positions={(self.table.topic.name, p): o for p, o in moved.items()},
+            extra={INCARNATION: self.incarnation, SOURCE: self.table.topic.name, "keys": keys},
         )
         self._store.commit({DATA: changes}, cp)
+        self.positions = moved
         for k in changes:
             self._recent.pop(k, None)
         self.stats.keys = keys
         self.stats.applied += len(changes)
 
     async def read_on(self, io: KafkaIO) -> int:
-        """Read every partition from its position to its end as of now; records read."""
+        """Read every partition from its position to its end as of a second ago; records read."""
         topic = self.table.topic.name
-        count = await io.partition_count(topic) or 0
+        count = await io.partition_count(topic)
+        if count is None:
+            raise GlobalTableError(f"global table {self.table.name!r}: its topic {topic!r} does not exist (any more)")
         ends = await io.high_watermarks(topic, range(count))
-        starts = await io.log_start_offsets(topic, [p for p in range(count) if self.positions.get(p, 0) < ends[p]])
-        read = 0
-        before = dict(self.stats.skipped)
+        if any(self.positions.get(p, 0) > end for p, end in ends.items()):
+            log.warning("global table %r: topic %s ends below the positions held (it was recreated): reading it "
+                        "again from its start", self.table.name, topic)  # fmt: skip
+            self._start_over()
         behind = {p: max(0, e - self.positions.get(p, 0)) for p, e in ends.items()}
         self.stats.lag = sum(behind.values())
+        if not self.stats.lag:
+            return 0
+        await asyncio.sleep(HOLE_CONFIRM_SECONDS)  # every batch below these ends is written by now
+        starts = await io.log_start_offsets(topic, [p for p, n in behind.items() if n])
+        read = 0
+        before = dict(self.stats.skipped)
         for p in range(count):
             pos = max(self.positions.get(p, 0), starts.get(p, 0))
             while pos < ends[p]:
-                records, nxt = await io.read(topic, p, pos, ends[p], max_bytes=READ_CHUNK_BYTES)
+                stop = min(pos + READ_CHUNK, ends[p])
+                records, nxt = await io.read(topic, p, pos, stop, hole_wait=ACKED_HOLE_WAIT)
                 self.apply(records, {p: nxt})
                 read += len(records)
                 pos = nxt
                 behind[p] = ends[p] - pos
                 self.stats.lag = sum(behind.values())
+                await asyncio.sleep(0)  # the processors run between two chunks
         for reason, n in self.stats.skipped.items():
             if n > before.get(reason, 0):
-                log.warning("global table %r: %d record(s) of %s left out: %s", self.table.name,
-                            n - before.get(reason, 0), topic, reason)  # fmt: skip
+                log.warning("global table %r: %d record(s) of %s %s: %s", self.table.name, n - before.get(reason, 0),
+                            topic, "left out" if reason == "no key" else "deleted their key", reason)  # fmt: skip
         return read
 
     async def catch_up(self, io: KafkaIO) -> None:
@@ -192,7 +232,13 @@ class GlobalStores:
     processors start, then followed; bound to the app's declarations while open."""
 
     def __init__(self, tables: Sequence[GlobalTable], app_dir: Path, incarnation: str = "") -> None:
-        self.stores = [GlobalStore(t, app_dir, incarnation) for t in tables]
+        self.stores: list[GlobalStore] = []
+        try:
+            for t in tables:
+                self.stores.append(GlobalStore(t, app_dir, incarnation))
+        except BaseException:
+            self.close()
+            raise
         for s in self.stores:
             s.table.bind(s)
 
@@ -201,11 +247,26 @@ class GlobalStores:
             await s.catch_up(io)
 
     async def follow(self, io: KafkaIO, every: float = FOLLOW_SECONDS) -> None:
-        """Read on, every ``every`` seconds, until cancelled."""
+        """Read on, every ``every`` seconds, until cancelled; a round that fails is retried,
+        ``FOLLOW_FAILURES`` in a row stop the worker (one line naming the table)."""
+        failures = 0
         while True:
             await asyncio.sleep(every)
             for s in self.stores:
-                await s.read_on(io)
+                try:
+                    await s.read_on(io)
+                    failures = 0
+                except GlobalTableError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a broker restarting: said, retried
+                    failures += 1
+                    if failures >= FOLLOW_FAILURES:
+                        raise GlobalTableError(
+                            f"global table {s.table.name!r}: {failures} reads of {s.table.topic.name} failed in a "
+                            f"row, the last with {type(exc).__name__}: {exc}"
+                        ) from exc
+                    log.warning("global table %r: reading %s failed (%s: %s); trying again", s.table.name,
+                                s.table.topic.name, type(exc).__name__, exc)  # fmt: skip
 
     def status(self) -> dict[str, dict[str, Any]]:
         """What a worker's heartbeat says of each: keys, lag, records left out by reason."""

@@ -37,12 +37,15 @@ def test_orders_see_the_products_as_their_topic_last_said() -> None:
         driver.send("orders", "o2", {"product": "p3", "qty": 2})
         driver.send("orders", "o3", {"product": "p4", "qty": 1})
         driver.send("orders", "o4", {"product": "p9", "qty": 1})  # never a product
-        assert driver.table("enriched") == {"o1": 60, "o2": 14, "o3": None, "o4": None}
+        driver.send("products", "p2", b"{not json")  # undecodable: p2's old price must not be served
+        driver.send("orders", "o5", {"product": "p2", "qty": 1})
+        assert driver.table("enriched") == {"o1": 60, "o2": 14, "o3": None, "o4": None, "o5": None}
         assert [r.value for r in driver.output("priced")] == [
             {"total": 60, "known": 5},
             {"total": 14, "known": 4},
             {"total": None, "known": 4},
             {"total": None, "known": 4},
+            {"total": None, "known": 3},
         ]
 
 
