@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 DATA = "data"
 INCARNATION = "incarnation"
 SOURCE = "source"
+PARTITIONS = "partitions"
 READ_CHUNK = 50_000
 """Records read per store batch (the event loop runs other work between two)."""
 FOLLOW_FAILURES = 10
@@ -84,6 +85,8 @@ class GlobalStore:
         self._recent: OrderedDict[bytes, bytes | None] = OrderedDict()
         """The last lookups' stored values (None: absent), ``CACHED_LOOKUPS`` at most."""
         self.path, self._store = self._open_slot(app_dir)
+        self.partitions: int | None = self._store.checkpoint().extra.get(PARTITIONS)
+        """The topic's partition count when it was first read (a change is refused)."""
         cp = self._store.checkpoint()
         self.positions: dict[int, int] = {p: o for (t, p), o in cp.positions.items() if t == table.topic.name}
         self.stats.keys = int(cp.extra.get("keys", 0))
@@ -172,7 +175,12 @@ class GlobalStore:
         moved = {**self.positions, **positions}
         cp = Checkpoint.empty().replace(
             positions={(self.table.topic.name, p): o for p, o in moved.items()},
-            extra={INCARNATION: self.incarnation, SOURCE: self.table.topic.name, "keys": keys},
+            extra={
+                INCARNATION: self.incarnation,
+                SOURCE: self.table.topic.name,
+                PARTITIONS: self.partitions,
+                "keys": keys,
+            },  # fmt: skip
         )
         self._store.commit({DATA: changes}, cp)
         self.positions = moved
@@ -188,6 +196,13 @@ class GlobalStore:
         if count is None:
             raise GlobalTableError(f"global table {self.table.name!r}: its topic {topic!r} does not exist (any more)")
         ends = await io.high_watermarks(topic, range(count))
+        held = self._store.checkpoint().extra.get(PARTITIONS)
+        if held is not None and held != count and not any(self.positions.get(p, 0) > e for p, e in ends.items()):
+            raise GlobalTableError(
+                f"global table {self.table.name!r}: topic {topic!r} went from {held} to {count} partitions, so a "
+                f"key's values may lie in two of them; give the table a topic whose partitions never change"
+            )
+        self.partitions = count
         if any(self.positions.get(p, 0) > end for p, end in ends.items()):
             log.warning("global table %r: topic %s ends below the positions held (it was recreated): reading it "
                         "again from its start", self.table.name, topic)  # fmt: skip

@@ -91,6 +91,8 @@ class GroupMember:
         """Per processor that took keys over in place: where their old owner had handled
         them to (its positions at the handover), for a left-history read done later."""
         self._stopping = False
+        self._bootstrap_failures = 0
+        """Bootstraps started here that failed (each rejoin to retry waits longer)."""
         self._tasks: set[asyncio.Task[None]] = set()
         s = app.settings
         job = services.jobs.job
@@ -220,8 +222,14 @@ class GroupMember:
         left alone, the scale change would wait for it for ever."""
         if task.cancelled() or task.exception() is None:
             return
-        log.error("%s: %s failed (%s: %s); rejoining the group to start it again", self.name, task.get_name(),
-                  type(task.exception()).__name__, task.exception(), exc_info=task.exception())  # fmt: skip
+        self._bootstrap_failures += 1
+        delay = min(2.0**self._bootstrap_failures, 60.0)  # one that fails every time: not a rebalance storm
+        log.error("%s: %s failed (%s: %s); rejoining the group in %.0f s to start it again", self.name,
+                  task.get_name(), type(task.exception()).__name__, task.exception(), delay,
+                  exc_info=task.exception())  # fmt: skip
+        asyncio.get_running_loop().call_later(delay, self._rejoin_unless_stopping)
+
+    def _rejoin_unless_stopping(self) -> None:
         if not self._stopping:
             self.consumer._coordinator.request_rejoin()
 

@@ -1,5 +1,6 @@
 """A global table's store against the real broker: read in chunks, its positions kept,
-and a topic deleted (one line) or recreated under the same name (read again)."""
+a topic deleted (one line) or recreated under the same name (read again), and one whose
+partition count changed (refused: one line)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def test_a_store_reads_in_chunks_keeps_its_positions_and_follows_a_recreated_top
                     await aproduce_json(broker, topic, [("fresh", {"v": 1})])
                     assert await again.stores[0].read_on(io) == 1
                     assert len(table) == 1 and table.get("k42") is None and table["fresh"] == {"v": 1}
+                    # a third partition (the test broker cannot add one: its answers say so instead)
+                    real = io.high_watermarks
+
+                    async def three(t: str, parts: object) -> dict[int, int]:
+                        return {**(await real(t, range(2))), 2: 0}
+
+                    monkeypatch.setattr(io, "partition_count", lambda t, **kw: asyncio.sleep(0, 3))
+                    monkeypatch.setattr(io, "high_watermarks", three)
+                    with pytest.raises(GlobalTableError, match="went from 2 to 3 partitions"):
+                        await again.stores[0].read_on(io)
                 finally:
                     await admin.close()
             finally:
