@@ -182,11 +182,11 @@ class Producer:
             self._closed = True
             for t in self._tasks:
                 t.cancel()
-            for t in list(self._tasks) + list(self._ack_tasks):
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                    pass
+            if ending := [*self._tasks, *self._ack_tasks]:  # their ends, not their errors (flush raised those)
+                await asyncio.wait(ending)  # a cancel of stop() itself goes through
+                for t in ending:
+                    if not t.cancelled():
+                        t.exception()  # retrieved: no "never retrieved" warning at exit
             if self.follow_layouts:
                 try:
                     key, value = control_record("bye", self.producer_id)

@@ -179,10 +179,9 @@ class LayoutRegistry:
     async def stop(self) -> None:
         if self._watch_task is not None:
             self._watch_task.cancel()
-            try:
-                await self._watch_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+            await asyncio.wait([self._watch_task])  # its end, not its error; a cancel of stop() itself goes through
+            if not self._watch_task.cancelled():
+                self._watch_task.exception()  # retrieved: said by the watch loop itself
             self._watch_task = None
         if self._producer is not None:
             await self._producer.stop()
