@@ -10,7 +10,8 @@ processor scale steps. CI runs a short budget; more on demand:
 
 ``STREAMKIT_HISTORY_SEED`` picks the first seed (a failure names its seed and steps, and
 ``STREAMKIT_HISTORY_SEED=<seed> STREAMKIT_HISTORIES=1`` replays it). Without a budget,
-CI runs three seeds chosen to cover every kind of step and topic between them.
+CI runs two seeds (kills, expansions, shrinks, drains, every producer); the other kinds of
+step have tests of their own.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import pytest
 
 from tests.runtime.histories import PLAIN, PRODUCERS, plan_history, run_history, verify
 
-CI_SEEDS = (3, 6, 8)
-"""Without a budget given: confluent-kafka's and aiokafka's writes to a topic without
-capacity, then 2 -> 4 processors (2); a plain topic (no layout) written by confluent-kafka,
-lost stores and 2 -> 4 processors (3); an expansion, then a SIGKILL (6); expand, shrink
-and finish-drain with two workers and all three producers (8)."""
+CI_SEEDS = (6, 8)
+"""Without a budget given: an expansion, then a SIGKILL (6); expand, shrink and
+finish-drain with two workers and all three producers (8). Others on demand, e.g. a plain
+topic (no layout) written by confluent-kafka, lost stores and 2 -> 4 processors (3),
+which the plain-topic strays, changelog restore and scaling tests cover one by one."""
 FIRST = int(os.environ.get("STREAMKIT_HISTORY_SEED", "0"))
 COUNT = os.environ.get("STREAMKIT_HISTORIES")
 SEEDS = range(FIRST, FIRST + int(COUNT)) if COUNT else CI_SEEDS
