@@ -251,7 +251,6 @@ class Producer:
         vb = value if type(value) is bytes else self._value(value)
         d, full = self._append(st, kb, vb, headers, timestamp_ms, None)
         if full is not None:  # other senders' records too: a cancelled send must not drop them
-            self._inflight.setdefault(full.topic, set()).add(full.future)
             await asyncio.shield(self._dispatch_tracked(full))
         if st.parents is not None and kb is not None:
             await self._copy(st, kb, vb, timestamp_ms)
@@ -278,7 +277,6 @@ class Producer:
             for k in list(self._open):
                 ob = self._open.pop(k, None)
                 if ob is not None:  # behind the batches of its partition already handed to tasks: in order
-                    self._inflight.setdefault(ob.topic, set()).add(ob.future)
                     await asyncio.shield(self._dispatch_tracked(ob))
             pending = [f for s in self._inflight.values() for f in s if not f.done()]
             if not pending and not self._open:
@@ -375,12 +373,13 @@ class Producer:
     def _dispatch_later(self, ob: OpenBatch) -> None:
         """:meth:`_dispatch` in the background, the batch counted in flight at once: a
         :meth:`flush` right after (before the task first runs) waits for it too."""
-        self._inflight.setdefault(ob.topic, set()).add(ob.future)
-        asyncio.ensure_future(self._dispatch_tracked(ob))
+        self._dispatch_tracked(ob)
 
     def _dispatch_tracked(self, ob: OpenBatch) -> asyncio.Task[None]:
-        """:meth:`_dispatch` as a task of its own, kept until it ends; its error reaches
-        :meth:`flush` and the next :meth:`send` through ``_error`` whoever awaited it."""
+        """:meth:`_dispatch` as a task of its own, kept until it ends, the batch counted in
+        flight at once; its error reaches :meth:`flush` and the next :meth:`send` through
+        ``_error`` whoever awaited it."""
+        self._inflight.setdefault(ob.topic, set()).add(ob.future)
         task = asyncio.ensure_future(self._dispatch(ob))
         self._dispatches.add(task)
         task.add_done_callback(self._dispatched)

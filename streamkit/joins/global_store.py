@@ -85,9 +85,9 @@ class GlobalStore:
         self._recent: OrderedDict[bytes, bytes | None] = OrderedDict()
         """The last lookups' stored values (None: absent), ``CACHED_LOOKUPS`` at most."""
         self.path, self._store = self._open_slot(app_dir)
-        self.partitions: int | None = self._store.checkpoint().extra.get(PARTITIONS)
-        """The topic's partition count when it was first read (a change is refused)."""
         cp = self._store.checkpoint()
+        self.partitions: int | None = cp.extra.get(PARTITIONS)
+        """The topic's partition count when it was first read (a change is refused)."""
         self.positions: dict[int, int] = {p: o for (t, p), o in cp.positions.items() if t == table.topic.name}
         self.stats.keys = int(cp.extra.get("keys", 0))
 
@@ -197,13 +197,14 @@ class GlobalStore:
             raise GlobalTableError(f"global table {self.table.name!r}: its topic {topic!r} does not exist (any more)")
         ends = await io.high_watermarks(topic, range(count))
         held = self._store.checkpoint().extra.get(PARTITIONS)
-        if held is not None and held != count and not any(self.positions.get(p, 0) > e for p, e in ends.items()):
+        recreated = any(self.positions.get(p, 0) > end for p, end in ends.items())
+        if held is not None and held != count and not recreated:
             raise GlobalTableError(
                 f"global table {self.table.name!r}: topic {topic!r} went from {held} to {count} partitions, so a "
                 f"key's values may lie in two of them; give the table a topic whose partitions never change"
             )
         self.partitions = count
-        if any(self.positions.get(p, 0) > end for p, end in ends.items()):
+        if recreated:
             log.warning("global table %r: topic %s ends below the positions held (it was recreated): reading it "
                         "again from its start", self.table.name, topic)  # fmt: skip
             self._start_over()

@@ -110,7 +110,6 @@ class TestDriver:
         self._globals = (
             GlobalStores(list(app.global_tables.values()), self._dir / app.name) if app.global_tables else None
         )
-        self._global_offsets: dict[str, int] = {}
         self._open()
 
     # -- the test's side ----------------------------------------------------------------
@@ -163,12 +162,11 @@ class TestDriver:
             spec = store.table.topic
             if spec.name != topic:
                 continue
-            kb = key if isinstance(key, bytes) or key is None else spec.encode_key(key)
-            vb = value if isinstance(value, bytes) or value is None else spec.encode_value(value)
-            offset = self._global_offsets[topic] = self._global_offsets.get(topic, 0) + 1
-            store.apply(
-                [InputRecord(topic, 0, offset - 1, round(self.now * 1000), kb, vb, tuple(headers))], {0: offset}
-            )
+            kb = key if isinstance(key, bytes) else spec.encode_key(key)
+            vb = value if isinstance(value, bytes) else spec.encode_value(value)
+            offset = store.positions.get(0, 0)  # the driver's topic: one partition, in the store's positions
+            record = InputRecord(topic, 0, offset, round(self.now * 1000), kb, vb, tuple(headers))
+            store.apply([record], {0: offset + 1})
             fed = True
         return fed
 
