@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from stores.serde import serde_for
 from streamkit.connection import Connection
-from streamkit.joins import GlobalTable
+from streamkit.joins import FedTable, GlobalTable
 from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table
 from streamkit.topics import Topic
@@ -104,11 +104,24 @@ class App:
         value_serde: Any = "json",
         default: Callable[[], Any] | None = None,
         window: WindowKind | None = None,
+        source: Topic | str | None = None,
+        history: float | None = None,
     ) -> Table:
         """Declare a table; ``window=`` makes it a windowed table: ``Tumbling(60)``,
-        ``Hopping(60, 10)``, ``Sliding(60)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``)."""
+        ``Hopping(60, 10)``, ``Sliding(60)``, ``Session(30)``, ``Count(100)`` (``streamkit.windows``).
+
+        ``source=topic`` makes it a table fed by that topic (a KTable, ``streamkit.joins.fed_table``):
+        each key's latest value, a tombstone deletes; handlers read it, as of the timestamp of the
+        record they handle (the topic's serdes; ``history``: seconds of older versions kept, a day
+        by default)."""
         if name in self.tables or name in self.global_tables:
             raise ValueError(f"table {name!r} is declared twice")
+        if source is not None:
+            if window is not None or default is not None:
+                raise ValueError(f"table {name!r}: a table fed by a topic takes neither window= nor default=")
+            return self._fed_table(name, self._resolve_topic(source), history)
+        if history is not None:
+            raise ValueError(f"table {name!r}: history= is for a table fed by a topic (source=)")
         if default is not None and not callable(default):
             raise TypeError(f"table {name!r}: default must be a callable such as int, got {default!r}")
         ks, vs = serde_for(key_serde), serde_for(value_serde)
@@ -124,6 +137,18 @@ class App:
                 raise ValueError(f"table {name!r}: the name {table.book_name!r} of its book is taken")
         self.tables[name] = table
         self._book(table)
+        return table
+
+    def _fed_table(self, name: str, source: Topic, history: float | None) -> FedTable:
+        specs = self.handlers.setdefault(source.name, [])
+        if specs and specs[0].concurrency > 1:
+            raise ValueError(
+                f"table {name!r}: topic {source.name!r} has handlers with concurrency={specs[0].concurrency}; "
+                "a topic that feeds a table is applied one record at a time, in time order with the other inputs"
+            )
+        table = FedTable(name, source) if history is None else FedTable(name, source, history)
+        self.tables[name] = table
+        specs.insert(0, HandlerSpec(source, table.feed, False))  # before the app's own handlers of it
         return table
 
     def global_table(self, name: str, *, source: Topic | str) -> GlobalTable:
@@ -197,6 +222,12 @@ class App:
                     "only async handlers can run concurrently"
                 )
             specs = self.handlers.setdefault(t.name, [])
+            fed = [f.name for s in specs if isinstance(f := getattr(s.fn, "__self__", None), FedTable)]
+            if fed and concurrency > 1:
+                raise ValueError(
+                    f"@app.processor({t.name!r}, concurrency={concurrency}): the topic feeds table {fed[0]!r}, "
+                    "so its records are applied one at a time, in time order with the other inputs"
+                )
             if specs and concurrency != specs[0].concurrency:
                 raise ValueError(
                     f"@app.processor({t.name!r}): every handler of a topic needs the same concurrency "

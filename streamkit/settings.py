@@ -74,6 +74,14 @@ class Settings(BaseSettings):
         description="with close_on='wall': seconds the wall clock is held back (how late records may still arrive "
         "from a producer whose clock, or delivery, lags)",
     )
+    max_task_idle_ms: int = Field(
+        0,
+        ge=-1,
+        description="a processor reading several topics applies their records in timestamp order, holding a topic "
+        "that is ahead while another has records it has not fetched yet; this is how long it also waits for a "
+        "topic that has none (Kafka Streams' max.task.idle.ms; 0: not at all, -1: never waits, not even for "
+        "records known to be unfetched)",
+    )
     latency: Literal["throughput", "low"] = Field(
         "throughput",
         description="a preset of fetch_max_wait_ms, output_linger_ms, max_batch_records and gc_threshold: "

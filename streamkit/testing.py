@@ -52,7 +52,7 @@ __all__ = [
 DEFAULT_TOPIC_CONFIGS: dict[str, str] = {**CREATE_CONFIGS, "retention.ms": "-1"}
 
 Key = bytes | str | None
-Record = tuple[Key, Any] | tuple[Key, Any, int | None]
+Record = tuple[Key, Any] | tuple[Key, Any, int | None] | tuple[Key, Any, int | None, int]
 
 
 _P = ParamSpec("_P")
@@ -145,7 +145,9 @@ async def aproduce_json(
     ``headers`` go on every record; ``batch_headers`` on the first record of each batch
     (and before ``headers`` there), as streamkit's producer writes its stamp.
 
-    ``records`` are ``(key, value)`` or ``(key, value, partition)``. Keys are bytes, str
+    ``records`` are ``(key, value)``, ``(key, value, partition)`` or ``(key, value,
+    partition, timestamp_ms)`` (a record's own timestamp; partition None: placed as
+    below; else ``timestamp_ms``, else the time of sending). Keys are bytes, str
     (UTF-8) or None; values are orjson-encoded unless already ``bytes`` (None is a
     tombstone). Without an explicit partition a keyed record goes where Kafka's default
     partitioner puts it (murmur2), a null key round-robin. Records are appended to large
@@ -170,7 +172,7 @@ async def aproduce_json(
         if not partitions:
             raise ValueError(f"topic {topic!r} has no partitions (does it exist?)")
         n = len(partitions)
-        by_partition: dict[int, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+        by_partition: dict[int, list[tuple[bytes | None, bytes | None, int | None]]] = defaultdict(list)
         placement: dict[bytes, int] = {}
         round_robin = 0
         count = 0
@@ -178,6 +180,7 @@ async def aproduce_json(
             key = _encode_key(record[0])
             value = _encode_value(record[1])
             part = record[2] if len(record) > 2 else None
+            stamp = record[3] if len(record) > 3 else timestamp_ms
             if part is None:
                 if key is None:
                     part = partitions[round_robin % n]
@@ -186,7 +189,7 @@ async def aproduce_json(
                     part = placement.get(key)
                     if part is None:
                         part = placement[key] = partitions[default_partition(key, n)]
-            by_partition[part].append((key, value))
+            by_partition[part].append((key, value, stamp))
             count += 1
 
         hdrs = list(headers or ())
@@ -195,8 +198,8 @@ async def aproduce_json(
 
         async def send_partition(part: int, items: list) -> None:
             batch = sender.create_batch()
-            for key, value in items:
-                ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
+            for key, value, stamp in items:
+                ts = stamp if stamp is not None else int(time.time() * 1000)
                 h = hdrs if batch.record_count() else first
                 if batch.append(timestamp=ts, key=key, value=value, headers=h) is None:
                     batch.close()

@@ -20,6 +20,7 @@ from aiokafka.structs import OffsetAndMetadata
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape, place_job
 from streamkit.app import App
 from streamkit.errors import HistoryTruncatedError
+from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import fetch as lean_fetch
 from streamkit.layout.model import TopicLayout
 from streamkit.ops.metrics import Durations
@@ -28,6 +29,7 @@ from streamkit.runtime.admission import Admission
 from streamkit.runtime.catchup import CatchUp, Stamp, shape_of
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
+from streamkit.runtime.merging import apply_merged, consumer_lagging, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routing import Router, Starts
@@ -133,6 +135,9 @@ class GroupMember:
             self.name, app.tables, services.output, failure_alarm_after=s.failure_alarm_after,
             close_callbacks=app.window_close_callbacks, late_callbacks=app.late_callbacks,
         )  # fmt: skip
+        self.merge = TimeMerge(s.max_task_idle_ms)
+        """The time-ordered merge of each hosted processor's input topics."""
+        self._lagging = consumer_lagging(self.consumer, lambda: self.admission)
         self.catchup = CatchUp(
             self.name, services.io, services.registry, services.progress, app.handlers, app.input_topics,
             self.dispatcher, app.group_id, s.commit_every, self._send_output,
@@ -281,6 +286,7 @@ class GroupMember:
         self.dispatcher.binder.unbind()
         self.processors.clear()
         self.admission.clear()
+        self.merge.clear()
         self._kafka_offsets.clear()  # each sharer commits its view once again in the next generation
         self.assigned_generation = -1
 
@@ -400,6 +406,7 @@ class GroupMember:
         if generation != self.assigned_generation or self.processors.get(split) is not old:
             return False
         self.admission.remove([r for _, r in self.admission if r.proc is old])
+        self.merge.drop(old.id)
         old.rewind()  # what its routes had not finished goes back to the checkpoint: refetched
         self._joining.pop(joined.id, None)
         self.joining.pop(joined.id, None)
@@ -526,14 +533,14 @@ class GroupMember:
             try:
                 queued = [r for _, r in self.admission if r.scheduler is not None and r.scheduler.queued]
                 batch = await consumer.getmany(
-                    timeout_ms=0 if queued else 100 if self.admission.gated else 200,
+                    timeout_ms=0 if queued else 100 if self.admission.gated or self.merge.held else 200,
                     max_records=settings.max_batch_records,
                 )
             finally:
                 self.awaiting_records = False
             if self.fatal is not None:
                 raise self.fatal
-            if batch or queued:
+            if batch or queued or self.merge.held:
                 async with lock:
                     await self._handle(batch)
             now = time.monotonic()
@@ -567,12 +574,15 @@ class GroupMember:
         return sum(c.dirty_count for p in self.processors.values() for c in p.caches.values())
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        merge = self.merge
+        merge.set_inputs(merged_inputs(self.admission))
         for tp, fetched in batch.items():
             for route, records in self.admission.admit(tp, fetched):
-                await self.dispatcher.apply(route, records)
-                route.position = records.next_position  # key-concurrent: what is not finished is pending
+                await apply_merged(merge, self.dispatcher, route, records)
+                route.position = records.next_position  # held or key-concurrent: what is not applied is pending
                 route.proc.uncommitted += records.consumed
                 self._since_checkpoint += records.consumed
+        await release_merged(merge, self.dispatcher, self._lagging)
         for _, route in self.admission:  # key-concurrent routes' records of busy keys
             if route.scheduler is not None and route.scheduler.queued:
                 await self.dispatcher.run_queued(route)

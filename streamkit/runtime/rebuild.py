@@ -43,12 +43,14 @@ from assignors.placement import KeyFilter, partitions_for_processor, processor_k
 from stores.base import Checkpoint
 from streamkit.app import HandlerSpec
 from streamkit.errors import HistoryTruncatedError
+from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.merging import apply_merged, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
 
@@ -263,6 +265,13 @@ async def rebuild(
         route.key_filter = plan.key_filter
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)
+    # The inputs in time order as live (a topic short of its target may bring an earlier
+    # record); what is held when every target is reached is applied then.
+    merge = TimeMerge(0)
+    merge.set_inputs(merged_inputs(admission))
+    short = lambda _pid, topic: any(  # noqa: E731
+        tp.topic == topic and r.position < plan.targets[tp] and tp not in reader.paused for tp, r in admission
+    )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()
     misses: dict[TopicPartition, int] = {}
@@ -290,13 +299,16 @@ async def rebuild(
             records = [r for r in records if r.offset < target]
             for route, batch in admission.admit(tp, records):  # one route per partition here
                 async with guard:
-                    await dispatcher.apply(route, batch)
+                    await apply_merged(merge, dispatcher, route, batch)
                     route.position = batch.next_position
                 read += batch.consumed
                 since_checkpoint += batch.consumed
                 moved = moved or batch.consumed > 0
             if max_rate is not None and (ahead := read / max_rate - (time.monotonic() - started)) > 0:
                 await asyncio.sleep(ahead)
+        if merge.held:
+            async with guard:
+                await release_merged(merge, dispatcher, short)
         for topic, epoch in admission.take_stale_epochs().items():
             await registry.ensure_at_least(topic, epoch)
         due = checkpoint_interval is not None and time.monotonic() - last_checkpoint >= checkpoint_interval
@@ -319,6 +331,7 @@ async def rebuild(
         else:
             await asyncio.sleep(0.01)
     async with guard:
+        await release_merged(merge, dispatcher, short, flush=True)
         if before_checkpoint is not None:
             await before_checkpoint()
         _checkpoint(proc, stamp, extra, done=True)

@@ -13,6 +13,7 @@ from stores.serde import RawSerde
 from streamkit.app import App
 from streamkit.connection import Connection
 from streamkit.errors import ConfigError
+from streamkit.joins import FedTable
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
 from streamkit.spark.inputs import load_source, wanted_columns
@@ -109,6 +110,12 @@ def backfill_replay(
         raise ConfigError(
             f"app {app_obj.name!r} reads global tables ({', '.join(sorted(app_obj.global_tables))}), which the replay "
             "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
+        )
+    fed = sorted(name for name, t in app_obj.tables.items() if isinstance(t, FedTable))
+    if fed:
+        raise ConfigError(
+            f"app {app_obj.name!r} has tables fed by topics ({', '.join(fed)}), which a replay of one topic's history "
+            "cannot merge in time order with it; the worker fills them from their topics (a rebuild)"
         )
     if not allow_partial and len(inputs) > 1:
         raise ConfigError(

@@ -1,0 +1,190 @@
+"""Inputs merged in time order: a processor that reads several topics applies their
+records by timestamp, as Kafka Streams' tasks do (``max.task.idle.ms``).
+
+Why: a handler of ``orders`` that reads a table fed by ``customers`` must see the
+customer as it was when the order was placed, whatever the fetches delivered first. A
+live run, a restart and a rebuild then apply the same records in the same order.
+
+How: each processor has one queue per input topic. Admission puts the records it would
+apply into their topic's queue (in the order it admits them, so that per-key order and
+the gates' order within a topic stand); :meth:`TimeMerge.release` then takes, again and
+again, the head with the smallest (timestamp, topic, partition, offset), as long as no
+other topic of the processor with an empty queue may still bring an earlier record: one
+with records fetched by nobody yet (lag: ``lagging``), or one that has been empty for
+less than the idle wait. A held record is *pending* for its partition: a checkpoint
+records the stable offset below it (and IC ranges beyond), so a crash re-reads it.
+
+The merge looks at heads only, as Kafka Streams' does: within a partition records keep
+their offset order, so a record stuck behind a later timestamp waits for it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+__all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "TimeMerge"]
+
+LAG_WAIT_SECONDS = 5.0
+"""The longest a processor waits for a topic said to have unfetched records (its high
+watermark beyond the position) that brings none: a broker that reports a wrong high
+watermark would otherwise hold the others for ever. Logged when it happens."""
+
+
+class _Proc(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def pending(self) -> dict[Any, set[int]]: ...
+
+
+class MergeRoute(Protocol):
+    """What the merge needs of a route (``streamkit.runtime.routes.Route``)."""
+
+    @property
+    def proc(self) -> _Proc: ...
+    @property
+    def position_key(self) -> tuple[str, int]: ...
+
+
+Run = tuple[Any, list[Any], list[Any]]
+"""(route, records to rebuild without output, records to deliver): consecutive released
+records of one route."""
+
+Lagging = Callable[[int, str], bool]
+"""``lagging(processor, topic)``: the topic has records for the processor that no fetch
+has brought yet."""
+
+
+class TimeMerge:
+    """The merge queues of one member's processors (or of one rebuild)."""
+
+    def __init__(self, idle_ms: int) -> None:
+        self.idle = idle_ms / 1000 if idle_ms >= 0 else -1.0
+        self.inputs: dict[int, frozenset[str]] = {}
+        """Per processor, the topics merged (set by :meth:`set_inputs`); one topic or
+        none: its records pass at once."""
+        self._queues: dict[int, dict[str, deque[tuple[Any, Any, bool]]]] = {}
+        self._empty_since: dict[tuple[int, str], float] = {}
+        self._lag_since: dict[tuple[int, str], float] = {}
+        self.held = 0
+        """Records held now (every processor)."""
+        self.lag_waits_cut = 0
+        """Times a topic said to lag brought nothing for ``LAG_WAIT_SECONDS`` and was passed."""
+
+    # -- what is merged --------------------------------------------------------------------
+    def set_inputs(self, routes: Iterable[tuple[int, str]]) -> None:
+        """The (processor, topic) pairs whose records are merged: every input route but
+        those read only to forward strays and the key-concurrent ones."""
+        topics: dict[int, set[str]] = {}
+        for pid, topic in routes:
+            topics.setdefault(pid, set()).add(topic)
+        self.inputs = {pid: frozenset(t) for pid, t in topics.items() if len(t) > 1}
+
+    def merges(self, route: MergeRoute) -> bool:
+        return len(self.inputs.get(route.proc.id, ())) > 1
+
+    # -- in and out --------------------------------------------------------------------------
+    def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
+        """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
+        order); each is pending for its partition until released."""
+        if not rebuild and not deliver:
+            return
+        pid, topic = route.proc.id, route.position_key[0]
+        queue = self._queues.setdefault(pid, {}).setdefault(topic, deque())
+        pending = route.proc.pending.setdefault(route.position_key, set())
+        for records, again in ((rebuild, True), (deliver, False)):
+            for rec in records:
+                queue.append((route, rec, again))
+                pending.add(rec.offset)
+        self.held += len(rebuild) + len(deliver)
+        self._empty_since.pop((pid, topic), None)
+        self._lag_since.pop((pid, topic), None)
+
+    def release(self, now: float, lagging: Lagging, flush: bool = False) -> list[Run]:
+        """The records that may be applied now, in merged order, as runs of one route.
+        ``flush``: all of them, waiting for nothing."""
+        runs: list[Run] = []
+        for pid, queues in self._queues.items():
+            if self.held == 0:
+                break
+            self._release_one(pid, queues, now, lagging, flush, runs)
+        return runs
+
+    def _release_one(
+        self, pid: int, queues: dict[str, deque[tuple[Any, Any, bool]]], now: float, lagging: Lagging, flush: bool,
+        runs: list[Run],
+    ) -> None:  # fmt: skip
+        inputs = self.inputs.get(pid, ())
+        while True:
+            full = [(topic, q) for topic, q in queues.items() if q]
+            if not full:  # nothing waits: the next record held starts the idle waits afresh
+                for topic in inputs:
+                    self._empty_since.pop((pid, topic), None)
+                return
+            if not flush:
+                filled = {topic for topic, _ in full}
+                empty = [t for t in inputs if t not in filled]
+                if any(self._may_bring_earlier(pid, topic, now, lagging) for topic in empty):
+                    return  # an empty topic may still bring the earliest record
+            if len(full) == 1:
+                self._take_all(full[0][1], runs)
+                continue
+            while all(q for _, q in full):  # the order among these is known until one runs dry
+                self._take_head(full, runs)
+
+    def _take_head(self, full: list[tuple[str, deque[tuple[Any, Any, bool]]]], runs: list[Run]) -> None:
+        best_q = None
+        best_key: tuple[int, str, int, int] | None = None
+        for topic, q in full:
+            rec = q[0][1]
+            key = (rec.timestamp, topic, rec.partition, rec.offset)
+            if best_key is None or key < best_key:
+                best_key, best_q = key, q
+        assert best_q is not None
+        self._emit(best_q.popleft(), runs)
+
+    def _take_all(self, q: deque[tuple[Any, Any, bool]], runs: list[Run]) -> None:
+        while q:
+            self._emit(q.popleft(), runs)
+
+    def _emit(self, entry: tuple[Any, Any, bool], runs: list[Run]) -> None:
+        route, rec, again = entry
+        self.held -= 1
+        route.proc.pending[route.position_key].discard(rec.offset)
+        if runs and runs[-1][0] is route:  # a route's rebuilt records come before its delivered ones
+            runs[-1][1 if again else 2].append(rec)
+            return
+        runs.append((route, [rec], []) if again else (route, [], [rec]))
+
+    def _may_bring_earlier(self, pid: int, topic: str, now: float, lagging: Lagging) -> bool:
+        """Whether ``topic``'s empty queue holds the processor's other topics back."""
+        if self.idle < 0:
+            return False
+        if lagging(pid, topic):
+            since = self._lag_since.setdefault((pid, topic), now)
+            if now - since < LAG_WAIT_SECONDS:
+                return True
+            self.lag_waits_cut += 1
+            self._lag_since[(pid, topic)] = now  # counted once per wait
+            return False
+        self._lag_since.pop((pid, topic), None)
+        since = self._empty_since.setdefault((pid, topic), now)
+        return now - since < self.idle
+
+    # -- when routes go ----------------------------------------------------------------------
+    def drop(self, pid: int) -> None:
+        """Forget a processor's held records (its routes are gone; its positions go back
+        to its checkpoint, which has them pending: they are fetched again)."""
+        queues = self._queues.pop(pid, {})
+        self.held -= sum(len(q) for q in queues.values())
+        for key in [k for k in self._empty_since if k[0] == pid]:
+            del self._empty_since[key]
+        for key in [k for k in self._lag_since if k[0] == pid]:
+            del self._lag_since[key]
+
+    def clear(self) -> None:
+        for pid in list(self._queues):
+            self.drop(pid)
+        self.inputs = {}

@@ -1,0 +1,69 @@
+"""Between admission and dispatch: the records a processor with several input topics
+must apply in time order go through the merge (``streamkit.joins.merge``), the rest
+straight to the handlers. Used by the member's loop and by rebuilds alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from streamkit.joins.merge import Lagging, TimeMerge
+from streamkit.runtime.admission import Admitted
+from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.routes import Route
+
+__all__ = ["apply_merged", "consumer_lagging", "merged_inputs", "release_merged"]
+
+
+def _merged(route: Route) -> bool:
+    """Key-concurrent routes run their own order; a swept partition delivers nothing."""
+    return route.scheduler is None and not route.swept
+
+
+def merged_inputs(routes: Iterable[tuple[TopicPartition, Route]]) -> Iterator[tuple[int, str]]:
+    """The (processor, topic) pairs of ``routes`` that the merge orders."""
+    return ((r.proc.id, tp.topic) for tp, r in routes if _merged(r))
+
+
+async def apply_merged(merge: TimeMerge, dispatcher: Dispatcher, route: Route, admitted: Admitted) -> None:
+    """Apply one partition batch: what the merge orders is held for it; the rest (and the
+    reports of late records and strays) goes to the handlers now."""
+    if (admitted.rebuild or admitted.deliver) and merge.merges(route) and _merged(route):
+        merge.hold(route, admitted.rebuild, admitted.deliver)
+        admitted.rebuild, admitted.deliver = [], []
+    await dispatcher.apply(route, admitted)
+
+
+async def release_merged(merge: TimeMerge, dispatcher: Dispatcher, lagging: Lagging, *, flush: bool = False) -> int:
+    """Apply what the merge releases now, in its order; returns how many records."""
+    if not merge.held:
+        return 0
+    released = 0
+    for route, rebuild, deliver in merge.release(time.monotonic(), lagging, flush):
+        await dispatcher.apply(route, Admitted(rebuild, deliver, [], [], route.position, 0))
+        released += len(rebuild) + len(deliver)
+    return released
+
+
+def consumer_lagging(consumer: Any, routes: Callable[[], Iterable[tuple[TopicPartition, Route]]]) -> Lagging:
+    """``lagging`` for a member: a topic lags for a processor when one of its partitions
+    there, not paused, has records beyond the route's position by the last high watermark
+    a fetch reported (or none was reported yet)."""
+
+    def lagging(pid: int, topic: str) -> bool:
+        paused = consumer.paused()
+        for tp, route in routes():
+            if tp.topic != topic or route.proc.id != pid or not _merged(route) or tp in paused:
+                continue
+            try:
+                high = consumer.highwater(tp)
+            except AssertionError:  # no longer assigned
+                continue
+            if high is None or high > route.position:
+                return True
+        return False
+
+    return lagging

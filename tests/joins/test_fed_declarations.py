@@ -1,0 +1,121 @@
+"""What a table fed by a topic refuses, and how its versions read (no broker needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import streamkit
+from stores.serde import serde_for
+from streamkit.errors import ConfigError
+from streamkit.joins.fed_table import FedTable, VersionsSerde
+
+
+class Backend(dict[Any, Any]):
+    def items(self) -> Any:  # type: ignore[override]
+        return iter(list(super().items()))
+
+
+def _bound(history: float = 10.0) -> tuple[FedTable, SimpleNamespace]:
+    app = streamkit.App("fed-decl")
+    table = app.table("customers", source="customers", history=history)
+    assert isinstance(table, FedTable)
+    clock = SimpleNamespace(timestamp=-1)
+    table.bind(Backend(), clock)
+    return table, clock
+
+
+def _feed(table: FedTable, key: str, value: Any, ts: int) -> None:
+    table.feed(key, value, SimpleNamespace(timestamp=ts))
+
+
+def test_reads_are_as_of_the_records_time_and_a_tombstone_deletes_from_its_time() -> None:
+    table, clock = _bound()
+    for ts, value in [(100, {"v": 1}), (300, {"v": 3}), (200, {"v": 2}), (400, None)]:  # 200 late
+        _feed(table, "c", value, ts)
+    seen = {}
+    for at in (50, 100, 150, 250, 300, 399, 400, 500):
+        clock.timestamp = at
+        seen[at] = table.get("c")
+    assert seen == {50: None, 100: {"v": 1}, 150: {"v": 1}, 250: {"v": 2}, 300: {"v": 3}, 399: {"v": 3},
+                    400: None, 500: None}  # fmt: skip
+    clock.timestamp = 350
+    assert table["c"] == {"v": 3} and "c" in table
+    clock.timestamp = 450
+    assert "c" not in table and list(table.items()) == []
+    with pytest.raises(KeyError):
+        table["c"]
+    clock.timestamp = -1  # no record (a timer): the latest
+    assert table.get("c", "gone") == "gone"
+
+
+def test_versions_older_than_the_history_go_but_the_last_of_them() -> None:
+    table, clock = _bound(history=10.0)  # 10,000 ms
+    for ts in (0, 1_000, 2_000, 15_000, 30_000):
+        _feed(table, "c", {"at": ts}, ts)
+    assert [ts for ts, _ in table.versions("c")] == [15_000, 30_000]  # 20,000 and later, and 15,000 before
+    clock.timestamp = 16_000
+    assert table.get("c") == {"at": 15_000}
+
+
+def test_the_versions_serde_round_trips_tombstones_and_any_inner_serde() -> None:
+    for inner, value in ((serde_for("json"), {"a": [1, 2]}), (serde_for("raw"), b"\x00\xff"), (serde_for("str"), "é")):
+        serde = VersionsSerde(inner)
+        versions = [(1, value), (2, None), (-5, value)]
+        assert serde.loads(serde.dumps(versions)) == versions
+
+
+def test_handlers_cannot_write_it_and_a_concurrent_source_is_refused() -> None:
+    table, _ = _bound()
+    with pytest.raises(TypeError, match="fed by topic 'customers'"):
+        table["c"] = 1
+    with pytest.raises(TypeError, match="fed by topic"):
+        del table["c"]
+    with pytest.raises(ValueError, match="without a key"):
+        _feed(table, None, {"v": 1}, 1)  # type: ignore[arg-type]
+    app = streamkit.App("fed-decl")
+    app.table("customers", source="customers")
+    with pytest.raises(ValueError, match="feeds table 'customers'"):
+
+        @app.processor("customers", concurrency=4)
+        async def handle(key: Any, value: Any, ctx: Any) -> None: ...
+
+    app = streamkit.App("fed-decl")
+
+    @app.processor("customers", concurrency=4)
+    async def handle2(key: Any, value: Any, ctx: Any) -> None: ...
+
+    with pytest.raises(ValueError, match="concurrency=4"):
+        app.table("customers", source="customers")
+    with pytest.raises(ValueError, match="neither window= nor default="):
+        streamkit.App("x").table("t", source="s", default=int)
+    with pytest.raises(ValueError, match="history= is for a table fed"):
+        streamkit.App("x").table("t", history=5)
+
+
+def test_the_feed_runs_before_the_apps_own_handlers_of_its_topic() -> None:
+    app = streamkit.App("fed-decl")
+
+    @app.processor("customers")
+    def mine(key: Any, value: Any, ctx: Any) -> None: ...
+
+    table = app.table("customers", source="customers")
+    assert [spec.fn for spec in app.handlers["customers"]] == [table.feed, mine]
+
+
+def test_the_spark_replay_refuses_an_app_with_a_fed_table() -> None:
+    from streamkit.spark.replay_mode import backfill_replay
+
+    app = streamkit.App("fed-decl")
+    orders = app.topic("orders")
+    app.table("customers", source="customers")
+    totals = app.table("totals", default=int)
+
+    @app.processor(orders)
+    def count(key: Any, value: Any, ctx: Any) -> None:
+        totals[key] += 1
+
+    with pytest.raises(ConfigError, match="tables fed by topics \\(customers\\)"):
+        backfill_replay(app, "unused.parquet", topic="orders", allow_partial=True)

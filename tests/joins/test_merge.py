@@ -1,0 +1,156 @@
+"""The time-ordered merge's rules, on plain records (the merge is pure logic; the worker
+tests run it against the broker)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamkit.joins.merge import LAG_WAIT_SECONDS, TimeMerge
+
+
+@dataclass(frozen=True)
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+@dataclass(eq=False)
+class Proc:
+    id: int
+    pending: dict[Any, set[int]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class R:
+    proc: Proc
+    position_key: tuple[str, int]
+
+
+def never(_pid: int, _topic: str) -> bool:
+    return False
+
+
+def flat(runs: list[Any]) -> list[tuple[str, int]]:
+    return [(r.topic, r.offset) for _, rebuild, deliver in runs for r in (*rebuild, *deliver)]
+
+
+def recs(topic: str, stamps: list[int]) -> list[Rec]:
+    return [Rec(topic, 0, i, ts) for i, ts in enumerate(stamps)]
+
+
+def setup(idle_ms: int = 0) -> tuple[TimeMerge, R, R]:
+    merge = TimeMerge(idle_ms)
+    proc = Proc(0)
+    merge.set_inputs([(0, "a"), (0, "b")])
+    return merge, R(proc, ("a", 0)), R(proc, ("b", 0))
+
+
+def test_heads_go_out_by_timestamp_then_topic_and_a_caught_up_empty_topic_holds_nothing_back() -> None:
+    merge, a, b = setup()
+    merge.hold(a, [], recs("a", [1, 5, 9]))
+    merge.hold(b, [], recs("b", [2, 5, 7]))
+    out = flat(merge.release(0.0, never))
+    assert out == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    assert merge.held == 0 and a.proc.pending == {("a", 0): set(), ("b", 0): set()}
+
+
+def test_a_lagging_topic_holds_the_others_and_held_records_are_pending() -> None:
+    merge, a, b = setup()
+    merge.hold(a, [], recs("a", [1, 2, 3]))
+    lagging = lambda _pid, topic: topic == "b"  # noqa: E731
+    assert merge.release(0.0, lagging) == []
+    assert a.proc.pending[("a", 0)] == {0, 1, 2}
+    merge.hold(b, [], recs("b", [2]))
+    assert flat(merge.release(0.1, lagging)) == [("a", 0), ("a", 1), ("b", 0)]  # a's 2 waits: b may bring a 2
+    assert a.proc.pending[("a", 0)] == {2}
+    assert flat(merge.release(0.2, never)) == [("a", 2)]
+
+
+def test_the_idle_wait_holds_for_a_topic_with_nothing_then_lets_go() -> None:
+    merge, a, _ = setup(idle_ms=500)
+    merge.hold(a, [], recs("a", [1]))
+    assert merge.release(10.0, never) == []
+    assert merge.release(10.4, never) == []
+    assert flat(merge.release(10.5, never)) == [("a", 0)]
+
+
+def test_minus_one_never_waits_and_a_lag_that_brings_nothing_is_cut() -> None:
+    merge, a, _ = setup(idle_ms=-1)
+    merge.hold(a, [], recs("a", [1]))
+    assert flat(merge.release(0.0, lambda *_: True)) == [("a", 0)]
+    merge, a, _ = setup()
+    merge.hold(a, [], recs("a", [1]))
+    assert merge.release(0.0, lambda *_: True) == []
+    assert flat(merge.release(LAG_WAIT_SECONDS, lambda *_: True)) == [("a", 0)]
+    assert merge.lag_waits_cut == 1
+
+
+def test_runs_keep_a_routes_rebuilt_records_before_its_delivered_ones() -> None:
+    merge, a, b = setup()
+    merge.hold(a, recs("a", [1, 2]), [Rec("a", 0, 2, 3)])
+    merge.hold(b, [], recs("b", [9]))
+    runs = merge.release(0.0, never)
+    assert [(r is a, [x.offset for x in rb], [x.offset for x in dl]) for r, rb, dl in runs] == [
+        (True, [0, 1], [2]),
+        (False, [], [0]),
+    ]
+
+
+def test_flush_and_drop() -> None:
+    merge, a, b = setup()
+    merge.hold(a, [], recs("a", [3]))
+    assert flat(merge.release(0.0, lambda *_: True, flush=True)) == [("a", 0)]
+    merge.hold(b, [], recs("b", [3]))
+    merge.drop(0)
+    assert merge.held == 0 and merge.release(0.0, never) == []
+
+
+def test_a_single_input_processor_is_not_merged() -> None:
+    merge = TimeMerge(0)
+    merge.set_inputs([(0, "a"), (1, "a"), (1, "b")])
+    assert not merge.merges(R(Proc(0), ("a", 0)))
+    assert merge.merges(R(Proc(1), ("a", 0)))
+
+
+def test_random_arrivals_give_the_order_of_the_whole_streams() -> None:
+    """However the fetches cut the streams, the released order is the heads-merge of the
+    whole streams (what a run with everything fetched at once gives)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        streams = {t: recs(t, [rng.randrange(50) for _ in range(rng.randrange(1, 12))]) for t in ("a", "b", "c")}
+        whole = TimeMerge(0)
+        proc = Proc(0)
+        whole.set_inputs([(0, t) for t in streams])
+        for t, rs in streams.items():
+            whole.hold(R(proc, (t, 0)), [], rs)
+        expected = flat(whole.release(0.0, never))
+        merge = TimeMerge(0)
+        proc = Proc(0)
+        merge.set_inputs([(0, t) for t in streams])
+        routes = {t: R(proc, (t, 0)) for t in streams}
+        cursor = dict.fromkeys(streams, 0)
+        out: list[tuple[str, int]] = []
+        while any(cursor[t] < len(rs) for t, rs in streams.items()):
+            t = rng.choice([t for t, rs in streams.items() if cursor[t] < len(rs)])
+            n = rng.randrange(1, 4)
+            merge.hold(routes[t], [], streams[t][cursor[t] : cursor[t] + n])
+            cursor[t] += n
+            short = {topic for topic, rs in streams.items() if cursor[topic] < len(rs)}
+            out += flat(merge.release(0.0, lambda _p, topic, short=short: topic in short))
+        out += flat(merge.release(0.0, never))
+        assert out == expected
+
+
+def test_the_idle_wait_starts_again_once_everything_held_was_applied() -> None:
+    merge, a, _ = setup(idle_ms=500)
+    merge.hold(a, [], recs("a", [1]))
+    assert merge.release(10.0, never) == []
+    assert flat(merge.release(10.5, never)) == [("a", 0)]
+    merge.release(10.6, never)  # nothing held
+    merge.hold(a, [], [Rec("a", 0, 1, 2)])
+    assert merge.release(20.0, never) == []  # b gets its wait again
+    assert flat(merge.release(20.5, never)) == [("a", 1)]
