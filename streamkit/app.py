@@ -12,11 +12,11 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from stores.serde import serde_for
 from streamkit.connection import Connection
-from streamkit.joins import FedTable, GlobalTable
+from streamkit.joins import FedTable, GlobalTable, StreamJoin
 from streamkit.settings import connection_settings, load_settings
 from streamkit.tables import Table
 from streamkit.topics import Topic
@@ -70,6 +70,7 @@ class App:
         self.topics: dict[str, Topic] = {}
         self.tables: dict[str, Table] = {}
         self.global_tables: dict[str, GlobalTable] = {}
+        self.joins: dict[str, StreamJoin] = {}
         self.handlers: dict[str, list[HandlerSpec]] = {}
         self.timers: list[TimerSpec] = []
         self.keys_revoked_callbacks: list[Callable[..., Any]] = []
@@ -186,6 +187,48 @@ class App:
             t.closes = True
             self._book(t)
             self.window_close_callbacks.setdefault(t.name, []).append(fn)
+            return fn
+
+        return register
+
+    def join(
+        self,
+        left: Topic | str,
+        right: Topic | str,
+        *,
+        within: float,
+        how: Literal["inner", "left", "outer"] = "inner",
+        grace: float = 0.0,
+        name: str | None = None,
+    ) -> Callable[[F], F]:
+        """Decorate ``fn(key, left, right, ctx)`` (sync): a windowed stream-stream join, called
+        once for every pair of same-key records of ``left`` and ``right`` whose timestamps
+        differ by at most ``within`` seconds; ``how="left"``/``"outer"`` also call it with
+        None for the side that never met a partner, once none can come (``grace`` seconds
+        of lateness allowed; ``streamkit.joins.stream_join``)."""
+        lt, rt = self._resolve_topic(left), self._resolve_topic(right)
+
+        def register(fn: F) -> F:
+            _check_arity(fn, 4, "@app.join function", "(key, left, right, ctx)")
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(f"@app.join: {fn.__qualname__} must be a plain function (it runs inside the handlers)")
+            join = StreamJoin(name or fn.__name__, lt, rt, fn, within=within, grace=grace, how=how)
+            buffer = join.buffer
+            if buffer.name in self.tables:
+                raise ValueError(f"@app.join: the name {buffer.name!r} of its buffer table is taken (name=)")
+            for topic in (lt, rt):
+                specs = self.handlers.get(topic.name, [])
+                if specs and specs[0].concurrency > 1:
+                    raise ValueError(
+                        f"@app.join: topic {topic.name!r} has handlers with concurrency={specs[0].concurrency}; "
+                        "a joined topic is applied one record at a time, in time order with the other inputs"
+                    )
+            self.joins[join.name] = join
+            self.tables[buffer.name] = buffer
+            self._book(buffer)
+            self.window_close_callbacks.setdefault(buffer.name, []).append(join.on_close)
+            self.handlers.setdefault(lt.name, []).append(HandlerSpec(lt, join.on_left, False))
+            self.handlers.setdefault(rt.name, []).append(HandlerSpec(rt, join.on_right, False))
             return fn
 
         return register

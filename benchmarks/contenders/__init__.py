@@ -96,6 +96,8 @@ ALIASES: dict[str, str] = {
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
     "streamkit-metrics": "streamkit_app",
+    "streamkit-merged": "streamkit_join_app",
+    "streamkit-join": "streamkit_join_app",
     "streamkit-tumbling": "streamkit_windows_app",
     "streamkit-hopping": "streamkit_windows_app",
     "streamkit-session": "streamkit_windows_app",
@@ -105,7 +107,9 @@ ALIASES: dict[str, str] = {
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
 streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
-served and scraped every second; ``streamkit-hopping`` and the other kinds: a windowed
+served and scraped every second; ``streamkit-merged`` and ``streamkit-join``: with a
+second input topic, a table fed by it, ``benchmarks.contenders.streamkit_join_app``;
+``streamkit-hopping`` and the other kinds: a windowed
 table of that kind instead of the plain one, ``benchmarks.contenders.streamkit_windows_app``)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records
@@ -118,6 +122,8 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
+    "streamkit-merged": ("streamkit", "stores", "rocksdict"),
+    "streamkit-join": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
     "quix-hopping": ("quixstreams",),
     **{

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from stores.serde import Serde, SerdeError
 from streamkit.tables import Table
 from streamkit.topics import Topic
 
-__all__ = ["DEFAULT_HISTORY_SECONDS", "FedTable", "Version", "VersionsSerde"]
+__all__ = ["DEFAULT_HISTORY_SECONDS", "FedTable", "Version", "VersionsSerde", "copartition_problem"]
 
 DEFAULT_HISTORY_SECONDS = 86_400.0
 """How far back before a key's newest version older ones are kept (a day)."""
@@ -171,3 +171,22 @@ class FedTable(Table):
 
     def __repr__(self) -> str:
         return f"<FedTable {self.name} from {self.source.name}>"
+
+
+def copartition_problem(tables: Iterable[Table], inputs: Iterable[Topic]) -> str | None:
+    """One line naming a table fed by a topic whose keys cannot reach the processors of
+    another input's same keys (None: every pair can). Processors own keys by the hash of
+    their bytes, so a fed table and a stream meet only if they encode keys alike."""
+    topics = list(inputs)
+    for table in tables:
+        if not isinstance(table, FedTable):
+            continue
+        source = table.source
+        for topic in topics:
+            if topic.name != source.name and repr(topic.key_serde) != repr(source.key_serde):
+                return (
+                    f"table {table.name!r} is fed by topic {source.name!r} (keys {source.key_serde!r}) but the app "
+                    f"also reads topic {topic.name!r} (keys {topic.key_serde!r}): a key reaches the same processor "
+                    "from both only if both encode it alike; declare them with the same key_serde"
+                )
+    return None

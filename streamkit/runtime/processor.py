@@ -180,6 +180,8 @@ class ProcessorState:
         """Delete the windows past their retention (through the caches: part of the next
         checkpoint's batch; ``WindowState.expire``). Returns how many were deleted."""
         bound = self.close_bound()  # (a window a queued record may still write is kept)
+        if self.sides is not None and self.sides.times:  # a key set behind the other: its windows stay
+            bound = min(bound, *self.sides.times.values())
         deleted = sum(state.expire(bound) for state in self.window_states.values())
         self.uncommitted += deleted
         return deleted

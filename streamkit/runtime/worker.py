@@ -22,6 +22,7 @@ from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.connection import Connection, as_connection
 from streamkit.errors import ConfigError
+from streamkit.joins.fed_table import copartition_problem
 from streamkit.joins.global_store import GlobalStores
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
@@ -80,6 +81,9 @@ class Worker:
         app = self.app
         if not app.handlers:
             raise ConfigError(f"app {app.name!r} has no @app.processor handler: nothing to run")
+        problem = copartition_problem(app.tables.values(), (app.topics[name] for name in app.handlers))
+        if problem is not None:
+            raise ConfigError(problem)
         if self.connection is None:
             self._embedded = EmbeddedBroker()
             self.connection = as_connection(self._embedded.bootstrap)

@@ -112,10 +112,13 @@ def backfill_replay(
             "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
         )
     fed = sorted(name for name, t in app_obj.tables.items() if isinstance(t, FedTable))
-    if fed:
+    if fed or app_obj.joins:
+        what = (
+            f"tables fed by topics ({', '.join(fed)})" if fed else f"stream joins ({', '.join(sorted(app_obj.joins))})"
+        )
         raise ConfigError(
-            f"app {app_obj.name!r} has tables fed by topics ({', '.join(fed)}), which a replay of one topic's history "
-            "cannot merge in time order with it; the worker fills them from their topics (a rebuild)"
+            f"app {app_obj.name!r} has {what}, which a replay of one topic's history cannot merge in time order with "
+            "the other topic; the worker builds their state from the topics (a rebuild)"
         )
     if not allow_partial and len(inputs) > 1:
         raise ConfigError(

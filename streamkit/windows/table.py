@@ -228,6 +228,15 @@ class WindowedTable(Table):
             return self._bound().value_of(key, window, default)
         return self._backend.get((key, start_ms), default)
 
+    def put_window(self, key: Any, start_ms: int, value: Any) -> None:
+        """Set ``key``'s value in the open time window starting at ``start_ms`` (one the
+        key's records placed: a window nobody placed is not booked, so never closes)."""
+        if type(self.window) is not Tumbling:
+            raise TypeError(
+                f"table {self.name!r} has {_kind_name(self.window)} windows: put_window is for tumbling ones"
+            )
+        self._backend[(key, start_ms)] = value
+
     def window_start(self, timestamp_ms: int) -> int:
         """The start of the (newest) time window holding ``timestamp_ms``."""
         if not isinstance(self.window, Tumbling):

@@ -119,3 +119,45 @@ def test_the_spark_replay_refuses_an_app_with_a_fed_table() -> None:
 
     with pytest.raises(ConfigError, match="tables fed by topics \\(customers\\)"):
         backfill_replay(app, "unused.parquet", topic="orders", allow_partial=True)
+
+
+def test_a_worker_refuses_at_start_a_fed_table_whose_keys_another_input_encodes_otherwise() -> None:
+    import asyncio
+
+    from streamkit.runtime.worker import Worker
+
+    app = streamkit.App("fed-decl", broker="127.0.0.1:1")
+    orders = app.topic("orders", key_serde="int")
+    app.table("customers", source=app.topic("customers", key_serde="str"))
+
+    @app.processor(orders)
+    def join(key: Any, value: Any, ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="fed by topic 'customers' .* reads topic 'orders'.*same key_serde"):
+        asyncio.run(Worker(app, 1).prepare())
+
+
+def test_the_spark_replay_refuses_an_app_with_a_stream_join() -> None:
+    from streamkit.spark.replay_mode import backfill_replay
+
+    app = streamkit.App("join-decl")
+
+    @app.join("views", "clicks", within=5)
+    def pair(key: Any, view: Any, click: Any, ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="stream joins \\(pair\\)"):
+        backfill_replay(app, "unused.parquet", topic="views", allow_partial=True)
+
+
+def test_join_declarations_refuse_what_cannot_be_served() -> None:
+    app = streamkit.App("join-decl")
+    with pytest.raises(ValueError, match="encode keys differently"):
+        app.join(app.topic("a", key_serde="int"), app.topic("b"), within=5)(lambda k, lv, rv, c: None)
+    with pytest.raises(ValueError, match="within must be > 0"):
+        app.join("a2", "b2", within=0)(lambda k, lv, rv, c: None)
+    with pytest.raises(ValueError, match="how must be"):
+        app.join("a2", "b2", within=1, how="cross")(lambda k, lv, rv, c: None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="plain function"):
+
+        @app.join("a2", "b2", within=1)
+        async def pair(key: Any, view: Any, click: Any, ctx: Any) -> None: ...

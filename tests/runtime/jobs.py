@@ -124,12 +124,13 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
 
 
 def wait_until_committed(
-    job: Job, partitions: int, at_least: int, timeout: float = 120.0, total: bool = True
+    job: Job, partitions: int, at_least: int, timeout: float = 120.0, total: bool = True, topic: str | None = None
 ) -> dict[int, int]:
-    """Poll the group's committed offsets until their sum reaches `at_least`; fail on a dead worker."""
+    """Poll the group's committed offsets (of ``topic``, default the job's) until their sum
+    reaches `at_least`; fail on a dead worker."""
     deadline = time.monotonic() + timeout
     while True:
-        got = committed(job.bootstrap, f"streamkit-{job.app}", job.topic, partitions)
+        got = committed(job.bootstrap, f"streamkit-{job.app}", topic or job.topic, partitions)
         if sum(got.values()) >= at_least:
             return got
         for w in job.workers:

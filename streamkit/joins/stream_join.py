@@ -1,0 +1,158 @@
+"""Windowed stream-stream joins: ``@app.join(left, right, within=s, how=..., grace=s)``.
+
+``fn(key, left, right, ctx)`` is called once for every pair of records of the same key,
+one from each topic, whose timestamps differ by at most ``within`` seconds: when the
+second of the two is applied (the first waits in a buffer). ``how="left"`` also calls
+``fn(key, left, None, ctx)`` for each left record that never met a right one, and
+``how="outer"`` the same for right records (``fn(key, None, right, ctx)``), once no
+partner can come any more: when stream time passes the record's time plus ``within``
+plus ``grace`` by ``within`` more (see below). A record whose time plus ``within`` plus
+``grace`` is behind stream time is late: a dead letter (reason ``late``), or the
+buffer table's ``@app.on_late`` callbacks.
+
+The buffer is a windowed table (``join-<name>``, ``streamkit.windows``) of tumbling
+buckets ``within`` wide: each bucket holds its records (side, timestamp, whether it met
+a partner, value). A record looks for partners in its own bucket and the two beside it,
+then joins its bucket. A bucket closes (its close callback emits the unmatched records,
+``left``/``outer``) ``2 * within + grace`` after its end: by then every record that
+could pair with one of its records is late. So the buffer inherits all that windowed
+state has: checkpointed with the positions, written to the changelog, restored, rebuilt
+without output, moved with its keys when processors scale, closes once per bucket. A
+pair's call, like every handler's output, is sent at least once (a crash may repeat the
+calls of records applied after the last checkpoint).
+
+Which pairs meet does not depend on the order records arrive in, as long as none is
+late; the inputs merged in time order (``streamkit.joins.merge``) keep lateness itself
+the same in a live run, a restart and a rebuild.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Literal
+
+from stores.serde import Serde, SerdeError
+from streamkit.topics import Topic
+from streamkit.windows import LateRecordError, Tumbling, Window, WindowedTable
+
+__all__ = ["LEFT", "RIGHT", "BufferSerde", "StreamJoin"]
+
+LEFT, RIGHT = 0, 1
+How = Literal["inner", "left", "outer"]
+Entry = list[Any]
+"""[side, timestamp ms, met a partner, value]"""
+
+_HEAD = struct.Struct(">BBqi")  # side, met, timestamp, length of the value's bytes (-1: None)
+
+
+class BufferSerde:
+    """A bucket's records as bytes; each side's values with its topic's value serde."""
+
+    def __init__(self, left: Serde, right: Serde) -> None:
+        self.sides = (left, right)
+
+    def dumps(self, entries: list[Entry]) -> bytes:
+        parts: list[bytes] = []
+        for side, ts, met, value in entries:
+            data = b"" if value is None else self.sides[side].dumps(value)
+            parts.append(_HEAD.pack(side, 1 if met else 0, ts, -1 if value is None else len(data)))
+            parts.append(data)
+        return b"".join(parts)
+
+    def loads(self, data: bytes) -> list[Entry]:
+        out: list[Entry] = []
+        at, end = 0, len(data)
+        try:
+            while at < end:
+                side, met, ts, size = _HEAD.unpack_from(data, at)
+                at += _HEAD.size
+                value = None if size < 0 else self.sides[side].loads(data[at : at + size])
+                at += max(size, 0)
+                out.append([side, ts, bool(met), value])
+        except (struct.error, IndexError) as exc:
+            raise SerdeError("BufferSerde", data, str(exc)) from None
+        return out
+
+    def __repr__(self) -> str:
+        return f"BufferSerde({self.sides[0]!r}, {self.sides[1]!r})"
+
+
+class StreamJoin:
+    """One declared join: its buffer table and the handlers the app registers for it."""
+
+    def __init__(
+        self, name: str, left: Topic, right: Topic, fn: Callable[..., Any], *, within: float, grace: float, how: How
+    ) -> None:
+        if within <= 0:
+            raise ValueError(f"join {name!r}: within must be > 0 seconds, got {within!r}")
+        if grace < 0:
+            raise ValueError(f"join {name!r}: grace must be >= 0 seconds, got {grace!r}")
+        if how not in ("inner", "left", "outer"):
+            raise ValueError(f"join {name!r}: how must be 'inner', 'left' or 'outer', got {how!r}")
+        if left.name == right.name:
+            raise ValueError(f"join {name!r}: a topic joined with itself (use one handler)")
+        if repr(left.key_serde) != repr(right.key_serde):
+            raise ValueError(
+                f"join {name!r}: {left.name!r} and {right.name!r} encode keys differently ({left.key_serde!r}, "
+                f"{right.key_serde!r}): a key reaches the same processor from both only if both encode it alike"
+            )
+        self.name, self.left, self.right, self.fn, self.how = name, left, right, fn, how
+        self.within_ms, self.grace_ms = int(within * 1000), int(grace * 1000)
+        hold = 2 * within + grace  # a bucket closes when no record of it can meet another
+        self.buffer = WindowedTable(
+            f"join-{name}", left.key_serde, BufferSerde(left.value_serde, right.value_serde),
+            Tumbling(within, grace=hold, retention=hold),
+        )  # fmt: skip
+        self.buffer.closes = True
+
+    # -- the handlers of the two topics -----------------------------------------------------
+    def on_left(self, key: Any, value: Any, ctx: Any) -> None:
+        self._arrive(LEFT, key, value, ctx)
+
+    def on_right(self, key: Any, value: Any, ctx: Any) -> None:
+        self._arrive(RIGHT, key, value, ctx)
+
+    def _arrive(self, side: int, key: Any, value: Any, ctx: Any) -> None:
+        if key is None:
+            raise ValueError(f"join {self.name!r}: a record without a key meets no other")
+        ts, stream_time = ctx.timestamp, ctx.stream_time
+        if stream_time >= 0 and ts + self.within_ms + self.grace_ms < stream_time:
+            raise LateRecordError(
+                f"join {self.name!r}: a record at {ts} ms is late (stream time {stream_time} ms, within "
+                f"{self.within_ms} ms, grace {self.grace_ms} ms): no partner of it is kept any more",
+                self.buffer.name, ts, ts, stream_time,
+            )  # fmt: skip
+        buffer, within, fn = self.buffer, self.within_ms, self.fn
+        own = buffer.window_start(ts)
+        met = False
+        for start in (own - within, own, own + within):
+            entries = buffer.get_window(key, start)
+            if not entries:
+                continue
+            changed = False
+            for entry in entries:
+                if entry[0] != side and abs(entry[1] - ts) <= within:
+                    if side == LEFT:
+                        fn(key, value, entry[3], ctx)
+                    else:
+                        fn(key, entry[3], value, ctx)
+                    met = True
+                    if not entry[2]:
+                        entry[2] = changed = True
+            if changed:
+                buffer.put_window(key, start, entries)
+        entry = [side, ts, met, value]
+        buffer.update(key, lambda entries: [*(entries or ()), entry])
+
+    # -- a bucket that closes: the records that met nobody ------------------------------------
+    def on_close(self, key: Any, window: Window, entries: Any, ctx: Any) -> None:
+        if self.how == "inner" or not entries:
+            return
+        for side, _ts, met, value in entries:
+            if met:
+                continue
+            if side == LEFT:
+                self.fn(key, value, None, ctx)
+            elif self.how == "outer":
+                self.fn(key, None, value, ctx)

@@ -1,0 +1,204 @@
+"""Windowed stream-stream joins (inner, left, outer) in real worker processes on the real
+broker, against the pairs computed here: every view and click of a user whose times
+differ by at most 5 s, once; for left and outer joins each record that met none, once
+its buffer closes. Timestamps are out of order within each topic (by less than the
+grace). The same output after kill -9 at random moments, when the second half of the
+input meets buffers rebuilt from the input on a fresh state directory, and through
+processor scaling 2 -> 3 -> 2 under load."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamkit.testing import create_topic, default_partition, produce_json, read_topic
+from tests.joins.join_app import GRACE, WITHIN
+from tests.runtime.jobs import ROOT, Job, wait_for_log, wait_until_committed
+
+USERS, PER_TOPIC, SPREAD_MS, DISORDER_MS = 40, 500, 600_000, 2_000
+T0 = 1_700_000_000_000
+assert DISORDER_MS < GRACE * 1000  # no record is late: which pairs meet depends on no arrival order
+Pair = tuple[str, Any, Any]
+
+
+def _side(rng: random.Random, prefix: str) -> list[tuple[str, Any, None, int]]:
+    """Records in time order but for a shuffle of up to DISORDER_MS."""
+    stamps = sorted(T0 + rng.randrange(SPREAD_MS) for _ in range(PER_TOPIC))
+    jittered = sorted(range(PER_TOPIC), key=lambda i: stamps[i] + rng.randrange(DISORDER_MS))
+    return [(f"u{rng.randrange(USERS)}", {"id": f"{prefix}{i}"}, None, stamps[i]) for i in jittered]
+
+
+def _sentinels(prefix: str) -> list[tuple[str, Any, None, int]]:
+    """One far-future view per partition: every processor's stream time closes every buffer."""
+    keys = {}
+    n = 0
+    while len(keys) < 2:
+        key = f"end-{n}"
+        keys.setdefault(default_partition(key.encode(), 2), key)
+        n += 1
+    return [(k, {"id": f"{prefix}-{k}"}, p, T0 + 10 * SPREAD_MS) for p, k in sorted(keys.items())]
+
+
+def _reference(views: list[Any], clicks: list[Any]) -> dict[str, set[Pair]]:
+    within = int(WITHIN * 1000)
+    pairs = {
+        (v[0], v[1]["id"], c[1]["id"])
+        for v in views for c in clicks
+        if v[0] == c[0] and abs(v[3] - c[3]) <= within
+    }  # fmt: skip
+    met_views = {view for _, view, _ in pairs}
+    met_clicks = {click for _, _, click in pairs}
+    lone_views = {(v[0], v[1]["id"], None) for v in views if v[1]["id"] not in met_views}
+    lone_clicks = {(c[0], None, c[1]["id"]) for c in clicks if c[1]["id"] not in met_clicks}
+    return {"inner": pairs, "left": pairs | lone_views, "outer": pairs | lone_views | lone_clicks}
+
+
+def _outputs(broker: str, out: str) -> dict[str, set[Pair]]:
+    seen: dict[str, set[Pair]] = {}
+    for how in ("inner", "left", "outer"):
+        got = set()
+        for r in read_topic(broker, f"{out}-{how}"):
+            value = orjson.loads(r.value)
+            if not r.key.decode().startswith("end-"):
+                got.add((r.key.decode(), value["view"], value["click"]))
+        seen[how] = got
+    return seen
+
+
+def test_views_and_clicks_join_within_five_seconds_through_kills_and_a_rebuild(broker: str, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    views_topic, clicks_topic = create_topic(broker, f"views-{tag}", 2), create_topic(broker, f"clicks-{tag}", 2)
+    out = f"joined-{tag}"
+    for how in ("inner", "left", "outer"):
+        create_topic(broker, f"{out}-{how}", 2)
+    rng = random.Random(21)
+    views, clicks = _side(rng, "v"), _side(rng, "c")
+    half = PER_TOPIC // 2
+    job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")
+    # no changelog: the fresh state directory below is rebuilt from the input
+    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_CHANGELOG": "false"}
+
+    # 1. the first half of each topic, with kill -9 at two random moments on the way
+    produce_json(broker, views_topic, views[:half])
+    produce_json(broker, clicks_topic, clicks[:half])
+    for _ in range(2):
+        worker = job.start_worker(**env)
+        wait_until_committed(job, 2, rng.randrange(1, half))
+        time.sleep(rng.random() * 0.5)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    worker = job.start_worker(**env)
+    try:
+        wait_for_log(job, worker, "hosts processors")  # (the killed ones may have applied everything)
+        wait_until_committed(job, 2, half)
+        wait_until_committed(job, 2, half, topic=clicks_topic)
+    finally:
+        job.stop_all()
+
+    # 2. the second half, and the far-future views that close every buffer, meet buffers
+    #    rebuilt from the input on a fresh state directory
+    shutil.rmtree(job.state_dir)
+    produce_json(broker, views_topic, [*views[half:], *_sentinels("v")])
+    produce_json(broker, clicks_topic, clicks[half:])
+    worker = job.start_worker(**env)
+    try:
+        wait_for_log(job, worker, "hosts processors")
+        assert "rebuilt from" in job.log(worker)
+        wait_until_committed(job, 2, PER_TOPIC + 2)
+        wait_until_committed(job, 2, PER_TOPIC, topic=clicks_topic)
+        expected = _reference(views, clicks)
+        seen = _wait_for_outputs(broker, out, expected)
+    finally:
+        job.stop_all()
+    _compare(expected, seen)
+    assert len(expected["inner"]) > 100 and len(expected["outer"]) > len(expected["left"]) > len(expected["inner"])
+
+
+def _wait_for_outputs(broker: str, out: str, expected: dict[str, set[Pair]]) -> dict[str, set[Pair]]:
+    """The outputs once they equal ``expected`` or 30 s passed (the last buckets' closes
+    are sent after the commit that the test waits for)."""
+    deadline = time.monotonic() + 30
+    while (seen := _outputs(broker, out)) != expected and time.monotonic() < deadline:
+        time.sleep(0.3)
+    return seen
+
+
+def _compare(expected: dict[str, set[Pair]], seen: dict[str, set[Pair]], dead: list[str] | None = None) -> None:
+    for how in ("inner", "left", "outer"):
+        missing, extra = expected[how] - seen[how], seen[how] - expected[how]
+        assert not missing and not extra, (
+            f"{how}: {len(missing)} missing {sorted(missing, key=str)[:5]}, "
+            f"{len(extra)} extra {sorted(extra, key=str)[:5]}; dead letters: {(dead or [])[:5]}"
+        )
+
+
+def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: Path) -> None:
+    """Two workers, 2 -> 3 -> 2 processors while views and clicks are written: the buffers
+    move with their keys (a shared task at 3), and the output is still exactly the pairs."""
+    tag = uuid.uuid4().hex[:8]
+    views_topic, clicks_topic = create_topic(broker, f"views-{tag}", 2), create_topic(broker, f"clicks-{tag}", 2)
+    out = f"joined-{tag}"
+    for how in ("inner", "left", "outer"):
+        create_topic(broker, f"{out}-{how}", 2)
+    rng = random.Random(5)
+    views, clicks = _side(rng, "v"), _side(rng, "c")
+    job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")
+    # each third's views are written a moment before its clicks: the idle wait holds them
+    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "2000"}
+    thirds = [PER_TOPIC // 3 * i for i in range(4)]
+    thirds[3] = PER_TOPIC
+
+    def produce(i: int) -> None:
+        produce_json(broker, views_topic, views[thirds[i] : thirds[i + 1]])
+        produce_json(broker, clicks_topic, clicks[thirds[i] : thirds[i + 1]])
+
+    def scale(n: int) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "scale", job.app_spec, "--processors", str(n)],
+            cwd=ROOT, env=job.env(**env), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    produce(0)
+    job.start_worker(**env)
+    job.start_worker(**env)
+    try:
+        wait_until_committed(job, 2, thirds[1])
+        with ThreadPoolExecutor(1) as pool:  # written while the job scales
+            writing = pool.submit(produce, 1)
+            said = scale(3)
+            writing.result()
+        wait_until_committed(job, 2, thirds[2])
+        with ThreadPoolExecutor(1) as pool:
+            writing = pool.submit(produce, 2)
+            said += scale(2)
+            writing.result()
+        produce_json(broker, views_topic, _sentinels("v"))
+        wait_until_committed(job, 2, PER_TOPIC + 2)
+        wait_until_committed(job, 2, PER_TOPIC, topic=clicks_topic)
+        expected = _reference(views, clicks)
+        seen = _wait_for_outputs(broker, out, expected)
+    finally:
+        job.stop_all()
+    assert "processor 2: takes over the keys of processor 0" in said, said
+    assert "processor 2: retires" in said, said
+    _compare(expected, seen, _dead_letters(broker, job.app))
+
+
+def _dead_letters(broker: str, app: str) -> list[str]:
+    """The dead letters' keys and headers (what a failing comparison shows)."""
+    try:
+        return [f"{r.key!r} {dict(r.headers or ())}" for r in read_topic(broker, f"{app}-dead-letters")]
+    except Exception as exc:  # noqa: BLE001 - no dead letter topic: none
+        return [f"({exc})"]
