@@ -98,6 +98,7 @@ ALIASES: dict[str, str] = {
     "streamkit-metrics": "streamkit_app",
     "streamkit-merged": "streamkit_join_app",
     "streamkit-join": "streamkit_join_app",
+    "streamkit-sjoin": "streamkit_join_app",
     "streamkit-tumbling": "streamkit_windows_app",
     "streamkit-hopping": "streamkit_windows_app",
     "streamkit-session": "streamkit_windows_app",
@@ -107,10 +108,11 @@ ALIASES: dict[str, str] = {
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
 streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
-served and scraped every second; ``streamkit-merged`` and ``streamkit-join``: with a
-second input topic, a table fed by it, ``benchmarks.contenders.streamkit_join_app``;
-``streamkit-hopping`` and the other kinds: a windowed
-table of that kind instead of the plain one, ``benchmarks.contenders.streamkit_windows_app``)."""
+served and scraped every second; ``streamkit-merged``, ``streamkit-join`` and
+``streamkit-sjoin``: with a second input topic, a table fed by it or a stream join with
+it, ``benchmarks.contenders.streamkit_join_app``; ``streamkit-hopping`` and the other
+kinds: a windowed table of that kind instead of the plain one,
+``benchmarks.contenders.streamkit_windows_app``)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records
 # each carrying the stamp streamkit's producer writes (benchmarks.input)
@@ -124,6 +126,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
     "streamkit-merged": ("streamkit", "stores", "rocksdict"),
     "streamkit-join": ("streamkit", "stores", "rocksdict"),
+    "streamkit-sjoin": ("streamkit", "stores", "rocksdict"),
     "quix": ("quixstreams",),
     "quix-hopping": ("quixstreams",),
     **{

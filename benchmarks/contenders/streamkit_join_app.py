@@ -6,7 +6,10 @@ per key, plus
   merge (held, then released in timestamp order): the merge's cost, nothing else;
 - ``streamkit-join``: a table fed by a topic of 10,000 customers (keys ``key-0`` ...
   ``key-9999``, written before the run with timestamp 1 ms), read by the handler as of
-  each record's time: a stream-table join (at 10k keys, every record finds its customer).
+  each record's time: a stream-table join (at 10k keys, every record finds its customer);
+- ``streamkit-sjoin``: a windowed stream-stream join (``@app.join``) of the input with
+  the same 10,000 customers as a stream, ``within`` wide enough that every record meets
+  its key's customer: each record is buffered (a windowed table) and paired once.
 
     python -m benchmarks.contenders.streamkit_join_app --bootstrap B --topic T --records N \
         --partitions P --workdir DIR --session-timeout-ms MS
@@ -42,7 +45,7 @@ def main() -> None:
     contender = os.environ.get("BENCH_CONTENDER", "streamkit-join")
     tag = uuid.uuid4().hex[:8]
     customers_topic = create_topic(a.bootstrap, f"bench-customers-{tag}", a.partitions)
-    if contender == "streamkit-join":
+    if contender in ("streamkit-join", "streamkit-sjoin"):
         produce_json(
             a.bootstrap, customers_topic,
             [(b"key-%d" % k, {"tier": k % 5}, None, 1) for k in range(CUSTOMERS)],
@@ -54,15 +57,24 @@ def main() -> None:
         session_timeout_ms=a.session_timeout_ms,
     )
     source = app.topic(a.topic, key_serde="raw")
-    customers = app.table("customers", source=app.topic(customers_topic, key_serde="raw"))
+    stream_join = contender == "streamkit-sjoin"
+    customers_source = app.topic(customers_topic, key_serde="raw")
+    table = None if stream_join else app.table("customers", source=customers_source)
+    customers = table if contender == "streamkit-join" else None  # streamkit-merged: never read
     stats = app.table("stats", key_serde="raw", default=lambda: [0, 0])
     progress = {"n": 0, "joined": 0, "first": 0.0, "last": 0.0, "cpu_first": 0.0, "cpu_last": 0.0}
     target = a.records
     worker = Worker(app, 1)
 
+    if stream_join:  # customers at 1 ms, the input at its production time: within ~300 years
+
+        @app.join(customers_source, source, within=1e10)
+        def paired(key: bytes, customer: Any, record: Any, ctx: streamkit.Context) -> None:
+            progress["joined"] += 1
+
     @app.processor(source)
     def count_and_sum(key: bytes, value: Any, ctx: streamkit.Context) -> None:
-        if customers.get(key) is not None:
+        if customers is not None and customers.get(key) is not None:
             progress["joined"] += 1
         s = stats[key]
         stats[key] = [s[0] + 1, s[1] + value["amount"]]
@@ -77,7 +89,7 @@ def main() -> None:
 
     def pairs() -> Iterator[Any]:
         for pid in range(a.partitions):
-            with RocksDBStore.open(str(app.store_path(pid)), ["stats", "customers"]) as store:
+            with RocksDBStore.open(str(app.store_path(pid)), ["stats"]) as store:
                 yield from (orjson.loads(v) for _, v in store.items("stats"))
 
     emit_result(

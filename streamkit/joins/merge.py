@@ -86,6 +86,16 @@ class TimeMerge:
         return len(self.inputs.get(route.proc.id, ())) > 1
 
     # -- in and out --------------------------------------------------------------------------
+    def passes(self, route: MergeRoute, now: float, lagging: Lagging) -> bool:
+        """Whether a batch of ``route`` may be applied at once, unheld: its processor holds
+        nothing and no other topic of it may bring an earlier record (what :meth:`release`
+        would let through anyway, without a hold and a release per record)."""
+        pid, topic = route.proc.id, route.position_key[0]
+        if self._queues.get(pid) and any(self._queues[pid].values()):
+            return False
+        others = [t for t in self.inputs.get(pid, ()) if t != topic]
+        return not any(self._may_bring_earlier(pid, t, now, lagging) for t in others)
+
     def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
         """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
         order); each is pending for its partition until released."""

@@ -11,9 +11,10 @@ plus ``grace`` by ``within`` more (see below). A record whose time plus ``within
 buffer table's ``@app.on_late`` callbacks.
 
 The buffer is a windowed table (``join-<name>``, ``streamkit.windows``) of tumbling
-buckets ``within`` wide: each bucket holds its records (side, timestamp, whether it met
-a partner, value). A record looks for partners in its own bucket and the two beside it,
-then joins its bucket. A bucket closes (its close callback emits the unmatched records,
+buckets ``within`` wide: each bucket holds its left and its right records apart (each
+with its timestamp, whether it met a partner, its value). A record looks for partners
+among the other side's records of its own bucket and the two beside it, then joins its
+bucket. A bucket closes (its close callback emits the unmatched records,
 ``left``/``outer``) ``2 * within + grace`` after its end: by then every record that
 could pair with one of its records is late. So the buffer inherits all that windowed
 state has: checkpointed with the positions, written to the changelog, restored, rebuilt
@@ -41,38 +42,47 @@ __all__ = ["LEFT", "RIGHT", "BufferSerde", "StreamJoin"]
 LEFT, RIGHT = 0, 1
 How = Literal["inner", "left", "outer"]
 Entry = list[Any]
-"""[side, timestamp ms, met a partner, value]"""
+"""[timestamp ms, met a partner, value]"""
+Bucket = list[list[Entry]]
+"""[left entries, right entries], each in arrival order."""
 
-_HEAD = struct.Struct(">BBqi")  # side, met, timestamp, length of the value's bytes (-1: None)
+_COUNT = struct.Struct(">i")  # left entries in the bucket (the rest are right ones)
+_HEAD = struct.Struct(">Bqi")  # met, timestamp, length of the value's bytes (-1: None)
 
 
 class BufferSerde:
-    """A bucket's records as bytes; each side's values with its topic's value serde."""
+    """A bucket's records as bytes: how many are left ones, then each record (whether it
+    met a partner, its timestamp, its value with its topic's value serde)."""
 
     def __init__(self, left: Serde, right: Serde) -> None:
         self.sides = (left, right)
 
-    def dumps(self, entries: list[Entry]) -> bytes:
-        parts: list[bytes] = []
-        for side, ts, met, value in entries:
-            data = b"" if value is None else self.sides[side].dumps(value)
-            parts.append(_HEAD.pack(side, 1 if met else 0, ts, -1 if value is None else len(data)))
-            parts.append(data)
+    def dumps(self, bucket: Bucket) -> bytes:
+        parts: list[bytes] = [_COUNT.pack(len(bucket[LEFT]))]
+        for side in (LEFT, RIGHT):
+            dumps = self.sides[side].dumps
+            for ts, met, value in bucket[side]:
+                data = b"" if value is None else dumps(value)
+                parts.append(_HEAD.pack(1 if met else 0, ts, -1 if value is None else len(data)))
+                parts.append(data)
         return b"".join(parts)
 
-    def loads(self, data: bytes) -> list[Entry]:
-        out: list[Entry] = []
-        at, end = 0, len(data)
+    def loads(self, data: bytes) -> Bucket:
+        bucket: Bucket = [[], []]
         try:
+            (lefts,) = _COUNT.unpack_from(data, 0)
+            at, end, n = _COUNT.size, len(data), 0
             while at < end:
-                side, met, ts, size = _HEAD.unpack_from(data, at)
+                met, ts, size = _HEAD.unpack_from(data, at)
                 at += _HEAD.size
+                side = LEFT if n < lefts else RIGHT
                 value = None if size < 0 else self.sides[side].loads(data[at : at + size])
                 at += max(size, 0)
-                out.append([side, ts, bool(met), value])
-        except (struct.error, IndexError) as exc:
+                bucket[side].append([ts, bool(met), value])
+                n += 1
+        except struct.error as exc:
             raise SerdeError("BufferSerde", data, str(exc)) from None
-        return out
+        return bucket
 
     def __repr__(self) -> str:
         return f"BufferSerde({self.sides[0]!r}, {self.sides[1]!r})"
@@ -124,35 +134,43 @@ class StreamJoin:
                 self.buffer.name, ts, ts, stream_time,
             )  # fmt: skip
         buffer, within, fn = self.buffer, self.within_ms, self.fn
+        other = RIGHT if side == LEFT else LEFT
         own = buffer.window_start(ts)
         met = False
         for start in (own - within, own, own + within):
-            entries = buffer.get_window(key, start)
-            if not entries:
+            bucket = buffer.get_window(key, start)
+            if not bucket or not bucket[other]:
                 continue
             changed = False
-            for entry in entries:
-                if entry[0] != side and abs(entry[1] - ts) <= within:
+            for entry in bucket[other]:
+                if abs(entry[0] - ts) <= within:
                     if side == LEFT:
-                        fn(key, value, entry[3], ctx)
+                        fn(key, value, entry[2], ctx)
                     else:
-                        fn(key, entry[3], value, ctx)
+                        fn(key, entry[2], value, ctx)
                     met = True
-                    if not entry[2]:
-                        entry[2] = changed = True
+                    if not entry[1]:
+                        entry[1] = changed = True
             if changed:
-                buffer.put_window(key, start, entries)
-        entry = [side, ts, met, value]
-        buffer.update(key, lambda entries: [*(entries or ()), entry])
+                buffer.put_window(key, start, bucket)
+        entry = [ts, met, value]
+
+        def add(bucket: Bucket | None) -> Bucket:
+            if bucket is None:
+                bucket = [[], []]
+            bucket[side].append(entry)
+            return bucket
+
+        buffer.update(key, add)
 
     # -- a bucket that closes: the records that met nobody ------------------------------------
-    def on_close(self, key: Any, window: Window, entries: Any, ctx: Any) -> None:
-        if self.how == "inner" or not entries:
+    def on_close(self, key: Any, window: Window, bucket: Bucket | None, ctx: Any) -> None:
+        if self.how == "inner" or not bucket:
             return
-        for side, _ts, met, value in entries:
-            if met:
-                continue
-            if side == LEFT:
-                self.fn(key, value, None, ctx)
-            elif self.how == "outer":
-                self.fn(key, None, value, ctx)
+        for ts_met_value in bucket[LEFT]:
+            if not ts_met_value[1]:
+                self.fn(key, ts_met_value[2], None, ctx)
+        if self.how == "outer":
+            for ts_met_value in bucket[RIGHT]:
+                if not ts_met_value[1]:
+                    self.fn(key, None, ts_met_value[2], ctx)

@@ -578,7 +578,7 @@ class GroupMember:
         merge.set_inputs(merged_inputs(self.admission))
         for tp, fetched in batch.items():
             for route, records in self.admission.admit(tp, fetched):
-                await apply_merged(merge, self.dispatcher, route, records)
+                await apply_merged(merge, self.dispatcher, route, records, self._lagging)
                 route.position = records.next_position  # held or key-concurrent: what is not applied is pending
                 route.proc.uncommitted += records.consumed
                 self._since_checkpoint += records.consumed

@@ -28,10 +28,18 @@ def merged_inputs(routes: Iterable[tuple[TopicPartition, Route]]) -> Iterator[tu
     return ((r.proc.id, tp.topic) for tp, r in routes if _merged(r))
 
 
-async def apply_merged(merge: TimeMerge, dispatcher: Dispatcher, route: Route, admitted: Admitted) -> None:
-    """Apply one partition batch: what the merge orders is held for it; the rest (and the
-    reports of late records and strays) goes to the handlers now."""
-    if (admitted.rebuild or admitted.deliver) and merge.merges(route) and _merged(route):
+async def apply_merged(
+    merge: TimeMerge, dispatcher: Dispatcher, route: Route, admitted: Admitted, lagging: Lagging
+) -> None:
+    """Apply one partition batch: what the merge orders is held for it (unless nothing
+    could come before it: ``TimeMerge.passes``); the rest (and the reports of late records
+    and strays) goes to the handlers now."""
+    if (
+        (admitted.rebuild or admitted.deliver)
+        and merge.merges(route)
+        and _merged(route)
+        and not merge.passes(route, time.monotonic(), lagging)
+    ):
         merge.hold(route, admitted.rebuild, admitted.deliver)
         admitted.rebuild, admitted.deliver = [], []
     await dispatcher.apply(route, admitted)

@@ -299,7 +299,7 @@ async def rebuild(
             records = [r for r in records if r.offset < target]
             for route, batch in admission.admit(tp, records):  # one route per partition here
                 async with guard:
-                    await apply_merged(merge, dispatcher, route, batch)
+                    await apply_merged(merge, dispatcher, route, batch, short)
                     route.position = batch.next_position
                 read += batch.consumed
                 since_checkpoint += batch.consumed

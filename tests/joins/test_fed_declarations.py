@@ -161,3 +161,11 @@ def test_join_declarations_refuse_what_cannot_be_served() -> None:
 
         @app.join("a2", "b2", within=1)
         async def pair(key: Any, view: Any, click: Any, ctx: Any) -> None: ...
+
+
+def test_the_buffer_serde_round_trips_both_sides_and_empty_values() -> None:
+    from streamkit.joins.stream_join import BufferSerde
+
+    serde = BufferSerde(serde_for("json"), serde_for("raw"))
+    for bucket in ([[], []], [[[5, True, {"a": 1}], [6, False, None]], [[7, False, b"\x00"]]], [[], [[1, True, b""]]]):
+        assert serde.loads(serde.dumps(bucket)) == bucket  # type: ignore[arg-type]

@@ -154,3 +154,13 @@ def test_the_idle_wait_starts_again_once_everything_held_was_applied() -> None:
     merge.hold(a, [], [Rec("a", 0, 1, 2)])
     assert merge.release(20.0, never) == []  # b gets its wait again
     assert flat(merge.release(20.5, never)) == [("a", 1)]
+
+
+def test_a_batch_passes_unheld_only_when_nothing_could_come_before_it() -> None:
+    merge, a, b = setup()
+    assert merge.passes(a, 0.0, never)
+    assert not merge.passes(a, 0.0, lambda _pid, topic: topic == "b")  # b has unfetched records
+    merge.hold(b, [], recs("b", [5]))
+    assert not merge.passes(a, 0.0, never)  # b holds a record: a's go through the merge
+    idle, a2, _ = setup(idle_ms=500)
+    assert not idle.passes(a2, 0.0, never) and idle.passes(a2, 0.5, never)
