@@ -39,6 +39,10 @@ _HEAD = struct.Struct(">qi")  # timestamp, length of the encoded value (-1: a to
 _MISSING: Any = object()
 
 
+def _ts(version: Version) -> int:
+    return version[0]
+
+
 class VersionsSerde:
     """A key's versions, oldest first, as bytes: per version its timestamp, the length
     of its value as ``inner`` encodes it (-1: deleted) and those bytes."""
@@ -111,7 +115,7 @@ class FedTable(Table):
         if timestamp is None:
             value = versions[-1][1]
         else:
-            i = bisect.bisect_right(versions, timestamp, key=lambda v: v[0])
+            i = bisect.bisect_right(versions, timestamp, key=_ts)
             if i == 0:
                 return default
             value = versions[i - 1][1]
@@ -159,12 +163,13 @@ class FedTable(Table):
             raise ValueError(f"table {self.name!r}: a record of {self.source.name!r} without a key has no row to feed")
         ts = ctx.timestamp
         versions: list[Version] = list(self._backend.get(key, None) or ())
-        if versions and versions[-1][0] <= ts:
-            versions.append((ts, value))
+        at = len(versions) if not versions or versions[-1][0] <= ts else bisect.bisect_right(versions, ts, key=_ts)
+        if at and versions[at - 1][0] == ts:
+            versions[at - 1] = (ts, value)  # the same time: the later record replaces it
         else:
-            versions.insert(bisect.bisect_right(versions, ts, key=lambda v: v[0]), (ts, value))
+            versions.insert(at, (ts, value))
         keep_from = versions[-1][0] - self.history_ms
-        cut = bisect.bisect_left(versions, keep_from, key=lambda v: v[0]) - 1  # the last version before: kept
+        cut = bisect.bisect_left(versions, keep_from, key=_ts) - 1  # the last version before: kept
         if cut > 0:
             del versions[:cut]
         self._backend[key] = versions

@@ -11,8 +11,10 @@ the gates' order within a topic stand); :meth:`TimeMerge.release` then takes, ag
 again, the head with the smallest (timestamp, topic, partition, offset), as long as no
 other topic of the processor with an empty queue may still bring an earlier record: one
 with records fetched by nobody yet (lag: ``lagging``), or one that has been empty for
-less than the idle wait. A held record is *pending* for its partition: a checkpoint
-records the stable offset below it (and IC ranges beyond), so a crash re-reads it.
+less than the idle wait while others had records (as Kafka Streams' deadline: once
+passed, a quiet topic holds nothing back until it brings a record again). A held record
+is *pending* for its partition: a checkpoint records the stable offset below it (and IC
+ranges beyond), so a crash re-reads it.
 
 The merge looks at heads only, as Kafka Streams' does: within a partition records keep
 their offset order, so a record stuck behind a later timestamp waits for it.
@@ -60,8 +62,11 @@ has brought yet."""
 class TimeMerge:
     """The merge queues of one member's processors (or of one rebuild)."""
 
-    def __init__(self, idle_ms: int) -> None:
+    def __init__(self, idle_ms: int, cut_lag: bool = True) -> None:
+        """``cut_lag``: pass over a topic said to lag that brings nothing for
+        ``LAG_WAIT_SECONDS`` (live; a rebuild, whose lag is exact, waits)."""
         self.idle = idle_ms / 1000 if idle_ms >= 0 else -1.0
+        self.cut_lag = cut_lag
         self.inputs: dict[int, frozenset[str]] = {}
         """Per processor, the topics merged (set by :meth:`set_inputs`); one topic or
         none: its records pass at once."""
@@ -91,10 +96,15 @@ class TimeMerge:
         nothing and no other topic of it may bring an earlier record (what :meth:`release`
         would let through anyway, without a hold and a release per record)."""
         pid, topic = route.proc.id, route.position_key[0]
+        self._brought(pid, topic)  # held or not, the topic brought records: its silence ended
         if self._queues.get(pid) and any(self._queues[pid].values()):
             return False
         others = [t for t in self.inputs.get(pid, ()) if t != topic]
         return not any(self._may_bring_earlier(pid, t, now, lagging) for t in others)
+
+    def _brought(self, pid: int, topic: str) -> None:
+        self._empty_since.pop((pid, topic), None)
+        self._lag_since.pop((pid, topic), None)
 
     def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
         """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
@@ -109,8 +119,7 @@ class TimeMerge:
                 queue.append((route, rec, again))
                 pending.add(rec.offset)
         self.held += len(rebuild) + len(deliver)
-        self._empty_since.pop((pid, topic), None)
-        self._lag_since.pop((pid, topic), None)
+        self._brought(pid, topic)
 
     def release(self, now: float, lagging: Lagging, flush: bool = False) -> list[Run]:
         """The records that may be applied now, in merged order, as runs of one route.
@@ -129,9 +138,7 @@ class TimeMerge:
         inputs = self.inputs.get(pid, ())
         while True:
             full = [(topic, q) for topic, q in queues.items() if q]
-            if not full:  # nothing waits: the next record held starts the idle waits afresh
-                for topic in inputs:
-                    self._empty_since.pop((pid, topic), None)
+            if not full:
                 return
             if not flush:
                 filled = {topic for topic, _ in full}
@@ -174,7 +181,7 @@ class TimeMerge:
             return False
         if lagging(pid, topic):
             since = self._lag_since.setdefault((pid, topic), now)
-            if now - since < LAG_WAIT_SECONDS:
+            if not self.cut_lag or now - since < LAG_WAIT_SECONDS:
                 return True
             self.lag_waits_cut += 1
             self._lag_since[(pid, topic)] = now  # counted once per wait

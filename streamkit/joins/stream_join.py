@@ -108,13 +108,14 @@ class StreamJoin:
                 f"{right.key_serde!r}): a key reaches the same processor from both only if both encode it alike"
             )
         self.name, self.left, self.right, self.fn, self.how = name, left, right, fn, how
-        self.within_ms, self.grace_ms = int(within * 1000), int(grace * 1000)
+        self.grace_ms = int(round(grace * 1000))
         hold = 2 * within + grace  # a bucket closes when no record of it can meet another
         self.buffer = WindowedTable(
             f"join-{name}", left.key_serde, BufferSerde(left.value_serde, right.value_serde),
             Tumbling(within, grace=hold, retention=hold),
         )  # fmt: skip
         self.buffer.closes = True
+        self.within_ms = self.buffer.window.size_ms  # the buckets' width, rounded as they are
 
     # -- the handlers of the two topics -----------------------------------------------------
     def on_left(self, key: Any, value: Any, ctx: Any) -> None:
@@ -137,6 +138,7 @@ class StreamJoin:
         other = RIGHT if side == LEFT else LEFT
         own = buffer.window_start(ts)
         met = False
+        failed: BaseException | None = None
         for start in (own - within, own, own + within):
             bucket = buffer.get_window(key, start)
             if not bucket or not bucket[other]:
@@ -144,10 +146,13 @@ class StreamJoin:
             changed = False
             for entry in bucket[other]:
                 if abs(entry[0] - ts) <= within:
-                    if side == LEFT:
-                        fn(key, value, entry[2], ctx)
-                    else:
-                        fn(key, entry[2], value, ctx)
+                    try:
+                        if side == LEFT:
+                            fn(key, value, entry[2], ctx)
+                        else:
+                            fn(key, entry[2], value, ctx)
+                    except Exception as exc:  # noqa: BLE001 - user code: the record is a dead letter, the pair met
+                        failed = failed or exc
                     met = True
                     if not entry[1]:
                         entry[1] = changed = True
@@ -161,7 +166,9 @@ class StreamJoin:
             bucket[side].append(entry)
             return bucket
 
-        buffer.update(key, add)
+        buffer.update(key, add)  # buffered even if a call failed: its later partners meet it
+        if failed is not None:
+            raise failed
 
     # -- a bucket that closes: the records that met nobody ------------------------------------
     def on_close(self, key: Any, window: Window, bucket: Bucket | None, ctx: Any) -> None:

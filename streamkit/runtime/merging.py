@@ -58,13 +58,21 @@ async def release_merged(merge: TimeMerge, dispatcher: Dispatcher, lagging: Lagg
 
 def consumer_lagging(consumer: Any, routes: Callable[[], Iterable[tuple[TopicPartition, Route]]]) -> Lagging:
     """``lagging`` for a member: a topic lags for a processor when one of its partitions
-    there, not paused, has records beyond the route's position by the last high watermark
-    a fetch reported (or none was reported yet)."""
+    there has records beyond the route's position by the last high watermark a fetch
+    reported (or none was reported yet). A paused partition, or a route at its gate's
+    limit, does not lag: it brings nothing until its gate opens.
+
+    The route's position, not the consumer's: aiokafka moves its position over records it
+    has fetched and not yet handed over. (A partition ending in a transaction marker keeps
+    its position below the high watermark: such a topic is passed over after
+    ``LAG_WAIT_SECONDS`` each time.)"""
 
     def lagging(pid: int, topic: str) -> bool:
         paused = consumer.paused()
         for tp, route in routes():
             if tp.topic != topic or route.proc.id != pid or not _merged(route) or tp in paused:
+                continue
+            if route.limit is not None and route.position >= route.limit:
                 continue
             try:
                 high = consumer.highwater(tp)

@@ -267,7 +267,7 @@ async def rebuild(
         admission.add(tp, route)
     # The inputs in time order as live (a topic short of its target may bring an earlier
     # record); what is held when every target is reached is applied then.
-    merge = TimeMerge(0)
+    merge = TimeMerge(0, cut_lag=False)
     merge.set_inputs(merged_inputs(admission))
     short = lambda _pid, topic: any(  # noqa: E731
         tp.topic == topic and r.position < plan.targets[tp] and tp not in reader.paused for tp, r in admission

@@ -117,8 +117,9 @@ class Route:
     @property
     def stable(self) -> int:
         """Every record below this offset is applied: the position, or the lowest record a
-        key-concurrent route handed over and has not finished."""
-        pending = self.scheduler.pending if self.scheduler is not None else None
+        key-concurrent route handed over and has not finished (or the time-ordered merge
+        holds)."""
+        pending = self.proc.pending.get(self.position_key)  # key-concurrent, or held by the time-ordered merge
         return min(pending) if pending else self.position
 
     @classmethod

@@ -51,6 +51,15 @@ def test_reads_are_as_of_the_records_time_and_a_tombstone_deletes_from_its_time(
     assert table.get("c", "gone") == "gone"
 
 
+def test_a_later_record_of_the_same_time_replaces_the_version() -> None:
+    table, clock = _bound()
+    _feed(table, "c", {"v": 1}, 100)
+    _feed(table, "c", {"v": 2}, 100)
+    assert table.versions("c") == [(100, {"v": 2})]
+    clock.timestamp = 100
+    assert table.get("c") == {"v": 2}
+
+
 def test_versions_older_than_the_history_go_but_the_last_of_them() -> None:
     table, clock = _bound(history=10.0)  # 10,000 ms
     for ts in (0, 1_000, 2_000, 15_000, 30_000):

@@ -5,7 +5,8 @@ the order's timestamp (customers' updates in time order, orders late and out of 
 The same answer whatever the fetches deliver first (every record produced before the
 worker starts: the merge waits for the topic that lags; or produced while it runs, each
 span's orders before its customers: the idle wait holds them), after kill -9 at random
-moments, and from a store rebuilt on a fresh state directory."""
+moments, from a store rebuilt on a fresh state directory, and through processor scaling
+2 -> 3 -> 2 under load."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,9 @@ from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
 CUSTOMERS, SPANS, UPDATES_PER_SPAN, ORDERS_PER_SPAN = 60, 2, 150, 400
 T0 = 1_700_000_000_000
 SPAN_MS = 60_000
+HEARTBEATS = ("hb-0", "hb-2")
+"""Customers keyed to partitions 1 and 0 (of 2): one per processor."""
+UPDATES = SPANS * (UPDATES_PER_SPAN + len(HEARTBEATS))
 Expected = tuple[dict[str, Any], dict[str, list[int]], dict[str, Any]]
 """(order id -> level as of its time, customer -> [orders, sum of levels], customer -> latest)."""
 
@@ -42,6 +47,10 @@ def _history(seed: int) -> tuple[list[list[tuple[str, Any, None, int]]], list[li
         stamps = sorted(rng.randrange(start, start + SPAN_MS) for _ in range(UPDATES_PER_SPAN))
         values = [None if rng.random() < 0.1 else {"level": rng.randrange(1, 1000)} for _ in stamps]
         updates.append([(f"c{rng.randrange(CUSTOMERS)}", v, None, ts) for v, ts in zip(values, stamps, strict=True)])
+        # the span's last customer update in each partition: the table's topic says its time
+        # has passed (as a regularly updated table does), so no order of the span waits for
+        # it at the end and the next span's orders wait for its customers afresh
+        updates[-1] += [(key, {"level": 0}, None, start + SPAN_MS - 1) for key in HEARTBEATS]
         orders.append([
             (f"c{rng.randrange(CUSTOMERS)}", {"id": f"o{s}-{j}"}, None, rng.randrange(T0, start + SPAN_MS))
             for j in range(ORDERS_PER_SPAN)
@@ -138,7 +147,7 @@ def test_orders_join_their_customer_as_of_their_time_through_kills_and_a_rebuild
     try:
         wait_for_log(job, worker, "hosts processors")  # (the killed ones may have applied everything)
         wait_until_committed(job, 2, total)
-        wait_until_committed(job, 2, SPANS * UPDATES_PER_SPAN, topic=customers_topic)  # its last may wait
+        wait_until_committed(job, 2, UPDATES, topic=customers_topic)  # its last may wait
     finally:
         job.stop_all()
     expected = _reference(updates, orders)
@@ -171,7 +180,43 @@ def test_the_idle_wait_holds_orders_for_customers_produced_just_after_them(broke
             produce_json(broker, customers_topic, span_updates)
             done += len(span_orders)
             wait_until_committed(job, 2, done)
-        wait_until_committed(job, 2, SPANS * UPDATES_PER_SPAN, topic=customers_topic)  # its last may wait
+        wait_until_committed(job, 2, UPDATES, topic=customers_topic)  # its last may wait
     finally:
         job.stop_all()
+    _check(job, broker, out, _reference(updates, orders))
+
+
+def test_the_join_holds_through_processor_scaling_under_load(broker: str, tmp_path: Path) -> None:
+    """Two workers, 2 -> 3 -> 2 processors while customers and orders are written (each
+    span's customers first, then its orders): the table's versions move with their keys."""
+    tag = uuid.uuid4().hex[:8]
+    orders_topic, customers_topic, out = _topics(broker, tag)
+    updates, orders = _history(seed=17)
+    job = Job(broker, f"fed-{tag}", orders_topic, tmp_path / "state", processors=2, app_spec="tests.joins.fed_app:app")
+    env = {"SK_TEST_CUSTOMERS": customers_topic, "SK_TEST_OUT": out}
+
+    def produce(span: int) -> None:
+        produce_json(broker, customers_topic, updates[span])
+        produce_json(broker, orders_topic, orders[span])
+
+    said = ""
+    workers = [job.start_worker(**env), job.start_worker(**env)]
+    try:
+        for worker in workers:
+            wait_for_log(job, worker, "hosts processors")
+        for span, processors in enumerate((3, 2)):
+            with ThreadPoolExecutor(1) as pool:  # written while the job scales
+                writing = pool.submit(produce, span)
+                said += job.scale(processors, **env)
+                writing.result()
+            wait_until_committed(job, 2, (span + 1) * ORDERS_PER_SPAN)
+        wait_until_committed(job, 2, UPDATES, topic=customers_topic)
+        gone = [job.state_dir / job.app / name for name in ("processor-2", "processor-0.receiving")]
+        deadline = time.monotonic() + 60
+        while any(path.exists() for path in gone):  # the shrink done: processor 2's keys are in 0's store
+            assert time.monotonic() < deadline, job.log(workers[0], 3000)
+            time.sleep(0.2)
+    finally:
+        job.stop_all()
+    assert "processor 2: takes over the keys of processor 0" in said and "processor 2: retires" in said, said
     _check(job, broker, out, _reference(updates, orders))

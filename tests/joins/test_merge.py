@@ -145,15 +145,30 @@ def test_random_arrivals_give_the_order_of_the_whole_streams() -> None:
         assert out == expected
 
 
-def test_the_idle_wait_starts_again_once_everything_held_was_applied() -> None:
-    merge, a, _ = setup(idle_ms=500)
+def test_a_passed_idle_wait_holds_nothing_back_until_the_quiet_topic_brings_a_record() -> None:
+    """Kafka Streams' deadline: once it passed, a quiet topic does not hold every later
+    batch back again; a record from it starts a fresh wait for its next silence."""
+    merge, a, b = setup(idle_ms=500)
     merge.hold(a, [], recs("a", [1]))
     assert merge.release(10.0, never) == []
     assert flat(merge.release(10.5, never)) == [("a", 0)]
-    merge.release(10.6, never)  # nothing held
     merge.hold(a, [], [Rec("a", 0, 1, 2)])
-    assert merge.release(20.0, never) == []  # b gets its wait again
-    assert flat(merge.release(20.5, never)) == [("a", 1)]
+    assert flat(merge.release(20.0, never)) == [("a", 1)]  # b still quiet: no new wait
+    merge.hold(b, [], recs("b", [3]))
+    assert merge.release(20.1, never) == []  # now a is the quiet one: b waits for it
+    assert flat(merge.release(20.6, never)) == [("b", 0)]
+    merge.hold(a, [], [Rec("a", 0, 2, 4)])
+    assert merge.release(30.0, never) == []  # b brought a record since: it gets its wait again
+    assert flat(merge.release(30.5, never)) == [("a", 2)]
+
+
+def test_a_rebuild_waits_for_a_lagging_topic_however_long() -> None:
+    merge = TimeMerge(0, cut_lag=False)
+    proc = Proc(0)
+    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.hold(R(proc, ("a", 0)), [], recs("a", [1]))
+    assert merge.release(0.0, lambda *_: True) == []
+    assert merge.release(10 * LAG_WAIT_SECONDS, lambda *_: True) == []
 
 
 def test_a_batch_passes_unheld_only_when_nothing_could_come_before_it() -> None:
@@ -164,3 +179,14 @@ def test_a_batch_passes_unheld_only_when_nothing_could_come_before_it() -> None:
     assert not merge.passes(a, 0.0, never)  # b holds a record: a's go through the merge
     idle, a2, _ = setup(idle_ms=500)
     assert not idle.passes(a2, 0.0, never) and idle.passes(a2, 0.5, never)
+
+
+def test_records_that_pass_unheld_end_their_topics_silence_too() -> None:
+    merge, a, b = setup(idle_ms=500)
+    merge.hold(a, [], recs("a", [1]))
+    assert merge.release(10.0, never) == []  # b quiet: its wait starts
+    assert flat(merge.release(10.5, never)) == [("a", 0)]
+    assert not merge.passes(b, 11.0, never)  # now a is quiet: b's records would wait for it
+    assert merge.passes(b, 11.5, never)  # a's wait passed: b's go through at once, unheld
+    merge.hold(a, [], [Rec("a", 0, 1, 5)])
+    assert merge.release(20.0, never) == []  # b brought records since its wait: a fresh one

@@ -11,8 +11,6 @@ from __future__ import annotations
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +21,7 @@ import orjson
 
 from streamkit.testing import create_topic, default_partition, produce_json, read_topic
 from tests.joins.join_app import GRACE, WITHIN
-from tests.runtime.jobs import ROOT, Job, wait_for_log, wait_until_committed
+from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
 
 USERS, PER_TOPIC, SPREAD_MS, DISORDER_MS = 40, 500, 600_000, 2_000
 T0 = 1_700_000_000_000
@@ -162,14 +160,6 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
         produce_json(broker, views_topic, views[thirds[i] : thirds[i + 1]])
         produce_json(broker, clicks_topic, clicks[thirds[i] : thirds[i + 1]])
 
-    def scale(n: int) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "streamkit.cli", "scale", job.app_spec, "--processors", str(n)],
-            cwd=ROOT, env=job.env(**env), capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
-        return result.stdout
-
     produce(0)
     job.start_worker(**env)
     job.start_worker(**env)
@@ -177,12 +167,12 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
         wait_until_committed(job, 2, thirds[1])
         with ThreadPoolExecutor(1) as pool:  # written while the job scales
             writing = pool.submit(produce, 1)
-            said = scale(3)
+            said = job.scale(3, **env)
             writing.result()
         wait_until_committed(job, 2, thirds[2])
         with ThreadPoolExecutor(1) as pool:
             writing = pool.submit(produce, 2)
-            said += scale(2)
+            said += job.scale(2, **env)
             writing.result()
         produce_json(broker, views_topic, _sentinels("v"))
         wait_until_committed(job, 2, PER_TOPIC + 2)

@@ -76,6 +76,15 @@ class Job:
         self.logs[proc.pid] = path
         return proc
 
+    def scale(self, processors: int, **env: str) -> str:
+        """``streamkit scale`` the job to ``processors``; what it said (it must succeed)."""
+        result = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "scale", self.app_spec, "--processors", str(processors)],
+            cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
     def log(self, worker: subprocess.Popen[bytes], tail: int | None = None) -> str:
         """What ``worker`` has logged so far (its last ``tail`` characters)."""
         text = self.logs[worker.pid].read_text(errors="replace")

@@ -23,9 +23,10 @@ import pytest
 
 from tests.runtime.histories import PLAIN, PRODUCERS, plan_history, run_history, verify
 
-CI_SEEDS = (6, 8)
-"""Without a budget given: an expansion, then a SIGKILL (6); expand, shrink and
-finish-drain with two workers and all three producers (8). Others on demand, e.g. a plain
+CI_SEEDS = (6,)
+"""Without a budget given: an expansion, then a SIGKILL (6). Others on demand
+(``STREAMKIT_HISTORIES=N``), e.g. expand, shrink and finish-drain with two workers and all
+three producers (8; the layout soak test runs that shape in CI), a plain
 topic (no layout) written by confluent-kafka, lost stores and 2 -> 4 processors (3),
 which the plain-topic strays, changelog restore and scaling tests cover one by one."""
 FIRST = int(os.environ.get("STREAMKIT_HISTORY_SEED", "0"))

@@ -34,7 +34,7 @@ from stores_testutil import HERE, PYTHON, subprocess_env
 from stores import RocksDBStore
 
 WRITER = str(HERE / "crash_writer.py")
-KILLS = int(os.environ.get("STORES_CRASH_KILLS", "100"))
+KILLS = int(os.environ.get("STORES_CRASH_KILLS", "60"))
 MIN_KILLS = 30
 BUDGET_S = float(os.environ.get("STORES_CRASH_BUDGET_S", "30"))
 
