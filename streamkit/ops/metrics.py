@@ -125,6 +125,10 @@ class WorkerView:
     tables: list[TableView] = field(default_factory=list)
     holes: Mapping[str, int] = field(default_factory=dict)
     """Offset gaps in fetch answers: "asked_again" (each seen), "read_past" (confirmed real)."""
+    merge_held: int = 0
+    """Records the time-ordered merge holds now (every processor of the worker)."""
+    merge_lag_cuts: int = 0
+    """Times the merge passed over a topic said to lag that brought nothing for a while."""
 
 
 METRICS: dict[str, str] = {
@@ -145,6 +149,10 @@ METRICS: dict[str, str] = {
     "streamkit_fetch_holes_total": "gaps in the offsets of a fetch answer: asked_again (each gap seen), "
     "read_past (still there after a second of asking: compaction, transaction markers or retention; anything "
     "else is records lost)",
+    "streamkit_merge_held_records": "records the time-ordered merge of a processor's input topics holds (an "
+    "earlier record of another topic may still come)",
+    "streamkit_merge_lag_waits_cut_total": "times a topic said to have unfetched records brought none for 5 s and "
+    "the merge went on without it (a wrong high watermark, or a partition ending in a transaction marker)",
     "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
     "streamkit_handler_batch_seconds": "time in the handlers per partition batch",
     "streamkit_gate_wait_seconds": "how long a partition waited at its gate for the group to pass a seal",
@@ -221,6 +229,11 @@ class WorkerCollector(Collector):
         for outcome, n in sorted(v.holes.items()):
             holes.add_metric([*base, outcome], n)
         yield holes
+        held = _fam(GaugeMetricFamily, "streamkit_merge_held_records", labels)
+        held.add_metric(base, v.merge_held)
+        cuts = _fam(CounterMetricFamily, "streamkit_merge_lag_waits_cut_total", labels)
+        cuts.add_metric(base, v.merge_lag_cuts)
+        yield from (held, cuts)
         waiting = _fam(GaugeMetricFamily, "streamkit_strays_waiting", [*labels, "partition"])
         for where, n in sorted(v.strays_waiting.items()):
             waiting.add_metric([*base, where], n)

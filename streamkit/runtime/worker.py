@@ -304,6 +304,8 @@ class Worker:
                 "asked_again": sum(m.admission.holes_refetched for m in self.members),
                 "read_past": sum(m.admission.holes_read_past for m in self.members),
             },
+            merge_held=sum(m.merge.held for m in self.members),
+            merge_lag_cuts=sum(m.merge.lag_waits_cut for m in self.members),
         )
 
     async def shutdown(self, clean: bool = True) -> None:
