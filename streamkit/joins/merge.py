@@ -87,6 +87,11 @@ class TimeMerge:
             topics.setdefault(pid, set()).add(topic)
         self.inputs = {pid: frozenset(t) for pid, t in topics.items() if len(t) > 1}
 
+    def queued(self, pid: int, topic: str) -> int:
+        """Records held for processor ``pid`` from ``topic``."""
+        queue = self._queues.get(pid, {}).get(topic)
+        return len(queue) if queue else 0
+
     def merges(self, route: MergeRoute) -> bool:
         return len(self.inputs.get(route.proc.id, ())) > 1
 

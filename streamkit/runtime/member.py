@@ -29,7 +29,7 @@ from streamkit.runtime.admission import Admission
 from streamkit.runtime.catchup import CatchUp, Stamp, shape_of
 from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
-from streamkit.runtime.merging import apply_merged, consumer_lagging, merged_inputs, release_merged
+from streamkit.runtime.merging import HeldBack, apply_merged, consumer_lagging, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routing import Router, Starts
@@ -137,7 +137,8 @@ class GroupMember:
         )  # fmt: skip
         self.merge = TimeMerge(s.max_task_idle_ms)
         """The time-ordered merge of each hosted processor's input topics."""
-        self._lagging = consumer_lagging(self.consumer, lambda: self.admission)
+        self.held_back = HeldBack(self.consumer)
+        self._lagging = consumer_lagging(self.consumer, lambda: self.admission, self.held_back)
         self.catchup = CatchUp(
             self.name, services.io, services.registry, services.progress, app.handlers, app.input_topics,
             self.dispatcher, app.group_id, s.commit_every, self._send_output,
@@ -287,6 +288,7 @@ class GroupMember:
         self.processors.clear()
         self.admission.clear()
         self.merge.clear()
+        self.held_back.clear()
         self._kafka_offsets.clear()  # each sharer commits its view once again in the next generation
         self.assigned_generation = -1
 
@@ -583,6 +585,8 @@ class GroupMember:
                 route.proc.uncommitted += records.consumed
                 self._since_checkpoint += records.consumed
         await release_merged(merge, self.dispatcher, self._lagging)
+        if merge.inputs:
+            self.held_back.update(merge, self.admission)
         for _, route in self.admission:  # key-concurrent routes' records of busy keys
             if route.scheduler is not None and route.scheduler.queued:
                 await self.dispatcher.run_queued(route)

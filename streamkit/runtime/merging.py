@@ -15,7 +15,13 @@ from streamkit.runtime.admission import Admitted
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.routes import Route
 
-__all__ = ["apply_merged", "consumer_lagging", "merged_inputs", "release_merged"]
+__all__ = ["HELD_PER_TOPIC", "HeldBack", "apply_merged", "consumer_lagging", "merged_inputs", "release_merged"]
+
+HELD_PER_TOPIC = 20_000
+"""Records the merge may hold for one processor from one topic before that topic's
+partitions stop being fetched (Kafka Streams' ``buffered.records.per.partition``): a topic
+far ahead in time while another catches up does not pile up in memory. Fetched again
+once half of them went out."""
 
 
 def _merged(route: Route) -> bool:
@@ -56,11 +62,46 @@ async def release_merged(merge: TimeMerge, dispatcher: Dispatcher, lagging: Lagg
     return released
 
 
-def consumer_lagging(consumer: Any, routes: Callable[[], Iterable[tuple[TopicPartition, Route]]]) -> Lagging:
+class HeldBack:
+    """The partitions paused because the merge holds too many of their topic's records
+    (``HELD_PER_TOPIC``)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.paused: set[TopicPartition] = set()
+
+    def update(self, merge: TimeMerge, routes: Iterable[tuple[TopicPartition, Route]]) -> None:
+        """Pause the partitions of a (processor, topic) over the bound; resume those of
+        ours under half of it that no gate holds (a gate's pause is the admission's)."""
+        most: dict[TopicPartition, int] = {}
+        gated: dict[TopicPartition, bool] = {}
+        for tp, route in routes:
+            if _merged(route):
+                most[tp] = max(most.get(tp, 0), merge.queued(route.proc.id, tp.topic))
+                at_limit = route.limit is not None and route.position >= route.limit
+                gated[tp] = gated.get(tp, True) and at_limit
+        for tp, n in most.items():
+            if n > HELD_PER_TOPIC and tp not in self.paused:
+                self.consumer.pause(tp)
+                self.paused.add(tp)
+            elif n <= HELD_PER_TOPIC // 2 and tp in self.paused:
+                self.paused.discard(tp)
+                if not gated[tp]:
+                    self.consumer.resume(tp)
+        self.paused &= set(most)  # partitions no longer routed
+
+    def clear(self) -> None:
+        self.paused.clear()
+
+
+def consumer_lagging(
+    consumer: Any, routes: Callable[[], Iterable[tuple[TopicPartition, Route]]], held_back: HeldBack | None = None
+) -> Lagging:
     """``lagging`` for a member: a topic lags for a processor when one of its partitions
     there has records beyond the route's position by the last high watermark a fetch
-    reported (or none was reported yet). A paused partition, or a route at its gate's
-    limit, does not lag: it brings nothing until its gate opens.
+    reported (or none was reported yet). A partition paused by its gate, or a route at
+    its gate's limit, does not lag: it brings nothing until the gate opens (one paused
+    for holding too much, ``HeldBack``, does).
 
     The route's position, not the consumer's: aiokafka moves its position over records it
     has fetched and not yet handed over. (A partition ending in a transaction marker keeps
@@ -68,7 +109,7 @@ def consumer_lagging(consumer: Any, routes: Callable[[], Iterable[tuple[TopicPar
     ``LAG_WAIT_SECONDS`` each time.)"""
 
     def lagging(pid: int, topic: str) -> bool:
-        paused = consumer.paused()
+        paused = consumer.paused() - (held_back.paused if held_back is not None else set())
         for tp, route in routes():
             if tp.topic != topic or route.proc.id != pid or not _merged(route) or tp in paused:
                 continue
