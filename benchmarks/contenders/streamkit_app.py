@@ -69,19 +69,22 @@ def main() -> None:
 
     asyncio.run(worker.run())
 
-    def pairs() -> Iterator[Any]:  # one at a time: at 10M keys, a list of them is a gigabyte
-        for pid in range(a.partitions):
-            with RocksDBStore.open(str(app.store_path(pid)), ["stats"]) as store:
-                yield from (orjson.loads(v) for _, v in store.items("stats"))
-
     emit_result(
         records=progress["n"],
         first_record_at=progress["first"],
         last_record_at=progress["last"],
         process_start=PROCESS_START,
-        check=check_totals(pairs()),
+        check=check_totals(stored_stats(app, a.partitions)),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
+
+
+def stored_stats(app: streamkit.App, processors: int) -> Iterator[Any]:
+    """Every processor's ``stats`` values, read back from the stores after the worker
+    closed them, one at a time: at 10M keys, a list of them is a gigabyte."""
+    for pid in range(processors):
+        with RocksDBStore.open(str(app.store_path(pid)), ["stats"]) as store:
+            yield from (orjson.loads(v) for _, v in store.items("stats"))
 
 
 def _free_port() -> int:

@@ -26,14 +26,11 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 import streamkit
-from stores.rocksdb import RocksDBStore
+from benchmarks.contenders.streamkit_app import stored_stats
 from streamkit.runtime.worker import Worker
 from streamkit.testing import create_topic, produce_json
 
@@ -87,17 +84,12 @@ def main() -> None:
 
     asyncio.run(worker.run())
 
-    def pairs() -> Iterator[Any]:
-        for pid in range(a.partitions):
-            with RocksDBStore.open(str(app.store_path(pid)), ["stats"]) as store:
-                yield from (orjson.loads(v) for _, v in store.items("stats"))
-
     emit_result(
         records=progress["n"],
         first_record_at=progress["first"],
         last_record_at=progress["last"],
         process_start=PROCESS_START,
-        check=check_totals(pairs()),
+        check=check_totals(stored_stats(app, a.partitions)),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
         joined=progress["joined"],
     )

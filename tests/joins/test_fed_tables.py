@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import random
 import shutil
-import signal
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -137,12 +136,7 @@ def test_orders_join_their_customer_as_of_their_time_through_kills_and_a_rebuild
     env = {"SK_TEST_CUSTOMERS": customers_topic, "SK_TEST_OUT": out, "STREAMKIT_CHANGELOG": "false"}
     total = SPANS * ORDERS_PER_SPAN
     rng = random.Random(2)
-    for _ in range(2):  # kill -9 at a random moment, then start again
-        worker = job.start_worker(**env)
-        wait_until_committed(job, 2, rng.randrange(1, total // 2))
-        time.sleep(rng.random() * 0.5)
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+    job.kill_at_random_moments(rng, 2, total // 2, **env)
     worker = job.start_worker(**env)
     try:
         wait_for_log(job, worker, "hosts processors")  # (the killed ones may have applied everything)

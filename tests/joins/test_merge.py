@@ -4,30 +4,11 @@ tests run it against the broker)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 from streamkit.joins.merge import LAG_WAIT_SECONDS, TimeMerge
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-
-
-@dataclass(eq=False)
-class Proc:
-    id: int
-    pending: dict[Any, set[int]] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class R:
-    proc: Proc
-    position_key: tuple[str, int]
+from tests.joins.merge_fakes import FakeRoute as R
+from tests.joins.merge_fakes import Proc, Rec
 
 
 def never(_pid: int, _topic: str) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +60,14 @@ def _reference(views: list[Any], clicks: list[Any]) -> dict[str, set[Pair]]:
     return {"inner": pairs, "left": pairs | lone_views, "outer": pairs | lone_views | lone_clicks}
 
 
+def _topics(broker: str, tag: str) -> tuple[str, str, str]:
+    """The views and clicks topics, and the prefix of the joins' output topics (created)."""
+    out = f"joined-{tag}"
+    for how in ("inner", "left", "outer"):
+        create_topic(broker, f"{out}-{how}", 2)
+    return create_topic(broker, f"views-{tag}", 2), create_topic(broker, f"clicks-{tag}", 2), out
+
+
 def _outputs(broker: str, out: str) -> dict[str, set[Pair]]:
     seen: dict[str, set[Pair]] = {}
     for how in ("inner", "left", "outer"):
@@ -75,10 +82,7 @@ def _outputs(broker: str, out: str) -> dict[str, set[Pair]]:
 
 def test_views_and_clicks_join_within_five_seconds_through_kills_and_a_rebuild(broker: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
-    views_topic, clicks_topic = create_topic(broker, f"views-{tag}", 2), create_topic(broker, f"clicks-{tag}", 2)
-    out = f"joined-{tag}"
-    for how in ("inner", "left", "outer"):
-        create_topic(broker, f"{out}-{how}", 2)
+    views_topic, clicks_topic, out = _topics(broker, tag)
     rng = random.Random(21)
     views, clicks = _side(rng, "v"), _side(rng, "c")
     half = PER_TOPIC // 2
@@ -89,12 +93,7 @@ def test_views_and_clicks_join_within_five_seconds_through_kills_and_a_rebuild(b
     # 1. the first half of each topic, with kill -9 at two random moments on the way
     produce_json(broker, views_topic, views[:half])
     produce_json(broker, clicks_topic, clicks[:half])
-    for _ in range(2):
-        worker = job.start_worker(**env)
-        wait_until_committed(job, 2, rng.randrange(1, half))
-        time.sleep(rng.random() * 0.5)
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+    job.kill_at_random_moments(rng, 2, half, **env)
     worker = job.start_worker(**env)
     try:
         wait_for_log(job, worker, "hosts processors")  # (the killed ones may have applied everything)
@@ -144,10 +143,7 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
     """Two workers, 2 -> 3 -> 2 processors while views and clicks are written: the buffers
     move with their keys (a shared task at 3), and the output is still exactly the pairs."""
     tag = uuid.uuid4().hex[:8]
-    views_topic, clicks_topic = create_topic(broker, f"views-{tag}", 2), create_topic(broker, f"clicks-{tag}", 2)
-    out = f"joined-{tag}"
-    for how in ("inner", "left", "outer"):
-        create_topic(broker, f"{out}-{how}", 2)
+    views_topic, clicks_topic, out = _topics(broker, tag)
     rng = random.Random(5)
     views, clicks = _side(rng, "v"), _side(rng, "c")
     job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")

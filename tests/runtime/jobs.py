@@ -85,6 +85,16 @@ class Job:
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
+    def kill_at_random_moments(self, rng: Any, kills: int, before: int, **env: str) -> None:
+        """Start a worker and SIGKILL it once the group has committed a random number of
+        records (below ``before``) and a random moment more, ``kills`` times."""
+        for _ in range(kills):
+            worker = self.start_worker(**env)
+            wait_until_committed(self, 2, rng.randrange(1, before))
+            time.sleep(rng.random() * 0.5)
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+
     def log(self, worker: subprocess.Popen[bytes], tail: int | None = None) -> str:
         """What ``worker`` has logged so far (its last ``tail`` characters)."""
         text = self.logs[worker.pid].read_text(errors="replace")

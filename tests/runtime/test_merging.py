@@ -3,37 +3,11 @@ which partitions lag, on plain objects (pure logic; the joins' worker tests run 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from aiokafka import TopicPartition
 
 from streamkit.joins.merge import TimeMerge
 from streamkit.runtime.merging import HELD_PER_TOPIC, HeldBack, consumer_lagging
-
-
-@dataclass(eq=False)
-class Proc:
-    id: int
-    pending: dict[Any, set[int]] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class FakeRoute:
-    proc: Proc
-    position_key: tuple[str, int]
-    position: int = 0
-    limit: int | None = None
-    scheduler: Any = None
-    swept: bool = False
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
+from tests.joins.merge_fakes import FakeRoute, Proc, Rec
 
 
 class Consumer:
