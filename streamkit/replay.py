@@ -12,15 +12,17 @@ are skipped exactly as the worker skips them (it sends them to the dead-letter t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from streamkit.app import App, HandlerSpec
 from streamkit.context import Context, Outbox, ReplayRecord
 from streamkit.errors import ReplayError
 from streamkit.tables import Table
 from streamkit.windows import BookTable, LateRecordError, WindowedTable
+
+_UNREADABLE = object()  # a key its topic's key serde cannot read
 
 
 class _KeyScopedState:
@@ -75,15 +77,18 @@ class ReplayStats:
 
 
 class Replayer:
-    """Runs `app`'s handlers of `topic` over one key's records at a time."""
+    """Runs `app`'s handlers of `topics` (one topic, or several whose records arrive
+    merged in time order, each record naming its topic) over one key's records at a time."""
 
-    def __init__(self, app: App, topic: str) -> None:
-        specs = app.handlers.get(topic)
-        if not specs:
-            raise ReplayError(f"app {app.name!r} has no handler for topic {topic!r}")
+    def __init__(self, app: App, topics: str | Sequence[str]) -> None:
+        names = [topics] if isinstance(topics, str) else list(topics)
+        for name in names:
+            if not app.handlers.get(name):
+                raise ReplayError(f"app {app.name!r} has no handler for topic {name!r}")
         self.app = app
-        self.topic = topic
-        self.specs: list[HandlerSpec] = specs
+        self.topic = names[0]
+        self.specs_of: dict[str, list[HandlerSpec]] = {name: app.handlers[name] for name in names}
+        self.specs: list[HandlerSpec] = self.specs_of[self.topic]
         self.current_key: Any = None
         self.current_handler = ""
         self.stats = ReplayStats()
@@ -96,18 +101,18 @@ class Replayer:
         close_through: int = -1,
     ) -> dict[str, dict[bytes, bytes]]:
         """Replay one key's records, given in order as (value, timestamp_ms, partition,
-        offset) or (..., stream time): the stream time of the key's processor as the record
-        is applied (what windowed tables judge late records by; without it, none is late).
+        offset), optionally followed by the stream time of the key's processor as the
+        record is applied (what windowed tables judge late records by; -1 or none: none
+        is late) and by the record's topic (when the replayer has several).
 
         ``close_through``: the processor's stream time at the end of the history: the
         key's windows that it closes are recorded closed, with no callback (as a rebuild
         does: their output belongs to the history), so a worker going on from the stores
-        does not close them again.
+        does not close them again; those past their retention are deleted.
 
         Returns, per table, the stored bytes (key as stored -> value) the key's state ends with.
         """
         app = self.app
-        topic = self.specs[0].topic
         states = {name: _KeyScopedState(t, self) for name, t in app.tables.items()}
         outbox = Outbox()
         outbox.suppress = True
@@ -117,24 +122,34 @@ class Replayer:
                 t.bind(t.state_over(states[name], states.get(t.book_name), index=False), ctx)
             else:
                 t.bind(states[name], ctx)
+        seen: dict[str, tuple[Any, Any, list[HandlerSpec]]] = {}  # per topic: its key as read, serdes, handlers
         try:
-            k = topic.key_serde.loads(key) if key is not None else None
-        except Exception as exc:  # noqa: BLE001 - the worker dead-letters these records
-            self.stats.skipped_decode += sum(1 for _ in records)
-            self.stats.errors.append(f"key {key!r}: {type(exc).__name__}: {exc}")
-            return {}
-        self.current_key = k
-        try:
-            for value, ts, partition, offset, *stream in records:
+            for value, ts, partition, offset, *more in records:
                 self.stats.records += 1
-                ctx.stream_time = stream[0] if stream else -1
+                ctx.stream_time = more[0] if more else -1
+                name = more[1] if len(more) > 1 else self.topic
+                known = seen.get(name)
+                if known is None:
+                    specs = self.specs_of[name]
+                    topic = specs[0].topic
+                    try:
+                        k = topic.key_serde.loads(key) if key is not None else None
+                    except Exception as exc:  # noqa: BLE001 - the worker dead-letters these records
+                        self.stats.errors.append(f"key {key!r} of topic {name!r}: {type(exc).__name__}: {exc}")
+                        k = _UNREADABLE
+                    known = seen[name] = (k, topic.value_serde, specs)
+                k, value_serde, specs = known
+                if k is _UNREADABLE:
+                    self.stats.skipped_decode += 1
+                    continue
+                self.current_key = k
                 try:
-                    v = topic.value_serde.loads(value) if value is not None else None
+                    v = value_serde.loads(value) if value is not None else None
                 except Exception:  # noqa: BLE001
                     self.stats.skipped_decode += 1
                     continue
-                ctx._rec = ReplayRecord(self.topic, partition, offset, ts, key, value)
-                for spec in self.specs:
+                ctx._rec = ReplayRecord(name, partition, offset, ts, key, value)
+                for spec in specs:
                     self.current_handler = spec.name
                     try:
                         result = spec.fn(k, v, ctx)
@@ -171,16 +186,21 @@ class Replayer:
 
 
 def _close_through(app: App, states: dict[str, _KeyScopedState], stream_time: int) -> None:
-    """Record closed the windows of the replayed key that ``stream_time`` closes."""
-    for name, t in app.tables.items():
-        if isinstance(t, WindowedTable) and t.book_name in states:
-            book = states[t.book_name].data
-            if not book:
-                continue
-            data: Any = states[name].data  # plain dicts: the key's entries
-            windows = t.state_over(data, cast(Any, book))
+    """Record closed the windows of the replayed key that ``stream_time`` closes, and
+    delete those past their retention (what a worker's checkpoint at that stream time
+    deletes: ``WindowState.expire``)."""
+    for t in app.tables.values():
+        if not isinstance(t, WindowedTable):
+            continue
+        data: Any = states[t.name].data  # plain dicts: the key's entries
+        book: Any = states[t.book_name].data if t.book_name in states else {}
+        if not data and not book:
+            continue
+        windows = t.state_over(data, book)
+        if book:
             for key, window in windows.due(stream_time):
                 windows.closed(key, window)
+        windows.expire(stream_time)
 
 
 def replay_records(

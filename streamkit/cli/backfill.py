@@ -274,7 +274,9 @@ def backfill(
     value_encoded: bool = typer.Option(False, "--value-encoded", help="values are already the stored/record bytes"),
     partition_col: str | None = typer.Option(None, "--partition-col"),
     offset_col: str | None = typer.Option(None, "--offset-col", help="positions = highest offset + 1 per partition"),
-    topic_col: str | None = typer.Option(None, "--topic-col"),
+    topic_col: str | None = typer.Option(
+        None, "--topic-col", help="the column naming each row's topic (replay: a history of all the app's inputs)"
+    ),
     timestamp_col: str | None = typer.Option(None, "--timestamp-col"),
     order_by: str | None = typer.Option(None, "--order-by", help="replay: ordering column(s), default the offset"),
     position: list[str] = typer.Option([], "--position", "-p", help="TOPIC:PARTITION=NEXT_OFFSET (repeatable)"),
@@ -330,7 +332,7 @@ def backfill(
         if len(source) != len(table):
             raise CliError(f"{len(table)} --table but {len(source)} --from: give one --from per --table")
     elif len(source) != 1:
-        raise CliError("--replay takes one --from (the input records of --topic)")
+        raise CliError("--replay takes one --from (the input records of --topic, or of every input with --topic-col)")
     app = load_app(app_spec)
     connection = app.connection(broker)
     if connection is None:
@@ -384,6 +386,7 @@ def backfill(
                     source[0],
                     spark=jvm,
                     topic=topic,
+                    topic_col=topic_col,
                     order_by=order_by.split(",") if order_by else None,
                     timestamp_col=timestamp_col,
                     tables=table or None,

@@ -44,6 +44,7 @@ def backfill_replay(
     spark: SparkSession | Callable[[], SparkSession] | None = None,
     reader_options: Mapping[str, str] | None = None,
     topic: str | None = None,
+    topic_col: str | None = None,
     key_col: str = "key",
     value_col: str | Sequence[str] = "value",
     key_encoded: bool = False,
@@ -87,6 +88,14 @@ def backfill_replay(
     per-processor timers are refused unless ``allow_timers`` (timers do not run here);
     rebalance callbacks do not run either (they move state, they should not make it).
 
+    Several topics (``topic_col``: the column naming each record's topic; every input of
+    the app): what an app with tables fed by topics or stream joins needs. Each record is
+    encoded with its topic's serdes and runs its topic's handlers, and a key's records of
+    all topics are applied in the order a worker's processor merges them (timestamp, then
+    topic, partition and offset; within a partition, offset order: a record behind its
+    partition's running largest timestamp goes with that largest one), so the stores equal
+    a worker's that reads the same records.
+
     Windowed tables: each record is applied with its processor's stream time
     (``with_stream_time``), so the records a worker judges late are late here too (left
     out and counted in ``details["late"]``), and each key's windows that the processor's
@@ -95,36 +104,11 @@ def backfill_replay(
     """
     F = require("pyspark.sql.functions")
     app_obj, app_ref = _resolve_app(app)
-    inputs = app_obj.input_topics
-    if topic is None:
-        if len(inputs) != 1:
-            raise ConfigError(f"app {app_obj.name!r} consumes {inputs}: say which topic the history is of (topic=)")
-        topic = inputs[0]
-    if topic not in app_obj.handlers:
-        raise ConfigError(f"app {app_obj.name!r} has no handler for topic {topic!r} (it handles {inputs})")
+    topics = _replayed_topics(app_obj, topic, topic_col, timestamp_col, allow_partial)
     names = list(tables) if tables is not None else sorted(app_obj.tables)
     if not names:
         raise ConfigError(f"app {app_obj.name!r} has no table: nothing to backfill")
     _common_checks(app_obj, names, "replay", allow_partial)
-    if app_obj.global_tables:
-        raise ConfigError(
-            f"app {app_obj.name!r} reads global tables ({', '.join(sorted(app_obj.global_tables))}), which the replay "
-            "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
-        )
-    fed = sorted(name for name, t in app_obj.tables.items() if isinstance(t, FedTable))
-    if fed or app_obj.joins:
-        what = (
-            f"tables fed by topics ({', '.join(fed)})" if fed else f"stream joins ({', '.join(sorted(app_obj.joins))})"
-        )
-        raise ConfigError(
-            f"app {app_obj.name!r} has {what}, which a replay of one topic's history cannot merge in time order with "
-            "the other topic; the worker builds their state from the topics (a rebuild)"
-        )
-    if not allow_partial and len(inputs) > 1:
-        raise ConfigError(
-            f"app {app_obj.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "
-            "does not include; pass allow_partial=True if their state may start empty"
-        )
     stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
     if stateful_timers and not allow_timers:
         timer_names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
@@ -143,6 +127,7 @@ def backfill_replay(
     if any(app_obj.tables[n].window is not None for n in names) and timestamp_col is None:
         raise ConfigError("a windowed table needs the records' timestamps: give timestamp_col")
     wanted = wanted_columns(
+        topic_col=topic_col,
         key_col=key_col,
         value_col=value_col,
         order_by=order,
@@ -153,7 +138,7 @@ def backfill_replay(
     _check_columns(df, wanted, "the history")
     prep = _prepare(
         app_obj,
-        topics=[topic],
+        topics=topics,
         positions=positions,
         from_start=from_start,
         derive=offset_col is not None,
@@ -180,11 +165,19 @@ def backfill_replay(
         sel.append(F.col(partition_col).cast("int").alias("partition"))
     if offset_col:
         sel.append(F.col(offset_col).cast("long").alias("offset"))
+    if topic_col:
+        sel.append(F.col(topic_col).cast("string").alias("topic"))
     for i, c in enumerate(order):
         sel.append(F.col(c).alias(f"o{i}"))
     normalized = df.select(*sel)
     order_types = [normalized.schema[f"o{i}"].dataType.simpleString() for i in range(len(order))]
-    t = app_obj.topics[topic]
+    t = app_obj.topics[topics[0]]
+    merged = topic_col is not None  # several topics: each key's records in the merged order
+    topic_serdes = tuple(
+        (name, RawSerde() if key_encoded else app_obj.topics[name].key_serde,
+         RawSerde() if value_encoded else app_obj.topics[name].value_serde)
+        for name in (topics if merged else ())
+    )  # fmt: skip
     app_pickle = None
     if app_ref is None:
         from pyspark import cloudpickle
@@ -207,7 +200,9 @@ def backfill_replay(
             large_binary=large,
             key_col="key",
             value_col="value",
-            topic=topic,
+            topic=topics[0],
+            topic_col="topic" if merged else None,
+            topic_serdes=topic_serdes,
             partition_col="partition" if partition_col else None,
             offset_col="offset" if offset_col else None,
             timestamp_col="ts" if timestamp_col else None,
@@ -219,17 +214,23 @@ def backfill_replay(
             key_serde=RawSerde() if key_encoded else t.key_serde,
             value_serde=RawSerde() if value_encoded else t.value_serde,
             fail_at=fail_at,
-            extra={"sp_keys": sp_keys},
+            extra={"sp_keys": sp_keys, "topics": topics if merged else []},
         )
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
-        if windowed:
-            placed, finals = with_stream_time(placed, subs, by_offset=offset_col is not None, order=len(order))
-            plan.stream_times = finals
-            spec = dataclasses.replace(spec, extra={**spec.extra, "stream_times": finals})
+        ordering = [f"_o{i}" for i in range(len(order))]
+        if windowed or merged:
+            placed, finals = with_stream_time(
+                placed, subs, by_offset=offset_col is not None, order=len(order), finals=windowed
+            )
+            if windowed:
+                plan.stream_times = finals
+                spec = dataclasses.replace(spec, extra={**spec.extra, "stream_times": finals})
+        if merged:  # a worker's merge, per key: by the partition's running largest timestamp, topic, offset
+            ordering = ["_st", "_topic", "_part", "_off", *ordering]
         return (
             placed.repartition(n, "_sp")
             .withColumn("_h", F.xxhash64("_k"))  # a long to sort on first: Spark's prefix sort
-            .sortWithinPartitions("_h", "_k", *[f"_o{i}" for i in range(len(order))], "_part", "_off", "_v")
+            .sortWithinPartitions("_h", "_k", *ordering, "_part", "_off", "_v")
             .drop("_sp", "_h")
             .mapInArrow(functools.partial(tasks.write_replay, spec), tasks.META_DDL)
         )
@@ -237,21 +238,77 @@ def backfill_replay(
     return _run(plan, spark, build, reporter or Reporter())
 
 
-def with_stream_time(placed: DataFrame, subs: int, *, by_offset: bool, order: int) -> tuple[DataFrame, dict[int, int]]:
+def _replayed_topics(
+    app: App, topic: str | None, topic_col: str | None, timestamp_col: str | None, allow_partial: bool
+) -> list[str]:
+    """The topics whose history the replay runs: ``topic`` alone, or, with ``topic_col``,
+    every input of the app, merged in time order."""
+    inputs = app.input_topics
+    if app.global_tables:
+        raise ConfigError(
+            f"app {app.name!r} reads global tables ({', '.join(sorted(app.global_tables))}), which the replay "
+            "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
+        )
+    if topic_col is not None:
+        if topic is not None:
+            raise ConfigError("give topic (a history of one topic) or topic_col (a column naming each row's topic)")
+        if timestamp_col is None and len(inputs) > 1:
+            raise ConfigError(
+                f"app {app.name!r} consumes {inputs}: merging their histories in time order needs the "
+                "records' timestamps (timestamp_col)"
+            )
+        unhandled = [t for t in inputs if t not in app.handlers]
+        if unhandled:
+            raise ConfigError(f"app {app.name!r} has no handler for topic(s) {unhandled}")
+        return list(inputs)
+    if topic is None:
+        if len(inputs) != 1:
+            raise ConfigError(
+                f"app {app.name!r} consumes {inputs}: say which topic the history is of (topic=), or give a "
+                "history of all of them with a column naming each row's topic (topic_col=)"
+            )
+        topic = inputs[0]
+    if topic not in app.handlers:
+        raise ConfigError(f"app {app.name!r} has no handler for topic {topic!r} (it handles {inputs})")
+    fed = sorted(name for name, t in app.tables.items() if isinstance(t, FedTable))
+    if fed or app.joins:
+        what = f"tables fed by topics ({', '.join(fed)})" if fed else f"stream joins ({', '.join(sorted(app.joins))})"
+        raise ConfigError(
+            f"app {app.name!r} has {what}: replay the history of all its inputs together, with a column naming "
+            "each row's topic (topic_col=), so that their records are merged in time order"
+        )
+    if not allow_partial and len(inputs) > 1:
+        raise ConfigError(
+            f"app {app.name!r} also consumes {[t for t in inputs if t != topic]}, whose history this replay "
+            "does not include; pass allow_partial=True if their state may start empty, or replay all of them "
+            "with topic_col="
+        )
+    return [topic]
+
+
+def with_stream_time(
+    placed: DataFrame, subs: int, *, by_offset: bool, order: int, finals: bool = True
+) -> tuple[DataFrame, dict[int, int]]:
     """``placed`` with ``_st``, each record's stream time: the largest timestamp among its
     processor's records of its partition up to it, in offset order (a worker's, where
     each processor reads one partition; without offsets, among its key's records in the
-    history's order), and each processor's stream time at the end (its largest timestamp)."""
+    history's order), and each processor's stream time at the end (its largest timestamp).
+
+    Over several topics, ``_st`` is also where the record goes in its processor's merge
+    of the topics: a worker takes the partitions' heads by smallest timestamp, so a record
+    behind its partition's running largest timestamp follows its predecessor at once."""
     F = require("pyspark.sql.functions")
     Window = require("pyspark.sql.window").Window
     proc = F.floor(F.col("_b") / subs).cast("int")
     if by_offset:
         window = Window.partitionBy(proc, F.col("_topic"), F.col("_part")).orderBy("_off")
     else:
-        window = Window.partitionBy("_b", "_k").orderBy(*[f"_o{i}" for i in range(order)])
+        window = Window.partitionBy("_b", "_k", "_topic").orderBy(*[f"_o{i}" for i in range(order)])
     running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    finals = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
-    return placed.withColumn("_st", F.max("_ts").over(running)), finals
+    ends = {}
+    if finals:
+        ends = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
+    return placed.withColumn("_st", F.max("_ts").over(running)), ends
 
 
 _REPLAY_A_DDL = "_sp int, _b int, _k binary, _v binary, _ts long, _topic string, _part int, _off long"

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from stores.serde import RawSerde
+from stores.serde import RawSerde, Serde
 from streamkit.spark.encoding import encode_array
 from streamkit.spark.placement import buckets_of, hashes_of
 from streamkit.spark.task_spec import Spec, TaskError
@@ -99,48 +100,72 @@ def place_state(spec: Spec, table_index: int, batches: Iterator[pa.RecordBatch])
 
 
 def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Mode 2, stage A: records -> (_b, _k, _v, _ts, _topic, _part, _off, order columns...)."""
-    assert spec.key_serde is not None and spec.value_serde is not None
-    key_serde = RawSerde() if spec.extra.get("key_encoded") else spec.key_serde
-    value_serde = RawSerde() if spec.extra.get("value_encoded") else spec.value_serde
+    """Mode 2, stage A: records -> (_b, _k, _v, _ts, _topic, _part, _off, order columns...).
+
+    Over several topics (``spec.topic_serdes``), each row is encoded with its own topic's
+    serdes; a row of a topic the app does not consume fails the run."""
     for batch in batches:
-        n = batch.num_rows
-        if n == 0:
+        if batch.num_rows == 0:
             continue
         kcol = batch.column(spec.key_col)
         if kcol.null_count:  # records without a key cannot be placed (Kafka spreads them)
-            mask = kcol.is_valid()
-            batch = batch.filter(mask)
-            n = batch.num_rows
-            if n == 0:
+            batch = batch.filter(kcol.is_valid())
+            if batch.num_rows == 0:
                 continue
-            kcol = batch.column(spec.key_col)
-        try:
-            k = encode_array(key_serde, kcol, what=f"topic {spec.topic!r}, column {spec.key_col!r}")
-            v = encode_array(
-                value_serde,
-                batch.column(spec.value_col),
-                what=f"topic {spec.topic!r}, column {spec.value_col!r}",
-                nulls="keep",
+        if not spec.topic_serdes:
+            assert spec.key_serde is not None and spec.value_serde is not None
+            yield _place_records(spec, batch, spec.topic, spec.key_serde, spec.value_serde)
+            continue
+        assert spec.topic_col is not None
+        names = batch.column(spec.topic_col).cast(pa.string())
+        known = {name for name, _, _ in spec.topic_serdes}
+        strays = set(pc.unique(names).to_pylist()) - known
+        if strays:
+            raise TaskError(
+                "topics",
+                f"the history has rows of topic(s) {sorted(strays, key=str)} (column {spec.topic_col!r}), which "
+                f"the app does not consume (it consumes {sorted(known)})",
             )
-        except (ValueError, TypeError) as exc:
-            raise TaskError("encode", str(exc)) from None
-        h = hashes_of(k)
-        _, b = buckets_of(h, spec.p0, spec.p, spec.subs)
-        ts = _col(batch, spec.timestamp_col)
-        ts = pa.array(np.full(n, -1, dtype=np.int64)) if ts is None else _to_ms(ts)
-        topic, part, off = _positions_cols(spec, batch)
-        arrays = [
-            pa.array(b, pa.int32()),
-            _binary(k, spec.large_binary),
-            _binary(v, spec.large_binary),
-            ts,
-            topic,
-            part,
-            off,
-        ]
-        names = ["_b", "_k", "_v", "_ts", "_topic", "_part", "_off"]
-        for i, c in enumerate(spec.order_cols):
-            arrays.append(batch.column(c))
-            names.append(f"_o{i}")
-        yield pa.RecordBatch.from_arrays(arrays, names=names)
+        for name, key_serde, value_serde in spec.topic_serdes:
+            rows = batch.filter(pc.equal(names, name))
+            if rows.num_rows:
+                yield _place_records(spec, rows, name, key_serde, value_serde)
+
+
+def _place_records(spec: Spec, batch: pa.RecordBatch, topic_name: str | None, key_serde: Serde,
+                   value_serde: Serde) -> pa.RecordBatch:  # fmt: skip
+    """Encode and place one topic's keyed records."""
+    if spec.extra.get("key_encoded"):
+        key_serde = _RAW
+    if spec.extra.get("value_encoded"):
+        value_serde = _RAW
+    n = batch.num_rows
+    try:
+        k = encode_array(key_serde, batch.column(spec.key_col), what=f"topic {topic_name!r}, column {spec.key_col!r}")
+        v = encode_array(
+            value_serde,
+            batch.column(spec.value_col),
+            what=f"topic {topic_name!r}, column {spec.value_col!r}",
+            nulls="keep",
+        )
+    except (ValueError, TypeError) as exc:
+        raise TaskError("encode", str(exc)) from None
+    h = hashes_of(k)
+    _, b = buckets_of(h, spec.p0, spec.p, spec.subs)
+    ts = _col(batch, spec.timestamp_col)
+    ts = pa.array(np.full(n, -1, dtype=np.int64)) if ts is None else _to_ms(ts)
+    topic, part, off = _positions_cols(spec, batch)
+    arrays = [
+        pa.array(b, pa.int32()),
+        _binary(k, spec.large_binary),
+        _binary(v, spec.large_binary),
+        ts,
+        topic,
+        part,
+        off,
+    ]
+    names = ["_b", "_k", "_v", "_ts", "_topic", "_part", "_off"]
+    for i, c in enumerate(spec.order_cols):
+        arrays.append(batch.column(c))
+        names.append(f"_o{i}")
+    return pa.RecordBatch.from_arrays(arrays, names=names)

@@ -83,6 +83,8 @@ class Spec:
     sys_path: tuple[str, ...] = ()
     key_serde: Serde | None = None  # the topic's serdes (mode 2)
     value_serde: Serde | None = None
+    # mode 2 over several topics (``topic_col``): each topic's (name, key serde, value serde)
+    topic_serdes: tuple[tuple[str, Serde, Serde], ...] = ()
     # tests
     fail_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -349,13 +349,15 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     batches = Clocked(batches)
     app = load_spec_app(spec)
     assert spec.topic is not None
-    replayer = Replayer(app, spec.topic)
+    topics: list[str] = spec.extra.get("topics") or [spec.topic]
+    replayer = Replayer(app, topics)
     sink = _SstSink(spec)
     offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "keys": 0}
     wanted = {c.name for c in spec.tables}
     stream_times: dict[int, int] = spec.extra.get("stream_times") or {}
     streamed = "stream_times" in spec.extra  # windowed tables: each record with its stream time (_st)
+    merged = len(topics) > 1  # each record names its topic
 
     def runs() -> Iterator[tuple[bytes, int, Iterable[tuple[Any, ...]]]]:
         """(key, bucket, records) per key: runs found vectorised per batch; a run that
@@ -376,7 +378,11 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             part, off = batch.column("_part"), batch.column("_off")
             pl = [-1] * n if part.null_count == n else part.fill_null(-1).to_pylist()
             ol = [-1] * n if off.null_count == n else off.fill_null(-1).to_pylist()
-            cols = (vl, tl, pl, ol, batch.column("_st").to_pylist()) if streamed else (vl, tl, pl, ol)
+            cols: tuple[list[Any], ...] = (vl, tl, pl, ol)
+            if streamed or merged:
+                cols += (batch.column("_st").to_pylist() if streamed else [-1] * n,)
+            if merged:
+                cols += (batch.column("_topic").to_pylist(),)
             bl = batch.column("_b").to_numpy()
             change = np.ones(n, dtype=bool)
             if n > 1:

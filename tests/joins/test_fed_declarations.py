@@ -126,8 +126,13 @@ def test_the_spark_replay_refuses_an_app_with_a_fed_table() -> None:
     def count(key: Any, value: Any, ctx: Any) -> None:
         totals[key] += 1
 
-    with pytest.raises(ConfigError, match="tables fed by topics \\(customers\\)"):
+    with pytest.raises(ConfigError, match="tables fed by topics \\(customers\\).*topic_col="):
         backfill_replay(app, "unused.parquet", topic="orders", allow_partial=True)
+    # the history of all inputs (tests/spark/test_spark_merged_replay.py runs one) needs their times
+    with pytest.raises(ConfigError, match="merging their histories in time order needs .*timestamp_col"):
+        backfill_replay(app, "unused.parquet", topic_col="topic")
+    with pytest.raises(ConfigError, match="give topic .* or topic_col"):
+        backfill_replay(app, "unused.parquet", topic="orders", topic_col="topic", timestamp_col="ts")
 
 
 def test_a_worker_refuses_at_start_a_fed_table_whose_keys_another_input_encodes_otherwise() -> None:
