@@ -28,7 +28,7 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,10 @@ class GlobalStore:
 
     def __len__(self) -> int:
         return self.stats.keys
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every key's stored bytes (key, value), in key order."""
+        return self._store.items(DATA)
 
     # -- reading the topic -----------------------------------------------------------------
     def apply(self, records: Sequence[Any], positions: dict[int, int]) -> None:

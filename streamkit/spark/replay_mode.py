@@ -16,6 +16,7 @@ from streamkit.errors import ConfigError
 from streamkit.joins import FedTable
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
+from streamkit.spark.global_load import load_global_tables
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.plan import (
@@ -96,6 +97,9 @@ def backfill_replay(
     partition's running largest timestamp goes with that largest one), so the stores equal
     a worker's that reads the same records.
 
+    Global tables are read whole from their topics before the replay (``broker`` needed),
+    and every record's lookups see them as they are then, as in a worker that starts now.
+
     Windowed tables: each record is applied with its processor's stream time
     (``with_stream_time``), so the records a worker judges late are late here too (left
     out and counted in ``details["late"]``), and each key's windows that the processor's
@@ -149,6 +153,10 @@ def backfill_replay(
         layout_epochs=layout_epochs,
         topic_partitions=topic_partitions,
     )
+    globals_held = load_global_tables(
+        app_obj, app_obj.connection(broker) if not isinstance(broker, Connection) else broker,
+        prep.state_dir / app_obj.name / "backfill-global-tables",
+    )  # fmt: skip
     spark = _spark(spark)
     if isinstance(df, str):
         df = load_source(spark, df, reader_options)
@@ -214,7 +222,7 @@ def backfill_replay(
             key_serde=RawSerde() if key_encoded else t.key_serde,
             value_serde=RawSerde() if value_encoded else t.value_serde,
             fail_at=fail_at,
-            extra={"sp_keys": sp_keys, "topics": topics if merged else []},
+            extra={"sp_keys": sp_keys, "topics": topics if merged else [], "globals": globals_held},
         )
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
         ordering = [f"_o{i}" for i in range(len(order))]
@@ -244,11 +252,6 @@ def _replayed_topics(
     """The topics whose history the replay runs: ``topic`` alone, or, with ``topic_col``,
     every input of the app, merged in time order."""
     inputs = app.input_topics
-    if app.global_tables:
-        raise ConfigError(
-            f"app {app.name!r} reads global tables ({', '.join(sorted(app.global_tables))}), which the replay "
-            "backfill does not load: backfill its state from a final-state DataFrame (backfill_state) instead"
-        )
     if topic_col is not None:
         if topic is not None:
             raise ConfigError("give topic (a history of one topic) or topic_col (a column naming each row's topic)")

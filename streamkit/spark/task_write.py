@@ -344,6 +344,7 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     order, and the state is put in key order here before the SST files are written."""
     from streamkit.errors import ReplayError
     from streamkit.replay import Replayer
+    from streamkit.spark.global_load import HeldGlobal
 
     t0 = _cpu()
     batches = Clocked(batches)
@@ -351,6 +352,8 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     assert spec.topic is not None
     topics: list[str] = spec.extra.get("topics") or [spec.topic]
     replayer = Replayer(app, topics)
+    for name, data in (spec.extra.get("globals") or {}).items():  # read before the replay, by the driver
+        app.global_tables[name].bind(HeldGlobal(app.global_tables[name], data))
     sink = _SstSink(spec)
     offsets = _Offsets(spec.subs)
     stats = {"rows": 0, "keys": 0}
@@ -448,6 +451,8 @@ def write_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         raise TaskError("replay", str(exc)) from None
     finally:
         replayer.close()
+        for table in app.global_tables.values():
+            table.bind(None)
     out.extend(offsets.rows())
     st = replayer.stats
     info = f"keys={stats['keys']} skipped_decode={st.skipped_decode} handler_errors={st.handler_errors} late={st.late}"

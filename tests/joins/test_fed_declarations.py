@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -183,3 +184,24 @@ def test_the_buffer_serde_round_trips_both_sides_and_empty_values() -> None:
     serde = BufferSerde(serde_for("json"), serde_for("raw"))
     for bucket in ([[], []], [[[5, True, {"a": 1}], [6, False, None]], [[7, False, b"\x00"]]], [[], [[1, True, b""]]]):
         assert serde.loads(serde.dumps(bucket)) == bucket  # type: ignore[arg-type]
+
+
+def test_the_spark_replay_of_an_app_with_a_global_table_needs_the_broker(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamkit.spark.replay_mode import backfill_replay
+
+    app = streamkit.App("global-decl", processors=2)
+    products = app.global_table("products", source="products")
+    totals = app.table("totals", default=int)
+
+    @app.processor("orders")
+    def count(key: Any, value: Any, ctx: Any) -> None:
+        totals[key] += products.get(value)
+
+    history = tmp_path / "history.parquet"
+    pq.write_table(pa.table({"key": ["a"], "value": ["p1"], "offset": [0], "partition": [0]}), history)
+    with pytest.raises(ConfigError, match="reads global tables \\(products\\), which the replay reads .* broker="):
+        backfill_replay(app, str(history), offset_col="offset", partition_col="partition", from_start=True,
+                        state_dir=tmp_path / "state")  # fmt: skip

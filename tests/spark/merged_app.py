@@ -1,6 +1,7 @@
 """An app of tests/spark/test_spark_merged_replay.py that reads three topics: orders
-joined with their customer as of the order's time (a table fed by the customers topic)
-and with clicks within 5 s (a left stream-stream join), both writing state."""
+joined with their customer as of the order's time (a table fed by the customers topic),
+with their product (a global table: a foreign-key join) and with clicks within 5 s (a
+left stream-stream join), all writing state."""
 
 from __future__ import annotations
 
@@ -10,19 +11,24 @@ from typing import Any
 import streamkit
 
 
-def make_app(name: str, orders_topic: str, clicks_topic: str, customers_topic: str) -> streamkit.App:
+def make_app(
+    name: str, orders_topic: str, clicks_topic: str, customers_topic: str, products_topic: str
+) -> streamkit.App:
     app = streamkit.App(name, commit_interval=0.3)
     orders = app.topic(orders_topic)
     clicks = app.topic(clicks_topic)
     customers = app.table("customers", source=customers_topic)
-    totals = app.table("totals", default=lambda: [0, 0])
+    products = app.global_table("products", source=products_topic)
+    totals = app.table("totals", default=lambda: [0, 0, 0])
     pairs = app.table("pairs", default=lambda: [])
 
     @app.processor(orders)
     def order(key: str, order: dict[str, Any], ctx: streamkit.Context) -> None:
         customer = customers.get(key)  # as of the order's timestamp
-        n, total = totals[key]
-        totals[key] = [n + 1, total + (0 if customer is None else customer["level"])]
+        product = products.get(order["product"])  # by a key other than the record's
+        n, levels, prices = totals[key]
+        level = 0 if customer is None else customer["level"]
+        totals[key] = [n + 1, levels + level, prices + (0 if product is None else product["price"])]
 
     @app.join(orders, clicks, within=5.0, grace=1.0, how="left")
     def paired(key: str, order: Any, click: Any, ctx: streamkit.Context) -> None:
@@ -37,4 +43,5 @@ app = make_app(
     os.environ.get("SK_TEST_TOPIC", "orders"),
     os.environ.get("SK_TEST_CLICKS", "clicks"),
     os.environ.get("SK_TEST_CUSTOMERS", "customers"),
+    os.environ.get("SK_TEST_PRODUCTS", "products"),
 )

@@ -1,5 +1,6 @@
 """The Spark backfill (replay) of an app that merges several topics in time order (a
-table fed by a topic, a stream-stream join) equals a live worker's stores.
+table fed by a topic, a stream-stream join) and reads a global table equals a live
+worker's stores.
 
 A history of three topics (customer updates, orders, clicks), with out-of-order
 timestamps within each topic and clicks late enough for the join to refuse some, goes
@@ -17,6 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 import streamkit
 from stores.rocksdb import RocksDBStore
 from streamkit.spark import backfill_replay
@@ -25,7 +28,7 @@ from streamkit.windows import STREAM_TIME_KEY
 from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
 from tests.spark.merged_app import make_app
 
-PROCESSORS, CUSTOMERS, N = 2, 12, 300
+PROCESSORS, CUSTOMERS, PRODUCTS, N = 2, 12, 20, 300
 T0 = 1_700_000_000_000
 
 
@@ -40,7 +43,7 @@ def _history(rng: random.Random) -> dict[str, list[tuple[str, Any, None, int]]]:
 
     return {
         "customers": side("u", lambda p, i: {"level": i % 7}),
-        "orders": side("o", lambda p, i: {"id": f"{p}{i}"}),
+        "orders": side("o", lambda p, i: {"id": f"{p}{i}", "product": f"p{i % (PRODUCTS + 3)}"}),
         "clicks": side("k", lambda p, i: {"id": f"{p}{i}"}),
     }
 
@@ -73,32 +76,37 @@ def test_a_replay_of_three_merged_topics_equals_a_live_workers_stores(spark: Any
     history = _history(random.Random(5))
     for kind, records in history.items():
         produce_json(broker, topics[kind], records)
+    topics["products"] = create_topic(broker, f"products-{tag}", 3)
+    produce_json(broker, topics["products"], [(f"p{i}", {"price": 10 + i}) for i in range(PRODUCTS)])
+    produce_json(broker, topics["products"], [("p3", {"price": 1000}), ("p4", None)])  # an update, a delete
 
     name = f"bf-merged-{tag}"
     job = Job(broker, name, topics["orders"], tmp_path / "live", processors=PROCESSORS,
               app_spec="tests.spark.merged_app:app")  # fmt: skip
-    env = {"SK_TEST_CLICKS": topics["clicks"], "SK_TEST_CUSTOMERS": topics["customers"]}
+    env = {"SK_TEST_CLICKS": topics["clicks"], "SK_TEST_CUSTOMERS": topics["customers"],
+           "SK_TEST_PRODUCTS": topics["products"]}  # fmt: skip
     worker = job.start_worker(**env)
     try:
         wait_for_log(job, worker, "hosts processors")
-        for topic in topics.values():
-            wait_until_committed(job, PROCESSORS, N, topic=topic)
+        for kind in ("customers", "orders", "clicks"):
+            wait_until_committed(job, PROCESSORS, N, topic=topics[kind])
     finally:
         job.stop_all()
     assert worker.returncode == 0, job.log(worker, 3000)
 
     rows = [
         (topic, r.key, r.value, r.partition, r.offset, r.timestamp)
-        for topic in topics.values()
+        for topic in (topics["customers"], topics["orders"], topics["clicks"])
         for r in read_topic(broker, topic)
     ]  # fmt: skip
     assert len(rows) == 3 * N
     random.Random(1).shuffle(rows)  # the DataFrame's row order must not matter
     df = spark.createDataFrame(rows, "topic string, key binary, value binary, partition int, offset long, ts long")
-    app = make_app(name, topics["orders"], topics["clicks"], topics["customers"])
+    app = make_app(name, topics["orders"], topics["clicks"], topics["customers"], topics["products"])
     result = backfill_replay(
         app, df, topic_col="topic", key_encoded=True, value_encoded=True, partition_col="partition",
         offset_col="offset", timestamp_col="ts", state_dir=tmp_path / "backfill", p0=PROCESSORS, processors=PROCESSORS,
+        broker=broker,
     )  # fmt: skip
 
     tables = sorted(app.tables)
@@ -111,4 +119,6 @@ def test_a_replay_of_three_merged_topics_equals_a_live_workers_stores(spark: Any
     late = [r for r in read_topic(broker, f"{name}-dead-letters") if ("streamkit.error.reason", b"late") in r.headers]
     assert result.details["late"] == len(late) > 0  # the same clicks were late in both
     assert sum(len(held["pairs"]) for held, _ in want.values()) > 5
+    totals = [orjson.loads(v) for held, _ in want.values() for v in held["totals"].values()]
+    assert sum(t[0] for t in totals) == N and sum(t[2] for t in totals) > 1000  # p3's price, as updated
     assert result.rows_read == 3 * N
