@@ -15,7 +15,7 @@ Two steps, both linear hashing:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -33,6 +33,7 @@ from assignors.placement import (
     assign_processors_to_members,
     processors_for_partition,
 )
+from assignors.standbys import place_actives, place_standbys
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,14 @@ class MemberInfo:
     hosted: list[int] = field(default_factory=list)
     # per topic: the layout this member follows; absent: the physical partition count
     layouts: dict[str, TopicShape] = field(default_factory=dict)
+    standby_replicas: int = 0
+    acceptable_lag: int = 10_000
+    disk: str = ""
+    """Where the member's worker keeps its stores (host and state directory; see
+    ``assignors.standbys``); empty: a disk of its own."""
+    copies: dict[int, int] = field(default_factory=dict)
+    """Per processor whose store its disk holds (its own actives' included): that
+    store's changelog position (only sent with standby replicas)."""
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -71,6 +80,10 @@ class MemberInfo:
                 "layouts": {
                     t: [s.n0, s.active, list(s.draining), s.epoch, list(s.swept)] for t, s in self.layouts.items()
                 },
+                "standby_replicas": self.standby_replicas,
+                "acceptable_lag": self.acceptable_lag,
+                "disk": self.disk,
+                "copies": {str(pid): pos for pid, pos in self.copies.items()},
             }
         )
 
@@ -83,7 +96,9 @@ class MemberInfo:
             t: TopicShape(v[0], v[1], tuple(v[2]), v[3], tuple(v[4]) if len(v) > 4 else ())
             for t, v in d.get("layouts", {}).items()
         }
-        return cls(d["p0"], d["p"], list(d["hosted"]), layouts)
+        copies = {int(pid): int(pos) for pid, pos in d.get("copies", {}).items()}
+        replicas, lag = int(d.get("standby_replicas", 0)), int(d.get("acceptable_lag", 10_000))
+        return cls(d["p0"], d["p"], list(d["hosted"]), layouts, replicas, lag, d.get("disk", ""), copies)
 
 
 @dataclass
@@ -99,6 +114,10 @@ class ProcessorAssignment:
     """Per shared partition of this member's processors: every processor sharing it."""
     sweeps: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     """Per processor of this member: the partitions it reads only to forward strays."""
+    standbys: list[int] = field(default_factory=list)
+    """The processors this member keeps standby copies of."""
+    warmups: list[int] = field(default_factory=list)
+    """Those of ``standbys`` it is to take over once caught up (it then asks for a rebalance)."""
 
     def outdated(self, p: int, shapes: Mapping[str, TopicShape]) -> str | None:
         """Why this assignment does not fit a job of ``p`` processors with topics of these
@@ -126,6 +145,8 @@ class ProcessorAssignment:
                 },
                 "sharers": [[t, part, list(pids)] for (t, part), pids in sorted(self.sharers.items())],
                 "sweeps": {str(pid): [[t, part] for t, part in tps] for pid, tps in self.sweeps.items()},
+                "standbys": self.standbys,
+                "warmups": self.warmups,
             }
         )
 
@@ -139,7 +160,9 @@ class ProcessorAssignment:
             ]
         sharers = {(t, part): tuple(pids) for t, part, pids in d.get("sharers", ())}
         sweeps = {int(pid): [(t, part) for t, part in tps] for pid, tps in d.get("sweeps", {}).items()}
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps)
+        standbys = [int(pid) for pid in d.get("standbys", ())]
+        warmups = [int(pid) for pid in d.get("warmups", ())]
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps, standbys, warmups)
 
 
 def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[PartitionSlot]]:
@@ -201,12 +224,16 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
     name = "streamkit-lh"
     version = 0
 
-    def __init__(self, info: MemberInfo) -> None:
+    def __init__(self, info: MemberInfo, refresh: Callable[[MemberInfo], None] | None = None) -> None:
         self.info = info
+        self.refresh = refresh
+        """Called before each join: what changes between joins (the copies a disk holds)."""
         self.assignment: ProcessorAssignment | None = None
         self._rounds = 0
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        if self.refresh is not None:
+            self.refresh(self.info)
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics), self.info.encode())
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
@@ -241,7 +268,19 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
         placed = place_job(shapes, p0, p)
         slots, sweeps, sharers = placed.slots, placed.sweeps, placed.sharers
         together = [list(pids) for _, pids in sorted(sharers.items())]
-        hosting = assign_processors_to_members({m: i.hosted for m, i in infos.items()}, p, together)
+        replicas = max(i.standby_replicas for i in infos.values())
+        disks = {m: i.disk or m for m, i in infos.items()}  # a member naming no disk has one of its own
+        copies = {m: i.copies for m, i in infos.items()}
+        before: dict[str, list[int]] = {m: i.hosted for m, i in infos.items()}
+        warmups: dict[str, list[int]] = {}
+        if replicas > 0:  # each processor where a copy of its store is warm (KIP-441)
+            lag = min(i.acceptable_lag for i in infos.values())
+            hosting, warmups = place_actives(before, disks, copies, p, together, lag)
+        else:
+            hosting = assign_processors_to_members(before, p, together)
+        standbys = place_standbys(hosting, disks, copies, replicas, p)
+        for member, pids in warmups.items():
+            standbys[member] = sorted(set(standbys.get(member, ())) | set(pids))
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, pids in hosting.items():
             procs = {pid: slots.get(pid, []) for pid in pids}
@@ -255,7 +294,9 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             swept = {pid: sweeps[pid] for pid in pids if pid in sweeps}
             for t, part in (tp for tps in swept.values() for tp in tps):
                 by_topic.setdefault(t, set()).add(part)
-            user = ProcessorAssignment(self._rounds, p0, p, procs, epochs, mine, swept)
+            user = ProcessorAssignment(
+                self._rounds, p0, p, procs, epochs, mine, swept, standbys.get(member_id, []), warmups.get(member_id, [])
+            )
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

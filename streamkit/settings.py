@@ -42,6 +42,20 @@ class Settings(BaseSettings):
         description="partitions the job's changelog is created with (one per processor; at least the job's "
         "processor count): how far the job may grow on a broker that cannot add partitions (CreatePartitions)",
     )
+    standby_replicas: int = Field(
+        0,
+        ge=0,
+        description="warm copies of each processor's store kept on other workers from the changelog (Kafka "
+        "Streams' num.standby.replicas): a dead worker's processors go on from them instead of a restore "
+        "(1 recommended in production; needs the changelog)",
+    )
+    acceptable_recovery_lag: int = Field(
+        10_000,
+        ge=0,
+        description="with standby replicas: changelog records a worker's copy of a store may be behind and still "
+        "take its processor over at a rebalance (Kafka Streams' acceptable.recovery.lag); a processor that balance "
+        "would move to a worker further behind stays where it is warm while that worker warms a copy up",
+    )
     commit_every: int = Field(200_000, ge=1, description="records between checkpoints at most")
     query_port: int | None = Field(
         None,

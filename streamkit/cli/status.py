@@ -65,6 +65,21 @@ def global_tables_table(shown: StatusView) -> Table:
     return table
 
 
+def standbys_table(shown: StatusView, replicas: int) -> Table:
+    """Every standby copy (processor, worker, changelog lag, state), and the processors
+    with fewer than asked for (fewer workers on other disks than replicas + 1)."""
+    caption = None
+    if shown.standbys_short:
+        short = ", ".join(f"{pid} ({n} of {replicas})" for pid, n in sorted(shown.standbys_short.items()))
+        caption = f"fewer standbys than standby_replicas={replicas}: processors {short}"
+    table = Table(title="standbys (warm copies kept from the changelog)", caption=caption)
+    for col in ("processor", "worker", "changelog lag", "state"):
+        table.add_column(col, justify="right" if col in ("processor", "changelog lag") else "left")
+    for row in shown.standbys:
+        table.add_row(str(row["processor"]), row["worker"], str(row["lag"]), row["state"])
+    return table
+
+
 def partitions_table(shown: StatusView) -> Table:
     parts = Table(title=f"partitions (consumer group {shown.group})")
     cols = ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag",
@@ -119,6 +134,8 @@ def status(
     console.print(partitions_table(shown))
     if shown.global_tables:
         console.print(global_tables_table(shown))
+    if shown.standbys or app.settings.standby_replicas:
+        console.print(standbys_table(shown, app.settings.standby_replicas))
     console.print(dead_letters_table(shown.dead_letters, app.dead_letter_topic))
     console.print(f"as of {time.strftime('%H:%M:%S')}")
 

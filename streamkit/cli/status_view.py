@@ -132,6 +132,10 @@ class StatusView:
     """"2 -> 3" while the job changes its processor count."""
     global_tables: list[dict[str, Any]] = field(default_factory=list)
     """Per running worker and global table: its copy's keys, lag and records left out."""
+    standbys: list[dict[str, Any]] = field(default_factory=list)
+    """Per standby copy on a running worker: processor, worker, changelog position, lag, state."""
+    standbys_short: dict[int, int] = field(default_factory=dict)
+    """Per processor with fewer standbys than ``standby_replicas``: how many it has."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,6 +179,12 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
         if s.alive and not s.stale:
             for name, g in sorted(s.global_tables.items()):
                 out.global_tables.append({"table": name, "worker": s.worker, **g})
+            for pid, st in sorted(s.standbys.items()):
+                out.standbys.append({"processor": int(pid), "worker": s.worker, **st})
+    out.standbys.sort(key=lambda row: (row["processor"], row["worker"]))
+    if job is not None and app.settings.standby_replicas:
+        kept = Counter(row["processor"] for row in out.standbys)
+        out.standbys_short = {pid: kept[pid] for pid in range(job.p) if kept[pid] < app.settings.standby_replicas}
     for (topic, partition), (com, hw) in found.offsets.items():
         where = f"{topic}/{partition}"
         mode = found.modes.get((topic, partition), "?")

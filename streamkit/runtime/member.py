@@ -44,7 +44,7 @@ from streamkit.runtime.scaling import (
 from streamkit.runtime.services import Services
 from streamkit.runtime.staging_seed import StagingSeed
 from streamkit.runtime.status import Restores
-from streamkit.state.changelog import position_of, unlogged
+from streamkit.state.changelog import position_of
 from streamkit.state.restore import restore_store
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,11 @@ class GroupMember:
         self._tasks: set[asyncio.Task[None]] = set()
         s = app.settings
         job = services.jobs.job
-        self.assignor = StreamkitAssignor(MemberInfo(p0=job.p0, p=job.p, layouts=self._shapes()))
+        info = MemberInfo(
+            p0=job.p0, p=job.p, layouts=self._shapes(), standby_replicas=s.standby_replicas,
+            acceptable_lag=s.acceptable_recovery_lag,
+        )  # fmt: skip
+        self.assignor = StreamkitAssignor(info, self._standby_info if services.standbys is not None else None)
         self.job_p = job.p
         """The job's active processor count in the assignment this member processes."""
         self._joining: dict[int, tuple[ProcessorState, asyncio.Task[None]]] = {}
@@ -325,6 +329,8 @@ class GroupMember:
             changelog = self.services.changelog
             for pid, slots in sorted(assignment.processors.items()):
                 path = self.app.store_path(pid, settings.state_dir)
+                if self.services.standbys is not None:  # a standby here, or a store left here: caught up
+                    await self.services.standbys.release(pid)
                 if changelog is not None and not path.exists():  # a lost disk, or a new machine
                     try:
                         await restore_store(self.services.io, changelog.topic, pid, path, self.app.tables,
@@ -340,8 +346,8 @@ class GroupMember:
                 )  # fmt: skip
                 self.processors[pid] = proc
                 if changelog is not None and position_of(proc.loaded) is not None:  # a zombie's markers lose
-                    if not await changelog.takeover(pid, proc.loaded.replace(generation=generation)):
-                        proc.loaded = unlogged(proc.loaded)  # its next checkpoint is a snapshot
+                    after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
+                    proc.loaded = after.replace(generation=proc.loaded.generation)  # (unlogged: a snapshot next)
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
@@ -369,6 +375,11 @@ class GroupMember:
             self._next_checkpoint = time.monotonic() + settings.commit_interval
             await self.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(self.admission))
             await self._regate()
+            if self.services.standbys is not None:
+                await self.services.standbys.assign(
+                    self.name, assignment.standbys, self.processors, assignment.p0, assignment.warmups,
+                    self.consumer._coordinator.request_rejoin,
+                )  # fmt: skip
             job = self.services.jobs.job
             await self._host_joining(job, generation)
             retired = delete_retired_stores(self.app.store_path(0, settings.state_dir).parent, job.hosted)
@@ -636,6 +647,16 @@ class GroupMember:
     async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         await self.consumer.commit(offsets)
         self._kafka_offsets.update((tp, o.offset) for tp, o in offsets.items())
+
+    def _standby_info(self, info: MemberInfo) -> None:
+        """What the leader places standbys by: this worker's disk and the stores it holds."""
+        keeper = self.services.standbys
+        assert keeper is not None
+        info.disk = keeper.disk
+        info.copies = keeper.positions(hosted=self.processors)
+        for pid, proc in self.processors.items():  # its actives: the furthest copies there are
+            if (at := position_of(proc.loaded)) is not None:
+                info.copies[pid] = at
 
     def request_stop(self) -> None:
         """Leave the loop after the current batch."""

@@ -14,6 +14,7 @@ from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import StateMemory
 from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.standbys import StandbyKeeper
 from streamkit.state.changelog import ChangelogWriter
 
 
@@ -40,6 +41,8 @@ class Services:
     their keys belong (``strays.plain_rule``)."""
     changelog: ChangelogWriter | None = None
     """The job's changelog (None: the app has none; ``streamkit.state.changelog``)."""
+    standbys: StandbyKeeper | None = None
+    """The worker's standby copies (None: the app keeps none; ``runtime.standbys``)."""
     adoptions: LayoutAdoptions = field(default_factory=LayoutAdoptions)
     """The layout epochs the members' routes are gated with (``runtime.adoption``)."""
 

@@ -55,6 +55,10 @@ class WorkerStatus:
     (changelog offsets read to, and to read to)."""
     global_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per global table, this worker's copy: {"keys", "lag", "skipped": {reason: n}}."""
+    standbys: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per processor this worker keeps a standby copy of: {"position", "lag", "state"}
+    (changelog position applied, records behind the partition's end, "restoring" /
+    "catching up" / "warm")."""
 
     @property
     def stale(self) -> bool:
@@ -78,6 +82,7 @@ def snapshot(
     query_url: str | None = None,
     alive: bool = True,
     global_tables: Mapping[str, Mapping[str, Any]] | None = None,
+    standbys: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
     processor consumes, its counts, and its output's dead-letter figures."""
@@ -100,6 +105,7 @@ def snapshot(
         global_tables={name: dict(v) for name, v in (global_tables or {}).items()},
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
+        standbys={pid: dict(v) for pid, v in (standbys or {}).items()},
     )
 
 
@@ -163,5 +169,6 @@ def decode_status(value: bytes | None, app_name: str) -> WorkerStatus | None:
     d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
     d["changelog"] = {int(k): v for k, v in d.get("changelog", {}).items()}
     d["restoring"] = {int(k): v for k, v in d.get("restoring", {}).items()}
+    d["standbys"] = {int(k): v for k, v in d.get("standbys", {}).items()}
     known = WorkerStatus.__dataclass_fields__
     return WorkerStatus(**{k: v for k, v in d.items() if k in known})

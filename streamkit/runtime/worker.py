@@ -40,6 +40,7 @@ from streamkit.runtime.processor import ProcessorState, StateMemory, check_local
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.queries import QueryAnswers
 from streamkit.runtime.services import Services
+from streamkit.runtime.standbys import StandbyKeeper
 from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, snapshot
 from streamkit.runtime.timers import run_timer
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
@@ -74,6 +75,7 @@ class Worker:
         self._io: KafkaIO | None = None
         self._registry: LayoutRegistry | None = None
         self._globals: GlobalStores | None = None
+        self._standbys: StandbyKeeper | None = None
 
     async def prepare(self) -> Services:
         """Resolve the broker and the job (p0), check topics, start the shared parts."""
@@ -139,6 +141,16 @@ class Worker:
             await self._changelog_producer.start()
             changelog = ChangelogWriter(self._changelog_producer, io, changelog_topic(app.name))
             await changelog.ensure(job.p, create=app.settings.changelog_partitions)
+        elif app.settings.standby_replicas:
+            raise ConfigError(
+                f"app {app.name!r}: standby_replicas={app.settings.standby_replicas} needs the changelog "
+                "(standbys are kept from it): drop changelog=False, or set standby_replicas=0"
+            )
+        standbys = None
+        if changelog is not None and app.settings.standby_replicas:
+            app_dir = app.store_path(0, app.settings.state_dir).parent
+            standbys = self._standbys = StandbyKeeper(app_dir, app.tables, io, changelog.topic, job.incarnation)
+            await asyncio.to_thread(standbys.scan)
         self._output_producer = await Producer(
             bootstrap,
             client_id=self.client_id,
@@ -159,6 +171,7 @@ class Worker:
             beat=self._beat.set,
             adoptions=adoptions,
             changelog=changelog,
+            standbys=standbys,
             memory=StateMemory.of(
                 app.settings.state_cache_bytes,
                 app.settings.rocksdb_block_cache_bytes,
@@ -210,6 +223,8 @@ class Worker:
             aux.append(asyncio.create_task(self._heartbeat()))
             if self._globals is not None:
                 aux.append(asyncio.create_task(self._globals.follow(services.io), name="global tables"))
+            if services.standbys is not None:
+                aux.append(asyncio.create_task(services.standbys.follow(), name="standbys"))
             aux.append(asyncio.create_task(services.jobs.run()))
             stop = asyncio.create_task(self._stop.wait())
             failed: BaseException | None = None
@@ -326,6 +341,9 @@ class Worker:
         if self._globals is not None:
             self._globals.close()
             self._globals = None
+        if self._standbys is not None:
+            self._standbys.close()
+            self._standbys = None
         if self._output_producer is not None:
             await self._output_producer.stop()
         if self._changelog_producer is not None:
@@ -363,6 +381,7 @@ class Worker:
             alive=alive,
             query_url=self.query_url,
             global_tables=self._globals.status() if self._globals is not None else {},
+            standbys=self._standbys.report() if self._standbys is not None else {},
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 

@@ -304,19 +304,23 @@ class ChangelogWriter:
         self.records_written += records.count + 1
         return int(meta.offset) + 1
 
-    async def takeover(self, partition: int, checkpoint: Checkpoint) -> bool:
+    async def takeover(self, partition: int, checkpoint: Checkpoint) -> Checkpoint:
         """Write an empty batch of ``checkpoint``'s generation, building on the store's
         changelog position: a member does when it takes the processor, so that a zombie's
-        later markers (an older generation) are not the chain's head. Whether the store's
-        lineage is whole: False when records other than markers lie beyond its position
-        (another store's, or a zombie's, changes: their keys may shadow the store's values
-        once compacted): its next checkpoint should be a snapshot."""
+        later markers (an older generation) are not the chain's head. Returns the
+        checkpoint the store's next one builds on: at the position after this marker (so
+        that the chain runs through it, and a standby that applied it goes on), or, when
+        records other than markers lie beyond the store's position (another store's, or a
+        zombie's, changes: their keys may shadow the store's values once compacted),
+        without a position: its next checkpoint is then a snapshot."""
         base = position_of(checkpoint)
         assert base is not None
         await self.ensure(partition + 1)
         tail, _ = await self.io.read(self.topic, partition, base)
-        await self.write(partition, (), checkpoint, base=base)
-        return all(r.key is not None and r.key.startswith(MARKER_PREFIX) for r in tail)
+        after = await self.write(partition, (), checkpoint, base=base)
+        if not all(r.key is not None and r.key.startswith(MARKER_PREFIX) for r in tail):
+            return unlogged(checkpoint)
+        return checkpoint.replace(extra={**checkpoint.extra, CHANGELOG_POSITION: after})
 
 
 def position_of(checkpoint: Checkpoint) -> int | None:

@@ -10,6 +10,7 @@ from typing import Any
 import streamkit
 
 FAIL_ALL = os.environ.get("SK_TEST_FAIL_ALL") == "1"
+OUT = os.environ.get("SK_TEST_OUT")
 # The client's join and sync steps, so that the log of a stuck group shows where its rebalance stopped.
 logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(logging.INFO)
 # App(...) arguments win over STREAMKIT_* variables: a test that needs another interval says so here
@@ -43,3 +44,5 @@ def count(key: str, value: dict[str, Any], ctx: streamkit.Context) -> None:
     }
     if per_minute is not None:
         per_minute[key] += 1
+    if OUT:  # each record's seq, to check per-key output order
+        ctx.send(OUT, key, {"seq": value["seq"]})
