@@ -67,7 +67,6 @@ def place_actives(
     target = assign_processors_to_members(hosted, p, together)
     target_of = {pid: m for m, ids in target.items() for pid in ids}
     before = {pid: m for m, ids in hosted.items() for pid in ids}
-    members_on = _by_disk({m: d for m, d in disks.items() if m in hosted})
     best = _best_copies({m: d for m, d in disks.items() if m in hosted}, copies)
     actives: dict[str, list[int]] = {m: [] for m in hosted}
     warmups: dict[str, list[int]] = {m: [] for m in hosted}
@@ -76,10 +75,14 @@ def place_actives(
         held = best.get(pid, {})
         furthest = max(held.values(), default=None)
         warm = before.get(pid)
-        if warm is None and furthest is not None:
-            disk = max(held, key=lambda d: (held[d], d))
-            warm = min(members_on[disk], key=lambda m: (len(actives[m]), m))
-        caught_up = furthest is None or held.get(disks[goal], -1) >= furthest - acceptable_lag
+        if warm is None and furthest is not None:  # of the members that reported the furthest copy
+            reporters = [m for m in hosted if copies.get(m, {}).get(pid) == furthest]
+            warm = min(reporters, key=lambda m: (len(actives[m]), m))
+        caught_up = (
+            furthest is None
+            or held.get(disks[goal], -1) >= furthest - acceptable_lag
+            or (warm is not None and disks[warm] == disks[goal])  # the same store: no copy to warm up
+        )
         if warm is None or warm == goal or caught_up:
             actives[goal].append(pid)
         else:

@@ -276,6 +276,9 @@ class GroupMember:
             log.info("%s: giving up processors %s (generation %d)", self.name, sorted(self.processors), self.generation)
             await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission))
             await self._checkpoint()
+            if self.services.standbys is not None:  # what this disk holds, for the next assignment
+                for pid, proc in self.processors.items():
+                    self.services.standbys.note(pid, position_of(proc.loaded))
             self._close_all()
 
     def _close_all(self, discard: bool = False) -> None:
@@ -348,6 +351,7 @@ class GroupMember:
                 if changelog is not None and position_of(proc.loaded) is not None:  # a zombie's markers lose
                     after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
                     proc.loaded = after.replace(generation=proc.loaded.generation)  # (unlogged: a snapshot next)
+                    proc.store.commit({}, proc.loaded)  # the store is on the chain through the takeover
                 for topic, epoch in proc.loaded.layout_epochs.items():
                     if topic in self.app.handlers:  # the store saw a newer layout than we know
                         await registry.ensure_at_least(topic, epoch)
@@ -481,6 +485,9 @@ class GroupMember:
             if not done:
                 log.info("%s: job epoch %d has %d processors: rebalancing", self.name, stepped.epoch, stepped.p)
                 self.assignor.info.p = stepped.p
+                self.consumer._coordinator.request_rejoin()
+            elif self.services.standbys is not None:  # the leader places the new processor's copies
+                log.info("%s: processor %d joined: rebalancing to place its standbys", self.name, proc.id)
                 self.consumer._coordinator.request_rejoin()
 
     def _changelog_seed(

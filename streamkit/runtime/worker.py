@@ -146,10 +146,15 @@ class Worker:
                 f"app {app.name!r}: standby_replicas={app.settings.standby_replicas} needs the changelog "
                 "(standbys are kept from it): drop changelog=False, or set standby_replicas=0"
             )
+        memory = StateMemory.of(
+            app.settings.state_cache_bytes, app.settings.rocksdb_block_cache_bytes, app.settings.rocksdb_memtable_bytes
+        )
         standbys = None
         if changelog is not None and app.settings.standby_replicas:
             app_dir = app.store_path(0, app.settings.state_dir).parent
-            standbys = self._standbys = StandbyKeeper(app_dir, app.tables, io, changelog.topic, job.incarnation)
+            standbys = self._standbys = StandbyKeeper(
+                app_dir, app.tables, io, changelog.topic, job.incarnation, configure=memory.rocksdb
+            )
             await asyncio.to_thread(standbys.scan)
         self._output_producer = await Producer(
             bootstrap,
@@ -172,11 +177,7 @@ class Worker:
             adoptions=adoptions,
             changelog=changelog,
             standbys=standbys,
-            memory=StateMemory.of(
-                app.settings.state_cache_bytes,
-                app.settings.rocksdb_block_cache_bytes,
-                app.settings.rocksdb_memtable_bytes,
-            ),
+            memory=memory,
             plain_partitions={t: n for t, n in counts.items() if registry.get(t) is None},
         )
         return self.services
@@ -342,7 +343,7 @@ class Worker:
             self._globals.close()
             self._globals = None
         if self._standbys is not None:
-            self._standbys.close()
+            await self._standbys.aclose()
             self._standbys = None
         if self._output_producer is not None:
             await self._output_producer.stop()

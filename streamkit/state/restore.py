@@ -16,6 +16,7 @@ The input is then read from the head's positions: no input record below them is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -197,8 +198,9 @@ async def read_plan(
     if partition >= ((await io.partition_count(topic)) or 0):  # no changelog yet, or none for this processor
         return None, 0
     records = await read_partition(io, topic, partition, on_read)
-    try:
-        return plan_restore(records, topic=topic, partition=partition, incarnation=incarnation), len(records)
+    try:  # (in a thread: at a million keys, seconds of work the event loop's heartbeats must not wait for)
+        plan = await asyncio.to_thread(plan_restore, records, topic=topic, partition=partition, incarnation=incarnation)
+        return plan, len(records)
     except ChangelogError as exc:
         log.warning("%s: %s[%d] not used, the input is read instead: %s", log_as, topic, partition, exc)
         return None, len(records)
@@ -215,27 +217,19 @@ async def restore_store(
     incarnation: str = "",
     log_as: str = "",
     on_read: ReadProgress | None = None,
+    configure: Any = None,
 ) -> RestorePlan | None:
     """Rebuild processor ``pid``'s store at ``path`` (which must not exist) from the
     changelog; None (nothing written: the caller rebuilds from the input) when the
     changelog has no marker of it, or cannot be read as a chain (said in one line).
-    ``on_read``: the progress of the changelog's read (what a restore spends its time on)."""
+    ``on_read``: the progress of the changelog's read (what a restore spends its time on).
+    ``configure``: the store's RocksDB options (``RocksDBStore.open``)."""
     t0 = time.monotonic()
     plan, read = await read_plan(io, topic, pid, incarnation=incarnation, log_as=log_as, on_read=on_read)
     if plan is None:
         return None
-    windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]
-    dropped = keep_own_keys(plan, pid, p0, windowed)
-    changes = live_changes(plan, tables)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".restoring")
-    if staging.exists():  # a restore killed before its end
-        shutil.rmtree(staging)
-    with RocksDBStore.open(str(staging), sorted(tables)) as store:
-        store.commit(changes, plan.checkpoint)
-    staging.rename(path)
+    dropped, keys = await asyncio.to_thread(_write_restored, plan, pid, path, tables, p0, configure)
     took = time.monotonic() - t0
-    keys = sum(len(c) for c in changes.values())
     log.info(
         "%s: processor %d restored from the changelog in %.2f s: %d keys from %d batches (%d records read, "
         "%d off the chain, %d keys of other processors); input from %s",
@@ -243,6 +237,24 @@ async def restore_store(
         {f"{t}[{p}]": o for (t, p), o in sorted(plan.head.checkpoint.positions.items())},
     )  # fmt: skip
     return plan
+
+
+def _write_restored(
+    plan: RestorePlan, pid: int, path: Path, tables: Mapping[str, Any], p0: int, configure: Any
+) -> tuple[int, int]:
+    """Write the plan's state as processor ``pid``'s store at ``path``, whole or not at all
+    (built beside it, then renamed); the keys of other processors dropped, and the keys written."""
+    windowed = [name for name, t in tables.items() if getattr(t, "window", None) is not None]
+    dropped = keep_own_keys(plan, pid, p0, windowed)
+    changes = live_changes(plan, tables)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".restoring")
+    if staging.exists():  # a restore killed before its end
+        shutil.rmtree(staging)
+    with RocksDBStore.open(str(staging), sorted(tables), configure=configure) as store:
+        store.commit(changes, plan.checkpoint)
+    staging.rename(path)
+    return dropped, sum(len(c) for c in changes.values())
 
 
 async def seed_plan(

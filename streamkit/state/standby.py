@@ -31,11 +31,16 @@ from stores.rocksdb import RocksDBStore
 from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, position_of
 from streamkit.state.restore import INCARNATION_KEY
 
-__all__ = ["LineageBroken", "StandbyCopy"]
+__all__ = ["LineageBroken", "NotInChangelog", "StandbyCopy"]
 
 
 class LineageBroken(Exception):
     """The changelog goes on from a position the copy is not at: restore it whole."""
+
+
+class NotInChangelog(Exception):
+    """The store has no changelog position (a job from before changelogs, a backfill, a
+    store written past the changelog): it is nobody's copy, and never deleted as one."""
 
 
 class StandbyCopy:
@@ -50,7 +55,7 @@ class StandbyCopy:
         cp = store.checkpoint()
         position = position_of(cp)
         if position is None:
-            raise LineageBroken(f"processor {pid}'s store at {store.path} has no changelog position")
+            raise NotInChangelog(f"processor {pid}'s store at {store.path} has no changelog position")
         self.position = position
         """The changelog position after the last marker applied (what the store records)."""
         self.generation = cp.generation
@@ -61,8 +66,10 @@ class StandbyCopy:
         self._waiting: dict[bytes | None, list[Any]] = {}
 
     @classmethod
-    def open(cls, pid: int, path: Path, tables: Sequence[str], incarnation: str = "") -> StandbyCopy:
-        store = RocksDBStore.open(str(path), sorted(tables))
+    def open(
+        cls, pid: int, path: Path, tables: Sequence[str], incarnation: str = "", configure: Any = None
+    ) -> StandbyCopy:
+        store = RocksDBStore.open(str(path), sorted(tables), create=False, configure=configure)
         try:
             return cls(pid, store, tables, incarnation)
         except BaseException:

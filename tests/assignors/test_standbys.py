@@ -75,8 +75,9 @@ def test_every_processor_is_placed_once_and_a_warmup_never_sits_with_its_active(
     actives, warmups = place_actives(hosted, disks, copies, p)
     placed = sorted(pid for ids in actives.values() for pid in ids)
     assert placed == list(range(p))
+    on = {pid: disks[m] for m, ids in actives.items() for pid in ids}
     for m, ids in warmups.items():
-        assert not set(ids) & set(actives[m])
+        assert all(on[pid] != disks[m] for pid in ids), "a warm-up on its active's disk"
     if not any(copies.values()):
         assert actives == assign_processors_to_members(hosted, p)
 
@@ -85,3 +86,14 @@ def test_without_a_second_disk_there_is_no_standby() -> None:
     disks = {"a": "d1", "b": "d1"}
     hosting = assign_processors_to_members({"a": [], "b": []}, 4)
     assert place_standbys(hosting, disks, {}, 1, 4) == {"a": [], "b": []}
+
+
+def test_what_members_say_and_get_round_trips() -> None:
+    from assignors.group import MemberInfo, ProcessorAssignment
+
+    info = MemberInfo(2, 3, [1], standby_replicas=1, acceptable_lag=500, disk="h:/d", copies={0: 12, 2: 7})
+    assert MemberInfo.decode(info.encode()) == info
+    given = ProcessorAssignment(4, 2, 3, {1: [("t", 1, None)]}, {"t": 0}, standbys=[0, 2], warmups=[2])
+    assert ProcessorAssignment.decode(given.encode()) == given
+    old = MemberInfo(2, 3, [1])  # a member from before standbys: none of theirs
+    assert MemberInfo.decode(old.encode()) == old

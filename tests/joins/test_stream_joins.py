@@ -147,14 +147,18 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
     rng = random.Random(5)
     views, clicks = _side(rng, "v"), _side(rng, "c")
     job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")
-    # each third's views are written a moment before its clicks: the idle wait holds them
-    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "2000"}
+    # each third's views and clicks are written in turns, 40 at a time: each topic's records
+    # come a moment before the other's, and the idle wait holds them (5 s: a producer
+    # starved of CPU by a scaling step must not make the other topic's records late)
+    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "5000"}
     thirds = [PER_TOPIC // 3 * i for i in range(4)]
     thirds[3] = PER_TOPIC
 
     def produce(i: int) -> None:
-        produce_json(broker, views_topic, views[thirds[i] : thirds[i + 1]])
-        produce_json(broker, clicks_topic, clicks[thirds[i] : thirds[i + 1]])
+        for at in range(thirds[i], thirds[i + 1], 40):
+            end = min(at + 40, thirds[i + 1])
+            produce_json(broker, views_topic, views[at:end])
+            produce_json(broker, clicks_topic, clicks[at:end])
 
     produce(0)
     job.start_worker(**env)

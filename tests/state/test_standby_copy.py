@@ -87,6 +87,10 @@ def test_a_tailing_copy_ends_as_a_restore_of_the_whole_partition(seed: int, tmp_
         end = min(len(records), copy.read_to + rng.randrange(1, 8))
         try:
             copy.apply(records[copy.position : end])  # the keeper reads from the position on
+            # at every step, exactly what a restore of the partition up to its last marker holds
+            now = plan_restore(records[: copy.position])
+            assert now is not None and now.position == copy.position, f"seed {seed}: at {copy.position}"
+            assert dict(copy.store.items("t")) == live_changes(now, ["t"])["t"], f"seed {seed}: at {copy.position}"
         except LineageBroken:
             breaks += 1
             assert breaks < 30, f"seed {seed}: the copy keeps breaking at {copy.position}"

@@ -4,7 +4,9 @@ the real broker and real stores: three workers, six processors, one standby each
 SIGKILL the worker hosting processor 0 under load, then another (at random, the one
 hosting standbys included): each dead worker's processors go to the workers holding
 their warm copies (promoted, not restored), the state per key equals processing every
-record once, and each key's output comes in input order. The time from a kill to the
+record once, and each key's output comes in input order. A killed worker comes back on
+an empty disk (a new machine): it warms copies up and only then takes processors over
+(KIP-441's warm-up), never restoring one cold. The time from a kill to the
 first output of the dead worker's keys is printed next to the session timeout."""
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,24 +49,40 @@ def _statuses(broker: str, app: str) -> list[WorkerStatus]:
     return asyncio.run(look())
 
 
-def _wait_warm(broker: str, app: str, workers: set[int], timeout: float = 90) -> list[WorkerStatus]:
+def _wait_warm(
+    broker: str, app: str, workers: set[int], timeout: float = 90, processors: int = PROCESSORS
+) -> list[WorkerStatus]:
     """Until every processor is hosted by a live worker and has a warm standby on another."""
     deadline = time.monotonic() + timeout
     while True:
         live = [s for s in _statuses(broker, app) if s.pid in workers]
         hosts = {pid: s.worker for s in live for pid in s.processors}
         warm = {pid: s.worker for s in live for pid, st in s.standbys.items() if st["state"] == "warm"}
-        if len(hosts) == PROCESSORS and all(warm.get(pid, hosts[pid]) != hosts[pid] for pid in range(PROCESSORS)):
+        if set(hosts) == set(range(processors)) and all(
+            warm.get(pid, hosts[pid]) != hosts[pid] for pid in range(processors)
+        ):
             return live
         assert time.monotonic() < deadline, f"no warm standby of every processor: hosts {hosts}, warm {warm}"
         time.sleep(0.3)
 
 
-def _final_state(dirs: list[Path], app: str) -> dict[str, dict[str, Any]]:
+def _wait_warmed_up(broker: str, job: Job, worker: Any, timeout: float = 90) -> None:
+    """Until ``worker`` (started on an empty disk) hosts processors, each taken over from
+    a copy it warmed up (KIP-441's warm-up: no restore, so no output gap beyond a rebalance)."""
+    deadline = time.monotonic() + timeout
+    while not any(s.pid == worker.pid and s.processors for s in _statuses(broker, job.app)):
+        assert time.monotonic() < deadline, f"the new worker took no processor: {job.log(worker, 3000)}"
+        time.sleep(0.3)
+    said = job.log(worker)
+    assert "asks for a rebalance to take them over" in said, said[-3000:]
+    assert not MEMBER_RESTORE.findall(said), f"the new worker restored a processor cold: {said[-3000:]}"
+
+
+def _final_state(dirs: list[Path], app: str, processors: int = PROCESSORS) -> dict[str, dict[str, Any]]:
     """Per key, its state in the furthest store of its processor among the disks (the last
     active's, or a copy as far as it)."""
     state: dict[str, dict[str, Any]] = {}
-    for pid in range(PROCESSORS):
+    for pid in range(processors):
         best: tuple[int, dict[str, Any]] | None = None
         for d in dirs:
             path = d / app / f"processor-{pid}"
@@ -129,9 +149,11 @@ def test_killed_workers_processors_go_on_from_their_standbys_exactly(broker: str
                 assert time.monotonic() < deadline, f"processors {lost} not all promoted: {since}"
                 time.sleep(0.2)
             waits.append((lost, t_kill))
-            if kill < KILLS - 1:  # it comes back, on the same disk
+            if kill < KILLS - 1:  # a new machine in its place: it warms copies up, then takes its share
+                shutil.rmtree(on_disk[victim.pid])
                 w = job.start_worker(STREAMKIT_STATE_DIR=str(on_disk[victim.pid]), **env)
                 on_disk[w.pid] = on_disk[victim.pid]
+                _wait_warmed_up(broker, job, w)
         producer.join()
         wait_until_committed(job, PROCESSORS, len(records), timeout=180)
     finally:
@@ -161,3 +183,42 @@ def test_killed_workers_processors_go_on_from_their_standbys_exactly(broker: str
         first = min(after)
         print(f"kill of processors {lost}' host: their keys' output again after {first - t_kill:.2f} s "
               f"(session timeout {SESSION_MS / 1000:.1f} s)")  # fmt: skip
+
+
+def test_standbys_follow_processor_scaling_two_three_two(broker: str, tmp_path: Path) -> None:
+    """Three workers on their own disks, 2 -> 3 -> 2 processors under load: the new
+    processor gets a warm standby, the retired one's copies go from every disk, and the
+    state per key equals processing every record once."""
+    tag = uuid.uuid4().hex[:8]
+    topic = create_topic(broker, f"sbs-{tag}", 2)
+    dirs = [tmp_path / f"disk{i}" for i in range(WORKERS)]
+    job = Job(broker, f"sbs-{tag}", topic, dirs[0], processors=2)
+    env = {"STREAMKIT_STANDBY_REPLICAS": "1", "STREAMKIT_SESSION_TIMEOUT_MS": str(SESSION_MS),
+           "STREAMKIT_HEARTBEAT_INTERVAL_MS": "300", "STREAMKIT_ACCEPTABLE_RECOVERY_LAG": str(LAG)}  # fmt: skip
+    records = make_records(6000, 500)
+    produce_json(broker, topic, records[:2000])
+    said = ""
+    try:
+        for d in dirs:
+            job.start_worker(STREAMKIT_STATE_DIR=str(d), **env)
+        wait_until_committed(job, 2, 2000)
+        live = {w.pid for w in job.workers}
+        _wait_warm(broker, job.app, live, processors=2)
+        for span, processors in enumerate((3, 2), start=1):
+            with ThreadPoolExecutor(1) as pool:  # written while the job scales
+                writing = pool.submit(produce_json, broker, topic, records[span * 2000 : (span + 1) * 2000])
+                said += job.scale(processors, **env)
+                writing.result()
+            wait_until_committed(job, 2, (span + 1) * 2000)
+            _wait_warm(broker, job.app, live, processors=processors)  # processor 2 too, then not
+        deadline = time.monotonic() + 60
+        while any((d / job.app / "processor-2").exists() for d in dirs) or any(
+            2 in s.standbys or 2 in s.processors for s in _statuses(broker, job.app)
+        ):  # the retired processor's store and copies deleted on every disk
+            assert time.monotonic() < deadline, [job.log(w, 2000) for w in job.workers]
+            time.sleep(0.3)
+    finally:
+        job.stop_all()
+    assert "processor 2: retires" in said, said
+    assert any("standby of processor 2 kept here" in job.log(w) for w in job.workers)
+    assert _final_state(dirs, job.app, 2) == reference(records)
