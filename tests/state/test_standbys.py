@@ -105,7 +105,7 @@ def test_killed_workers_processors_go_on_from_their_standbys_exactly(broker: str
     job = Job(broker, f"sb-{tag}", topic, dirs[0], processors=PROCESSORS)
     env = {"STREAMKIT_STANDBY_REPLICAS": "1", "SK_TEST_OUT": out, "STREAMKIT_SESSION_TIMEOUT_MS": str(SESSION_MS),
            "STREAMKIT_HEARTBEAT_INTERVAL_MS": "300", "STREAMKIT_ACCEPTABLE_RECOVERY_LAG": str(LAG)}  # fmt: skip
-    records = make_records(9000, 600)
+    records = make_records(7800, 600)
     produce_json(broker, topic, records[:3000])
     on_disk = {}
     for d in dirs:
