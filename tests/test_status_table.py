@@ -62,3 +62,28 @@ def test_connection_options_are_taken_after_the_sub_command() -> None:
     assert hoist_connection_options(["produce", "T", "--", "--client-config"]) == [
         "produce", "T", "--", "--client-config",
     ]  # fmt: skip
+
+
+def test_status_lists_every_standby_and_the_processors_short_of_them() -> None:
+    from collections import Counter
+
+    import streamkit
+    from streamkit.cli.status import standbys_table
+    from streamkit.cli.status_view import Gathered, view
+
+    app = streamkit.App("app", standby_replicas=1)
+    w0 = WorkerStatus("app", "w0", 1, "h", time.time(), True, processors={0: [("t", 0)], 1: [("t", 1)]})
+    w1 = WorkerStatus("app", "w1", 2, "h", time.time(), True, processors={2: [("t", 2)]})
+    w0.standbys = {2: {"position": 40, "lag": 0, "state": "warm"}}
+    w1.standbys = {0: {"position": 10, "lag": 25, "state": "catching up"}}
+    found = Gathered([w0, w1], {}, Counter(), JobLayout("app", 3, 3), {}, {}, Counter())
+    shown = view(app, found)
+    assert [(r["processor"], r["worker"], r["lag"], r["state"]) for r in shown.standbys] == [
+        (0, "w1", 25, "catching up"),
+        (2, "w0", 0, "warm"),
+    ]
+    assert shown.standbys_short == {1: 0}
+    console = Console(width=200, record=True)
+    console.print(standbys_table(shown, 1))
+    text = " ".join(console.export_text().split())  # (the caption wraps at the table's width)
+    assert "catching up" in text and "fewer standbys than standby_replicas=1: processors 1 (0 of 1)" in text, text
