@@ -28,7 +28,7 @@ from streamkit.windows import STREAM_TIME_KEY
 from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
 from tests.spark.merged_app import make_app
 
-PROCESSORS, CUSTOMERS, PRODUCTS, N = 2, 12, 20, 300
+PROCESSORS, CUSTOMERS, PRODUCTS, N = 2, 12, 20, 200
 T0 = 1_700_000_000_000
 
 
