@@ -88,7 +88,6 @@ class Replayer:
         self.app = app
         self.topic = names[0]
         self.specs_of: dict[str, list[HandlerSpec]] = {name: app.handlers[name] for name in names}
-        self.specs: list[HandlerSpec] = self.specs_of[self.topic]
         self.current_key: Any = None
         self.current_handler = ""
         self.stats = ReplayStats()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -199,3 +200,21 @@ def reference(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[s
 
 def make_records(n: int, keys: int, start: int = 0) -> list[tuple[str, dict[str, Any]]]:
     return [(f"k{(i * 7919) % keys}", {"amount": i % 97, "seq": i}) for i in range(start, start + n)]
+
+
+def steady_producer(
+    bootstrap: str, topic: str, records: list[tuple[str, dict[str, Any]]], chunk: int, pause: float,
+    stop: threading.Event,
+) -> threading.Thread:  # fmt: skip
+    """A thread (not started) writing ``records`` in chunks of ``chunk`` with ``pause``
+    seconds between them, until done or ``stop`` is set: a steady load through kills."""
+    from streamkit.testing import produce_json
+
+    def produce() -> None:
+        for i in range(0, len(records), chunk):
+            if stop.is_set():
+                return
+            produce_json(bootstrap, topic, records[i : i + chunk])
+            time.sleep(pause)
+
+    return threading.Thread(target=produce)

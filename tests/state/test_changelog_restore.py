@@ -21,7 +21,7 @@ import pytest
 from streamkit.kafkaio import KafkaIO
 from streamkit.state.changelog import changelog_topic
 from streamkit.testing import produce_json
-from tests.runtime.jobs import Job, make_records, read_state, reference, wait_for_log
+from tests.runtime.jobs import Job, make_records, read_state, reference, steady_producer, wait_for_log
 from tests.runtime.test_strays import counts, layout_topic, wait_drained
 
 RESTORED = re.compile(r"processor (\d+) restored from the changelog in [\d.]+ s: (\d+) keys .*; input from (\{.*\})")
@@ -113,15 +113,7 @@ def test_workers_killed_at_random_moments_with_lost_disks_keep_the_state_exact(b
     job = Job(broker, f"killed-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", processors=2)
     records = make_records(12000, 2000)
     stop = threading.Event()
-
-    def produce() -> None:
-        for i in range(0, len(records), 500):
-            if stop.is_set():
-                return
-            produce_json(broker, topic, records[i : i + 500])
-            time.sleep(0.2)
-
-    producer = threading.Thread(target=produce)
+    producer = steady_producer(broker, topic, records, 500, 0.2, stop)
     restores = 0
     try:
         worker = job.start_worker()

@@ -33,7 +33,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.status import WorkerStatus, read_statuses
 from streamkit.state.changelog import position_of
 from streamkit.testing import create_topic, produce_json, read_topic
-from tests.runtime.jobs import Job, make_records, reference, wait_until_committed
+from tests.runtime.jobs import Job, make_records, reference, steady_producer, wait_until_committed
 
 PROCESSORS, WORKERS = 6, 3
 KILLS = int(os.environ.get("STREAMKIT_STANDBY_KILLS", "2"))
@@ -141,15 +141,7 @@ def test_killed_workers_processors_go_on_from_their_standbys_exactly(broker: str
         w = job.start_worker(STREAMKIT_STATE_DIR=str(d), **env)
         on_disk[w.pid] = d
     stop = threading.Event()
-
-    def produce() -> None:  # steady load through the kills
-        for i in range(3000, len(records), 200):
-            if stop.is_set():
-                return
-            produce_json(broker, topic, records[i : i + 200])
-            time.sleep(0.4)
-
-    producer = threading.Thread(target=produce)
+    producer = steady_producer(broker, topic, records[3000:], 200, 0.4, stop)  # steady load through the kills
     waits = []
     try:
         wait_until_committed(job, PROCESSORS, 3000)
