@@ -41,8 +41,8 @@ class Job:
             SK_TEST_TOPIC=self.topic,
             STREAMKIT_BROKER=self.bootstrap,
             STREAMKIT_STATE_DIR=str(self.state_dir),
-            STREAMKIT_SESSION_TIMEOUT_MS="3000",  # a join on the test broker waits half of it
-            STREAMKIT_HEARTBEAT_INTERVAL_MS="300",
+            STREAMKIT_SESSION_TIMEOUT_MS="4000",
+            STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
             PYTHONPATH=str(ROOT),
         )
         if self.processors is not None:
