@@ -158,6 +158,8 @@ class ProgressLog:
             if cur is None or gen >= cur.generation:
                 self._ic[(topic, part, int(pid))] = (int(base), text)
         for topic, part, activation, end in d.get("sweep_ends", ()):
+            if (cur := self._state.get((topic, int(part)))) is not None and gen < cur.generation:
+                continue  # a zombie's, written after the partition's new owner decided its own
             self._sweep_ends.setdefault((topic, int(part)), {}).setdefault(int(activation), int(end))
 
     def sweep_ends(self, topic: str, partition: int) -> dict[int, int]:
