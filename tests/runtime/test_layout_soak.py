@@ -66,10 +66,6 @@ async def wait_growth(io: KafkaIO, group: str, topic: str, parts: int, more: int
 
 
 @pytest.mark.soak
-@pytest.mark.skipif(
-    os.environ.get("STREAMKIT_SOAK") != "1",
-    reason="the layout soak runs on demand (STREAMKIT_SOAK=1 scripts/test -m soak): 30 s the CI budget lacks",
-)
 def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broker: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     topic, app = f"soak-{tag}", f"soak-{tag}"

@@ -119,7 +119,7 @@ def test_workers_killed_at_random_moments_with_lost_disks_keep_the_state_exact(b
         worker = job.start_worker()
         wait_for_log(job, worker, "hosts processors")
         producer.start()
-        for _ in range(int(os.environ.get("STREAMKIT_RESTORE_KILLS", "3"))):  # 3 in CI, more on demand
+        for _ in range(int(os.environ.get("STREAMKIT_RESTORE_KILLS", "4"))):  # 4 in CI, more on demand
             time.sleep(rng.uniform(0.3, 2.5))
             worker.kill()
             worker.wait()
