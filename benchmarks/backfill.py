@@ -110,7 +110,7 @@ def spark_breakdown(spark: Any, parquet: Path, p: int, work: Path, repeat: int =
     )
 
     def a(df: Any) -> Any:
-        return df.mapInArrow(functools.partial(_timed, tasks.place_state, None, spec, 0), _STATE_A_DDL)
+        return df.mapInArrow(functools.partial(_timed, tasks.place_state, None, 0, spec, 0), _STATE_A_DDL)
 
     def b(df: Any) -> Any:
         return df.drop("_sp").mapInArrow(functools.partial(tasks.write_state, spec), tasks.META_DDL)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamkit.app import App
+from streamkit.spark.keyless import KeylessInput
 
 if TYPE_CHECKING:
     from streamkit.spark.preflight import ClusterView
@@ -48,6 +49,9 @@ class BackfillPlan:
     """Why -> how many rows the stores do not reflect."""
     incarnation: str = ""
     """The job's incarnation in the cluster, stamped into the stores ("": no cluster)."""
+    keyless_inputs: dict[int, KeylessInput] = field(default_factory=dict)
+    """Per input (the tag its stage A tasks count under), how to name it in a refusal of
+    rows without a key (``keyless``)."""
     stream_times: dict[int, int] = field(default_factory=dict)
     """Per processor, its stream time at the end of the history (windowed tables: the
     largest timestamp of its records; what its store's checkpoint carries)."""

@@ -14,9 +14,10 @@ from stores.base import Checkpoint
 from streamkit.errors import ReplayError
 from streamkit.spark import tasks
 from streamkit.spark.backfill_plan import BackfillPlan
+from streamkit.spark.keyless import KeylessTally, refuse_or_count
 from streamkit.spark.positions import _final_positions, _stamp
 from streamkit.spark.result import BackfillResult, Reporter
-from streamkit.spark.shuffle import spark_partition_keys
+from streamkit.spark.shuffle import TaskCounters, spark_partition_keys
 from streamkit.spark.staging import BackfillError, InjectedFailure, Staging, check_fail
 from streamkit.state.changelog import changelog_topic
 from streamkit.state.seed import log_stores
@@ -63,14 +64,14 @@ def _run(
         staging.check_live_unlocked(range(plan.first, plan.p), below=plan.first)
         staging.prepare_sst_dirs(range(plan.p), plan.tables)
         sc = spark.sparkContext
-        acc = sc.accumulator(0.0)
+        counters = TaskCounters(sc.accumulator(0.0), sc.accumulator({}, KeylessTally()))  # type: ignore[arg-type]
         group = f"streamkit-backfill-{staging.run_id}"
         sc.setJobGroup(group, f"streamkit backfill of {app.name} ({plan.mode})", interruptOnCancel=True)
         old_batch = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
         try:
             with reporter.phase("spark", "encode, place, shuffle, sort, write SST files"):
-                df = build(staging, plan.subs, plan.num_partitions, spark_partition_keys(plan.num_partitions), acc)
+                df = build(staging, plan.subs, plan.num_partitions, spark_partition_keys(plan.num_partitions), counters)
                 reporter.spark_job(spark, group)
                 ok = False
                 try:
@@ -87,6 +88,10 @@ def _run(
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", old_batch)  # type: ignore[arg-type]
             sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]  # None clears it
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        rows_in, keyless = refuse_or_count(counters.keyless.value, plan.keyless_inputs, plan.allow_skipped)
+        plan.rows_in += rows_in
+        if keyless:
+            plan.left_out["rows without a key"] = plan.left_out.get("rows without a key", 0) + keyless
         check_fail("after-spark", plan.fail_at)
 
         # -- what the tasks did -----------------------------------------------------------
@@ -187,7 +192,7 @@ def _run(
                 )  # fmt: skip
     seconds = time.perf_counter() - t_start
     timings = dict(reporter.timings)
-    timings["tasks_stage_a_cpu"] = float(acc.value) + fused_a
+    timings["tasks_stage_a_cpu"] = float(counters.cpu.value) + fused_a
     timings["tasks_stage_b_cpu"] = task_s
     timings["tasks_sst_write_cpu"] = write_s
     timings["tasks_stage_b_input_wait"] = wait_s

@@ -17,7 +17,7 @@ from streamkit.spark.backfill_plan import BackfillPlan
 from streamkit.spark.workerpath import app_ref
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, SparkSession
 
     from streamkit.spark.preflight import ClusterView
 
@@ -253,38 +253,6 @@ def _check_columns(history: Any, wanted: Mapping[str, list[str]], what: str) -> 
     errors = column_errors(have, wanted, what)
     if errors:
         raise ConfigError("; ".join(errors))
-
-
-def _drop_keyless(plan: BackfillPlan, df: DataFrame, key_col: str, what: str) -> DataFrame:
-    """``df`` without its rows that have no key, counted into ``plan`` (refused unless the
-    plan allows skipped rows: :func:`_keyless_rows`)."""
-    F = require("pyspark.sql.functions")
-    rows, keyless = _keyless_rows(df, key_col, what, plan.allow_skipped)
-    plan.rows_in += rows
-    if not keyless:
-        return df
-    plan.left_out["rows without a key"] = plan.left_out.get("rows without a key", 0) + keyless
-    return df.where(F.col(key_col).isNotNull())
-
-
-def _keyless_rows(df: DataFrame, key_col: str, what: str, allow: bool) -> tuple[int, int]:
-    """(rows, rows without a key) of ``df``, one scan of the key column; rows without a
-    key cannot be placed on a processor (Kafka spreads them), so they are refused with
-    samples unless ``allow`` (then they are left out and reported)."""
-    F = require("pyspark.sql.functions")
-    row = df.agg(F.count(F.lit(1)).alias("n"), F.count(F.col(key_col)).alias("keyed")).collect()[0]
-    rows, keyless = int(row["n"]), int(row["n"]) - int(row["keyed"])
-    if keyless and not allow:
-        samples = [
-            {k: v for k, v in r.asDict().items() if k != key_col}
-            for r in df.where(F.col(key_col).isNull()).limit(3).collect()
-        ]
-        raise ConfigError(
-            f"{what}: {keyless:,} of {rows:,} rows have no key (column {key_col!r} is null), e.g. "
-            f"{'; '.join(str(s)[:200] for s in samples)}; they cannot be placed on a processor. Fix the history, "
-            "or pass allow_skipped=True to leave them out"
-        )
-    return rows, keyless
 
 
 def _common_checks(app: App, tables: Sequence[str], mode: str, allow_partial: bool) -> None:

@@ -19,17 +19,17 @@ from streamkit.spark._deps import require
 from streamkit.spark.global_load import load_global_tables
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
+from streamkit.spark.keyless import KeylessInput
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _drop_keyless,
     _prepare,
     _resolve_app,
     _spark,
     _value_expr,
 )
 from streamkit.spark.result import BackfillResult, Reporter
-from streamkit.spark.shuffle import _timed
+from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
 if TYPE_CHECKING:
@@ -165,7 +165,12 @@ def backfill_replay(
         spark, mode="replay", tables=names, num_partitions=num_partitions, subs=subs, allow_partial=allow_partial,
         allow_skipped=allow_skipped, fail_at=fail_at, keep_backup=keep_backup,
     )  # fmt: skip
-    df = _drop_keyless(plan, df, key_col, "the history")
+    plan.keyless_inputs[0] = KeylessInput(
+        "the history",
+        key_col,
+        {"value": value_col if isinstance(value_col, str) else None, "ts": timestamp_col, "partition": partition_col,
+         "offset": offset_col, "topic": topic_col, **{f"o{i}": c for i, c in enumerate(order)}},
+    )  # fmt: skip
     sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
     if timestamp_col:
         sel.append(F.col(timestamp_col).alias("ts"))
@@ -198,7 +203,7 @@ def backfill_replay(
     windowed = any(app_obj.tables[n].window is not None for n in names)
     ddl = _REPLAY_A_DDL + "".join(f", _o{i} {ty}" for i, ty in enumerate(order_types))
 
-    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], counters: TaskCounters) -> DataFrame:
         spec = tasks.Spec(
             mode="replay",
             p0=plan.p0,
@@ -224,7 +229,7 @@ def backfill_replay(
             fail_at=fail_at,
             extra={"sp_keys": sp_keys, "topics": topics if merged else [], "globals": globals_held},
         )
-        placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, acc, spec), ddl)
+        placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, counters, 0, spec), ddl)
         ordering = [f"_o{i}" for i in range(len(order))]
         if windowed or merged:
             placed, finals = with_stream_time(

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from streamkit.spark.keyless import counted
 
 if TYPE_CHECKING:
     from streamkit.spark import tasks
 
-__all__ = ["spark_partition_keys"]
+__all__ = ["TaskCounters", "spark_partition_keys"]
 
 
 def _murmur3_int(value: int, seed: int = 42) -> int:
@@ -48,20 +50,30 @@ def spark_partition_keys(n: int) -> list[int]:
     return [keys[i] for i in range(n)]
 
 
-def _timed(fn: Callable[..., Iterator[Any]], acc: Any, spec: tasks.Spec, *args: Any) -> Iterator[Any]:
-    """Run a stage A generator, adding the ``_sp`` column, and its CPU time (the Python
-    worker's, so neither waits for the JVM nor CPU contention count) to ``acc``."""
+class TaskCounters(NamedTuple):
+    """What stage A tasks report to the driver (Spark accumulators)."""
+
+    cpu: Any
+    """CPU seconds of stage A (a float accumulator)."""
+    keyless: Any
+    """Rows read and rows without a key, per input and task (``keyless.KeylessTally``)."""
+
+
+def _timed(
+    fn: Callable[..., Iterator[Any]], counters: TaskCounters | None, tag: int, spec: tasks.Spec, *args: Any
+) -> Iterator[Any]:
+    """Run a stage A generator over its input's keyed rows (those without a key dropped
+    and counted: :func:`.keyless.counted`, under ``tag``), adding the ``_sp`` column, and
+    its CPU time (the Python worker's, so neither waits for the JVM nor CPU contention
+    count) to ``counters``."""
+    import numpy as np
     import pyarrow as pa
 
-    batches = args[-1]
-    head = args[:-1]
     sp_keys = spec.extra["sp_keys"]
     n = len(sp_keys)
-    import numpy as np
-
     lookup = np.asarray(sp_keys, dtype=np.int32)
     spent = 0.0
-    gen = fn(spec, *head, batches)
+    gen = counted(fn, counters.keyless if counters else None, tag, spec.key_col, spec, *args)
     while True:
         t0 = time.process_time()
         try:
@@ -73,5 +85,5 @@ def _timed(fn: Callable[..., Iterator[Any]], acc: Any, spec: tasks.Spec, *args: 
         out = pa.RecordBatch.from_arrays([sp, *batch.columns], names=["_sp", *batch.schema.names])
         spent += time.process_time() - t0
         yield out
-    if acc is not None:
-        acc.add(spent)
+    if counters is not None:
+        counters.cpu.add(spent)

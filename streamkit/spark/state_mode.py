@@ -15,17 +15,17 @@ from streamkit.spark import tasks
 from streamkit.spark._deps import require
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
+from streamkit.spark.keyless import KeylessInput, counted
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
-    _drop_keyless,
     _prepare,
     _resolve_app,
     _spark,
     _value_expr,
 )
 from streamkit.spark.result import BackfillResult, Reporter
-from streamkit.spark.shuffle import _timed
+from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
 if TYPE_CHECKING:
@@ -138,7 +138,12 @@ def backfill_state(
         source = tables[name]
         df = load_source(spark, source, reader_options) if isinstance(source, str) else source
         _check_columns(df, wanted, f"the history of table {name!r}")
-        df = _drop_keyless(plan, df, key_col, f"the history of table {name!r}")
+        plan.keyless_inputs[len(normalized)] = KeylessInput(
+            f"the history of table {name!r}",
+            key_col,
+            {"value": value_col if isinstance(value_col, str) else None, "topic": topic_col,
+             "partition": partition_col, "offset": offset_col},
+        )  # fmt: skip
         sel = [F.col(key_col).alias("key"), _value_expr(F, value_col).alias("value")]
         if topic_col:
             sel.append(F.col(topic_col).cast("string").alias("topic"))
@@ -153,7 +158,7 @@ def backfill_state(
     )
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
 
-    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], acc: Any) -> DataFrame:
+    def build(staging: Staging, subs: int, n: int, sp_keys: list[int], counters: TaskCounters) -> DataFrame:
         spec = tasks.Spec(
             mode="state",
             p0=plan.p0,
@@ -174,13 +179,15 @@ def backfill_state(
         if partitioned_by_key:
             spec = dataclasses.replace(spec, extra={**spec.extra, "fused": True})
             metas = [
-                df.mapInArrow(functools.partial(tasks.fused_state, spec, i), tasks.META_DDL)
+                df.mapInArrow(
+                    functools.partial(counted, tasks.fused_state, counters.keyless, i, "key", spec, i), tasks.META_DDL
+                )
                 for i, df in enumerate(normalized)
             ]
             return functools.reduce(lambda x, y: x.unionByName(y), metas)
         staged = None
         for i, df in enumerate(normalized):
-            out = df.mapInArrow(functools.partial(_timed, tasks.place_state, acc, spec, i), _STATE_A_DDL)
+            out = df.mapInArrow(functools.partial(_timed, tasks.place_state, counters, i, spec, i), _STATE_A_DDL)
             staged = out if staged is None else staged.unionByName(out)
         assert staged is not None
         return (

@@ -152,7 +152,7 @@ def test_rows_left_out_fail_the_run_unless_allowed_and_are_reported(
         args += ["--partition-col", "partition", "--offset-col", "offset", "--broker", c["broker"], "--no-progress"]
         return CliRunner().invoke(cli, [*args, *extra])
 
-    res = backfill(keyless)  # refused before the Spark job, with a count and samples
+    res = backfill(keyless)  # refused after the Spark job (its tasks count them), with a count and samples
     message = str(res.exception)
     assert res.exit_code != 0 and f"3 of {n:,} rows have no key" in message and "'amount':" in message
     assert "--allow-skipped" in message

@@ -46,7 +46,7 @@ def _read_ssts(rows: list[dict[str, Any]], tmp: Path) -> dict[bytes, bytes]:
 
 
 def _stage_a(fn: Any, spec: tasks.Spec, table: pa.Table, *head: Any) -> pa.Table:
-    return pa.Table.from_batches(list(_timed(fn, None, spec, *head, iter(table.to_batches(max_chunksize=7)))))
+    return pa.Table.from_batches(list(_timed(fn, None, 0, spec, *head, iter(table.to_batches(max_chunksize=7)))))
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 64])
