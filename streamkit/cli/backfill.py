@@ -400,7 +400,7 @@ def backfill(
                     spark=jvm,
                     topic=topic,
                     topic_col=topic_col,
-                    partitioned_by_key=partitioned_by_key,
+                    partitioned_by_key=partitioned_by_key or None,  # unset: as Spark's plan says
                     **common,
                 )
     except Exception as exc:

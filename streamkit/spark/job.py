@@ -221,6 +221,7 @@ def _run(
             "left_out": left_out,
             "buckets": plan.p * plan.subs,
             "spark_partitions": plan.num_partitions,
+            "partitioned_by_key": plan.verify_unique,  # mode 1 wrote each input partition where it was
         },
         warnings=warnings,
     )

@@ -16,6 +16,7 @@ from streamkit.spark._deps import require
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.keyless import KeylessInput, counted
+from streamkit.spark.partitioning import hash_partitioned_by
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
@@ -59,7 +60,7 @@ def backfill_state(
     allow_partial: bool = False,
     num_partitions: int | None = None,
     subs: int | None = None,
-    partitioned_by_key: bool = False,
+    partitioned_by_key: bool | None = None,
     keep_backup: bool = False,
     allow_skipped: bool = False,
     reporter: Reporter | None = None,
@@ -85,7 +86,9 @@ def backfill_state(
     ``partitioned_by_key=True`` says every key's rows are in one partition of each
     DataFrame (true of the output of ``groupBy(key)``, ``repartition(key)``): the job then
     skips its own shuffle and sort (each task sorts its partition in Arrow, in memory)
-    and the built stores are checked to hold every written key exactly once.
+    and the built stores are checked to hold every written key exactly once. The default
+    (None) takes that path when Spark's plan hash-partitions every DataFrame by its key
+    column (:mod:`.partitioning`), and shuffles otherwise; False always shuffles.
     """
     F = require("pyspark.sql.functions")
     app_obj, _ = _resolve_app(app)
@@ -152,6 +155,8 @@ def backfill_state(
         if offset_col:
             sel.append(F.col(offset_col).cast("long").alias("offset"))
         normalized.append(df.select(*sel))
+    if partitioned_by_key is None:
+        partitioned_by_key = all(hash_partitioned_by(df, "key") for df in normalized)
     codecs = tuple(
         tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde, key_encoded, value_encoded)
         for n in names

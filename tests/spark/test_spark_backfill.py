@@ -15,6 +15,7 @@ from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError
 from streamkit.spark import BackfillError, BackfillRefused, backfill_state, backfill_table
+from streamkit.spark.partitioning import hash_partitioned_by
 from streamkit.spark.placement import processor_of
 from streamkit.spark.shuffle import _murmur3_int, spark_partition_keys
 from streamkit.spark.staging import BACKFILL_DIR, InjectedFailure, live_store_dirs
@@ -165,6 +166,33 @@ def test_state_backfill_without_shuffle_for_input_partitioned_by_key(spark: Any,
             partitioned_by_key=True,
             state_dir=state_dir,
         )
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+
+
+def test_a_dataframe_spark_partitions_by_key_is_written_where_it_is(spark: Any, state_dir: Path) -> None:
+    events = count_events(3000, 300, seed=4)
+    grouped = state_df(spark, events)  # groupBy(key) output
+    rows = spark.createDataFrame([(f"k{i}", i) for i in range(50)], "key string, value long")
+    assert hash_partitioned_by(grouped, "key")
+    assert hash_partitioned_by(grouped.withColumnRenamed("key", "customer"), "customer")  # (the bridge renames)
+    assert hash_partitioned_by(rows.repartition(3, "key"), "key")
+    assert not hash_partitioned_by(rows.repartition(3), "key")
+    assert not hash_partitioned_by(rows.repartition(3, "value"), "key")
+    assert not hash_partitioned_by(rows, "key")
+    joined = rows.repartition(3, "key").join(rows.repartition(3, "key").withColumnRenamed("value", "v2"), "key")
+    assert not hash_partitioned_by(joined, "key")  # adaptive execution may split a join's partitions
+    res = backfill_table(bf_apps.counts, "totals", grouped, offset_col="offset", partition_col="partition",
+                         state_dir=state_dir)  # fmt: skip
+    assert res.details["partitioned_by_key"] is True  # no shuffle of its own, by default
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+    res = backfill_table(bf_apps.counts, "totals", grouped, offset_col="offset", partition_col="partition",
+                         state_dir=state_dir, partitioned_by_key=False)  # fmt: skip
+    assert res.details["partitioned_by_key"] is False
+    check_counts_stores(state_dir / "bf-counts", events, 3, 3)
+    spread = grouped.repartition(4)  # the same rows, no longer by key: shuffled by the bridge
+    res = backfill_table(bf_apps.counts, "totals", spread, offset_col="offset", partition_col="partition",
+                         state_dir=state_dir)  # fmt: skip
+    assert res.details["partitioned_by_key"] is False
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
 
 
