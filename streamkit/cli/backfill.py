@@ -58,6 +58,7 @@ _KEEP_LOGS = 5
 def cli_message(text: str) -> str:
     """A library message in the CLI's words: ``from_start=True`` -> ``--from-start``,
     ``offset_col`` -> ``--offset-col``, ``p0=3`` -> ``--p0 3``, positions -> ``-p``."""
+    text = text.replace("partitioned_by_key=False", "--shuffle")
     for name in _FLAG_NAMES:
         flag = "--" + name.replace("_", "-")
         text = re.sub(rf"(?<![\w-]){name}=True\b", flag, text)
@@ -302,8 +303,10 @@ def backfill(
     spark_conf: list[str] = typer.Option([], "--spark-conf", help="Spark setting KEY=VALUE"),
     spark_log_level: str = typer.Option("ERROR", "--spark-log-level"),
     num_partitions: int | None = typer.Option(None, "--partitions", min=1, help="Spark tasks writing SST files"),
-    partitioned_by_key: bool = typer.Option(
-        False, "--partitioned-by-key", help="mode 1: each key's rows are in one input partition: skip the shuffle"
+    partitioned_by_key: bool | None = typer.Option(
+        None,
+        "--partitioned-by-key/--shuffle",
+        help="mode 1: each key's rows are in one input partition: skip the shuffle (unset: as Spark's plan says)",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
@@ -400,7 +403,7 @@ def backfill(
                     spark=jvm,
                     topic=topic,
                     topic_col=topic_col,
-                    partitioned_by_key=partitioned_by_key or None,  # unset: as Spark's plan says
+                    partitioned_by_key=partitioned_by_key,
                     **common,
                 )
     except Exception as exc:

@@ -74,6 +74,9 @@ def _run(
                 df = build(staging, plan.subs, plan.num_partitions, spark_partition_keys(plan.num_partitions), counters)
                 reporter.spark_job(spark, group)
                 ok = False
+                # stage A may have run in a job of the build's own (windows' stream times), over
+                # partitions this job may split otherwise: only this job's counts stand
+                counters.keyless.value = {}
                 try:
                     rows = df.collect()
                     ok = True
@@ -242,7 +245,7 @@ def _verify_unique(path: Path, files: Mapping[str, Sequence[str]], written: Mapp
             if have != n:
                 raise BackfillError(
                     f"table {table!r}: {n - have} key(s) were written by two tasks: the DataFrame is not "
-                    "partitioned by key (drop partitioned_by_key / --partitioned-by-key)"
+                    "partitioned by key (pass partitioned_by_key=False)"
                 )
     finally:
         store.close()

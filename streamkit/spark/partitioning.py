@@ -10,6 +10,7 @@ this reads it. The stores built that way are still checked to hold every key onc
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -21,20 +22,23 @@ def hash_partitioned_by(df: Any, column: str) -> bool:
     """True if ``df``'s physical plan hash-partitions it by ``column`` alone (False when
     it cannot tell: another partitioning, another engine, a plan it cannot read).
 
-    The plan is read with adaptive execution off: its plan has no exchanges until it runs.
-    What adaptive execution does at run time keeps an aggregation's or a repartition's
-    partitions whole (it only coalesces them), but it may split a join's skewed ones, so
-    a plan with a join is not trusted."""
+    The plan is read with adaptive execution off (for the instant of planning: its plan
+    has no exchanges until it runs). What adaptive execution does at run time keeps an
+    aggregation's or a repartition's partitions whole (it only coalesces them), but it may
+    split a join's or a rebalance's skewed ones, so a plan with either is not trusted.
+    Each partition is then sorted in memory by its task (as ``partitioned_by_key=True``)."""
     try:
         session = df.sparkSession
-        adaptive = session.conf.get(_ADAPTIVE, "true")
-        session.conf.set(_ADAPTIVE, "false")
-        try:
-            plan = df.select("*")._jdf.queryExecution().executedPlan()  # a new plan, made now
-        finally:
-            session.conf.set(_ADAPTIVE, adaptive)
+        with _PLANNING:  # two backfills of this process do not interleave their toggles
+            adaptive = session.conf.get(_ADAPTIVE, "true")
+            session.conf.set(_ADAPTIVE, "false")
+            try:
+                plan = df.select("*")._jdf.queryExecution().executedPlan()  # a new plan, made now
+            finally:
+                session.conf.set(_ADAPTIVE, adaptive)
         partitioning = plan.outputPartitioning()
-        if partitioning.getClass().getSimpleName() != "HashPartitioning" or "Join" in plan.toString():
+        text = plan.toString()
+        if partitioning.getClass().getSimpleName() != "HashPartitioning" or "Join" in text or "REBALANCE" in text:
             return False
         exprs = partitioning.expressions()
         if exprs.size() != 1:
@@ -47,3 +51,4 @@ def hash_partitioned_by(df: Any, column: str) -> bool:
 
 
 _ADAPTIVE = "spark.sql.adaptive.enabled"
+_PLANNING = threading.Lock()

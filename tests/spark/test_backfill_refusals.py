@@ -176,6 +176,9 @@ def test_cli_messages_name_flags() -> None:
     assert cli_message("this backfill uses p0=3: a backfill") == "this backfill uses --p0 3: a backfill"
     assert cli_message("pass p0= with the count") == "pass --p0 with the count"
     assert cli_message("topic 'events'") == "topic 'events'"
+    assert cli_message("not partitioned by key (pass partitioned_by_key=False)") == (
+        "not partitioned by key (pass --shuffle)"
+    )
 
 
 def test_local_session_registers_the_streamkit_source(spark: Any, tmp_path: Path) -> None:

@@ -181,6 +181,8 @@ def test_a_dataframe_spark_partitions_by_key_is_written_where_it_is(spark: Any, 
     assert not hash_partitioned_by(rows, "key")
     joined = rows.repartition(3, "key").join(rows.repartition(3, "key").withColumnRenamed("value", "v2"), "key")
     assert not hash_partitioned_by(joined, "key")  # adaptive execution may split a join's partitions
+    assert not hash_partitioned_by(rows.hint("rebalance", "key"), "key")  # and a rebalance's
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # (off only while planning)
     res = backfill_table(bf_apps.counts, "totals", grouped, offset_col="offset", partition_col="partition",
                          state_dir=state_dir)  # fmt: skip
     assert res.details["partitioned_by_key"] is True  # no shuffle of its own, by default
