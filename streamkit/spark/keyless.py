@@ -29,9 +29,6 @@ __all__ = ["Keyless", "KeylessInput", "KeylessTally", "counted", "drop_keyless",
 SAMPLES = 3
 """Rows without a key quoted in a refusal."""
 
-Seen = dict[tuple[int, int], tuple[int, int, list[dict[str, Any]]]]
-"""(input, Spark partition) -> (rows, rows without a key, samples): an accumulator's value."""
-
 
 @dataclass
 class Keyless:
@@ -40,6 +37,10 @@ class Keyless:
     rows: int = 0
     keyless: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+Seen = dict[tuple[int, int], Keyless]
+"""(input, Spark partition) -> what its task saw: an accumulator's value."""
 
 
 def drop_keyless(batches: Iterable[pa.RecordBatch], key_col: str, seen: Keyless) -> Iterator[pa.RecordBatch]:
@@ -85,7 +86,7 @@ def counted(fn: Callable[..., Iterator[Any]], tally: Any, tag: int, key_col: str
     seen = Keyless()
     yield from fn(*args[:-1], drop_keyless(args[-1], key_col, seen))
     if tally is not None:
-        tally.add({(tag, _partition_id()): (seen.rows, seen.keyless, seen.samples)})
+        tally.add({(tag, _partition_id()): seen})
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,10 @@ def refuse_or_count(seen: Seen, inputs: Mapping[int, KeylessInput], allow: bool)
     rows = keyless = 0
     for tag, source in sorted(inputs.items()):
         mine = [v for (t, _), v in sorted(seen.items()) if t == tag]
-        n, missing = sum(v[0] for v in mine), sum(v[1] for v in mine)
+        n, missing = sum(v.rows for v in mine), sum(v.keyless for v in mine)
         rows, keyless = rows + n, keyless + missing
         if missing and not allow:
-            samples = [source.show(s) for v in mine for s in v[2]][:SAMPLES]
+            samples = [source.show(s) for v in mine for s in v.samples][:SAMPLES]
             raise ConfigError(
                 f"{source.what}: {missing:,} of {n:,} rows have no key (column {source.key_col!r} is null), e.g. "
                 f"{'; '.join(samples)}; they cannot be placed on a processor. Fix the history, or pass "

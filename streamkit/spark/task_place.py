@@ -103,15 +103,11 @@ def place_replay(spec: Spec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     """Mode 2, stage A: records -> (_b, _k, _v, _ts, _topic, _part, _off, order columns...).
 
     Over several topics (``spec.topic_serdes``), each row is encoded with its own topic's
-    serdes; a row of a topic the app does not consume fails the run."""
+    serdes; a row of a topic the app does not consume fails the run. Rows without a key
+    were dropped and counted before (``keyless.counted``)."""
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        kcol = batch.column(spec.key_col)
-        if kcol.null_count:  # records without a key cannot be placed (Kafka spreads them)
-            batch = batch.filter(kcol.is_valid())
-            if batch.num_rows == 0:
-                continue
         if not spec.topic_serdes:
             assert spec.key_serde is not None and spec.value_serde is not None
             yield _place_records(spec, batch, spec.topic, spec.key_serde, spec.value_serde)
