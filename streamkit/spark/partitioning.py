@@ -10,8 +10,9 @@ this reads it. The stores built that way are still checked to hold every key onc
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
+
+from streamkit.spark.session import session_setting
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +29,8 @@ def hash_partitioned_by(df: Any, column: str) -> bool:
     split a join's or a rebalance's skewed ones, so a plan with either is not trusted.
     Each partition is then sorted in memory by its task (as ``partitioned_by_key=True``)."""
     try:
-        session = df.sparkSession
-        with _PLANNING:  # two backfills of this process do not interleave their toggles
-            adaptive = session.conf.get(_ADAPTIVE, "true")
-            session.conf.set(_ADAPTIVE, "false")
-            try:
-                plan = df.select("*")._jdf.queryExecution().executedPlan()  # a new plan, made now
-            finally:
-                session.conf.set(_ADAPTIVE, adaptive)
+        with session_setting(df.sparkSession, _ADAPTIVE, "false"):
+            plan = df.select("*")._jdf.queryExecution().executedPlan()  # a new plan, made now
         partitioning = plan.outputPartitioning()
         text = plan.toString()
         if partitioning.getClass().getSimpleName() != "HashPartitioning" or "Join" in text or "REBALANCE" in text:
@@ -51,4 +46,3 @@ def hash_partitioned_by(df: Any, column: str) -> bool:
 
 
 _ADAPTIVE = "spark.sql.adaptive.enabled"
-_PLANNING = threading.Lock()

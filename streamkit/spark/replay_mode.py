@@ -29,6 +29,7 @@ from streamkit.spark.plan import (
     _value_expr,
 )
 from streamkit.spark.result import BackfillResult, Reporter
+from streamkit.spark.session import BYPASS_PARTIAL_AGGREGATION, session_setting
 from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
@@ -315,7 +316,9 @@ def with_stream_time(
     running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     ends = {}
     if finals:
-        ends = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
+        # into a few groups: the partial aggregation before the shuffle is what makes it cheap
+        with session_setting(placed.sparkSession, BYPASS_PARTIAL_AGGREGATION, "false"):
+            ends = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
     return placed.withColumn("_st", F.max("_ts").over(running)), ends
 
 
