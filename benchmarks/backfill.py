@@ -15,7 +15,8 @@ Contenders, in the same run:
   placed with the vectorised hash, values encoded with orjson, each store written with
   ``RocksDBStore.commit`` (a WriteBatch per 100,000 keys).
 - ``baseline-sst``: the same, but each store built from one sorted SST file (ingest).
-- ``spark-state``: Spark reads and aggregates (``groupBy``), then ``backfill_table``
+- ``spark-state``: Spark reads and aggregates (``groupBy``; in the bridge's local session,
+  as one step after the shuffle, ``BYPASS_PARTIAL_AGGREGATION``), then ``backfill_table``
   (mode 1) with its defaults: Spark's plan says the aggregate is partitioned by key, so
   the bridge writes each partition where it is (no shuffle and sort of its own).
   Reported with and without the JVM start.
