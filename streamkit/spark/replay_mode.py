@@ -29,7 +29,6 @@ from streamkit.spark.plan import (
     _value_expr,
 )
 from streamkit.spark.result import BackfillResult, Reporter
-from streamkit.spark.session import BYPASS_PARTIAL_AGGREGATION, session_setting
 from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
@@ -234,7 +233,7 @@ def backfill_replay(
         ordering = [f"_o{i}" for i in range(len(order))]
         if windowed or merged:
             placed, finals = with_stream_time(
-                placed, subs, by_offset=offset_col is not None, order=len(order), finals=windowed
+                placed, subs, spec.p, by_offset=offset_col is not None, order=len(order), finals=windowed
             )
             if windowed:
                 plan.stream_times = finals
@@ -296,7 +295,7 @@ def _replayed_topics(
 
 
 def with_stream_time(
-    placed: DataFrame, subs: int, *, by_offset: bool, order: int, finals: bool = True
+    placed: DataFrame, subs: int, processors: int, *, by_offset: bool, order: int, finals: bool = True
 ) -> tuple[DataFrame, dict[int, int]]:
     """``placed`` with ``_st``, each record's stream time: the largest timestamp among its
     processor's records of its partition up to it, in offset order (a worker's, where
@@ -316,9 +315,10 @@ def with_stream_time(
     running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     ends = {}
     if finals:
-        # into a few groups: the partial aggregation before the shuffle is what makes it cheap
-        with session_setting(placed.sparkSession, BYPASS_PARTIAL_AGGREGATION, "false"):
-            ends = {int(r[0]): int(r[1]) for r in placed.groupBy(proc).agg(F.max("_ts")).collect() if r[1] is not None}
+        # one global aggregate, not a groupBy(proc): it keeps its partial step before the
+        # shuffle whatever the session says of grouped ones (BYPASS_PARTIAL_AGGREGATION)
+        (row,) = placed.agg(*[F.max(F.when(proc == q, F.col("_ts"))) for q in range(processors)]).collect()
+        ends = {q: int(end) for q, end in enumerate(row) if end is not None}
     return placed.withColumn("_st", F.max("_ts").over(running)), ends
 
 

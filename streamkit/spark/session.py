@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BYPASS_PARTIAL_AGGREGATION", "check_session", "local_session", "session_setting"]
+__all__ = ["BYPASS_PARTIAL_AGGREGATION", "check_session", "local_session"]
 
 ARROW_BATCH_ROWS = 65536
 
@@ -42,17 +42,21 @@ partial aggregation's hash map (a million keys in each task) costs more than the
 shuffle it saves. Measured on 2 cores, Spark's aggregation alone: 5M events into 1M keys
 4.5-5.5 s with it against 7.0-7.7 s without; 50M events into 1M keys 35-39 s against
 42-48 s. An aggregation into few groups loses a great deal (every row is shuffled): pass
-``conf={BYPASS_PARTIAL_AGGREGATION: "false"}`` for such jobs; the bridge's own such
-aggregations turn it off for themselves (:func:`session_setting`). Older Sparks ignore it."""
+``conf={BYPASS_PARTIAL_AGGREGATION: "false"}`` when the session is made for such jobs
+(``distinct`` and ``dropDuplicates`` count: they are grouped aggregations). The bridge's
+own aggregation over a whole history (each processor's last stream time) is a global one,
+which keeps its partial step. Older Sparks ignore the setting."""
 
-_SETTING = threading.Lock()
+_SETTING = threading.RLock()
 
 
 @contextmanager
 def session_setting(session: Any, key: str, value: str) -> Iterator[None]:
-    """``key`` set to ``value`` in ``session`` for the block (and restored after it):
-    for a plan made, or a job run, in the block. Two blocks of this process never
-    interleave their changes (they wait for each other)."""
+    """``key`` set to ``value`` in ``session`` for the block (and restored after it), for a
+    plan made in the block: the bridge's, for an instant (a job run in it would hold every
+    other block of the process, and the setting would apply to any other thread's plans).
+    Two blocks of this process never interleave their changes (another thread's waits; a
+    block nested in the same thread goes on)."""
     with _SETTING:
         before = session.conf.get(key, None)
         session.conf.set(key, value)

@@ -198,10 +198,11 @@ def test_a_dataframe_spark_partitions_by_key_is_written_where_it_is(spark: Any, 
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
 
 
-def test_aggregations_in_the_bridges_session_skip_the_partial_step_but_its_own_do_not(spark: Any) -> None:
-    """The bridge's session plans an aggregation as one step after its shuffle (what a
-    groupBy(key) into many keys gains from); session_setting turns that off for a block
-    (the bridge's own aggregations into few groups) and puts back what was there."""
+def test_grouped_aggregations_in_the_bridges_session_skip_the_partial_step_but_its_own_does_not(spark: Any) -> None:
+    """The bridge's session plans a grouped aggregation as one step after its shuffle (what
+    a groupBy(key) into many keys gains from); the bridge's own aggregation over a whole
+    history (each processor's last stream time, a global one) keeps its partial step.
+    session_setting changes a setting for a block and puts back what was there."""
     import pyspark.sql.functions as F
 
     from streamkit.spark.session import BYPASS_PARTIAL_AGGREGATION, session_setting
@@ -213,12 +214,13 @@ def test_aggregations_in_the_bridges_session_skip_the_partial_step_but_its_own_d
 
     assert spark.conf.get(BYPASS_PARTIAL_AGGREGATION) == "true"
     assert "partial_max" not in plan_of(rows.groupBy("g").agg(F.max("key")))
+    assert "partial_max" in plan_of(rows.agg(*[F.max(F.when(F.col("g") == q, F.col("key"))) for q in range(3)]))
     with session_setting(spark, BYPASS_PARTIAL_AGGREGATION, "false"):
         assert "partial_max" in plan_of(rows.groupBy("g").agg(F.max("key")))
+        with session_setting(spark, "spark.streamkit.test.unset", "x"):  # nested in one thread: goes on
+            assert spark.conf.get("spark.streamkit.test.unset") == "x"
+        assert spark.conf.get("spark.streamkit.test.unset", None) is None  # unset again
     assert spark.conf.get(BYPASS_PARTIAL_AGGREGATION) == "true"
-    with session_setting(spark, "spark.streamkit.test.unset", "x"):
-        assert spark.conf.get("spark.streamkit.test.unset") == "x"
-    assert spark.conf.get("spark.streamkit.test.unset", None) is None  # unset again
 
 
 def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, state_dir: Path) -> None:
