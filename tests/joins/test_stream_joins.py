@@ -148,10 +148,9 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
     views, clicks = _side(rng, "v"), _side(rng, "c")
     job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")
     # each third's views and clicks are written in turns, 40 at a time: each topic's records
-    # come a moment before the other's, and the idle wait holds them (15 s: a producer, or a
-    # partition's fetch, starved of CPU by a scaling step must not make the other topic's
-    # records late; 5 s was not always enough with the whole suite in two processes)
-    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "15000"}
+    # come a moment before the other's, and the idle wait holds them (5 s: a producer
+    # starved of CPU by a scaling step must not make the other topic's records late)
+    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "5000"}
     thirds = [PER_TOPIC // 3 * i for i in range(4)]
     thirds[3] = PER_TOPIC
 
