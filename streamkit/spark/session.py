@@ -41,7 +41,7 @@ what mode 1 is given is usually a ``groupBy(key)`` into millions of keys, where 
 partial aggregation's hash map (a million keys in each task) costs more than the
 shuffle it saves. Measured on 2 cores, Spark's aggregation alone: 5M events into 1M keys
 4.5-5.5 s with it against 7.0-7.7 s without; 50M events into 1M keys 35-39 s against
-42-48 s. An aggregation into few groups loses a great deal (every row is shuffled): pass
+41-48 s. An aggregation into few groups loses a great deal (every row is shuffled): pass
 ``conf={BYPASS_PARTIAL_AGGREGATION: "false"}`` when the session is made for such jobs
 (``distinct`` and ``dropDuplicates`` count: they are grouped aggregations). The bridge's
 own aggregation over a whole history (each processor's last stream time) is a global one,
