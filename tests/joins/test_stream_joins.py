@@ -8,6 +8,7 @@ processor scaling 2 -> 3 -> 2 under load."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import time
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiokafka import AIOKafkaProducer
 
-from streamkit.testing import create_topic, default_partition, produce_json, read_topic
+from streamkit.testing import aproduce_json, create_topic, default_partition, produce_json, read_topic
 from tests.joins.join_app import GRACE, WITHIN
 from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
 
@@ -147,18 +149,13 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
     rng = random.Random(5)
     views, clicks = _side(rng, "v"), _side(rng, "c")
     job = Job(broker, f"join-{tag}", views_topic, tmp_path / "state", processors=2, app_spec="tests.joins.join_app:app")
-    # each third's views and clicks are written in turns, 40 at a time: each topic's records
-    # come a moment before the other's, and the idle wait holds them (5 s: a producer
-    # starved of CPU by a scaling step must not make the other topic's records late)
-    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out, "STREAMKIT_MAX_TASK_IDLE_MS": "5000"}
+    env = {"SK_TEST_CLICKS": clicks_topic, "SK_TEST_OUT": out}
     thirds = [PER_TOPIC // 3 * i for i in range(4)]
     thirds[3] = PER_TOPIC
 
     def produce(i: int) -> None:
-        for at in range(thirds[i], thirds[i + 1], 40):
-            end = min(at + 40, thirds[i + 1])
-            produce_json(broker, views_topic, views[at:end])
-            produce_json(broker, clicks_topic, clicks[at:end])
+        part = slice(thirds[i], thirds[i + 1])
+        asyncio.run(_produce_in_time_order(broker, [(views_topic, views[part]), (clicks_topic, clicks[part])]))
 
     produce(0)
     job.start_worker(**env)
@@ -184,6 +181,42 @@ def test_joins_hold_through_processor_scaling_under_load(broker: str, tmp_path: 
     assert "processor 2: takes over the keys of processor 0" in said, said
     assert "processor 2: retires" in said, said
     _compare(expected, seen, _dead_letters(broker, job.app))
+
+
+FLUSH_SPAN_MS = 3_000
+FLUSH_PACE_SECONDS = 0.05
+"""A live producer's pace: a third of the input takes about 3 s to write, over the
+scaling step that the test runs beside it."""
+
+
+async def _produce_in_time_order(broker: str, sides: list[tuple[str, list[Any]]]) -> None:
+    """Write both topics as live producers would: merged by time, each topic keeping its
+    own (jittered) order, acknowledged every ``FLUSH_SPAN_MS`` of event time and paced.
+
+    Why: a record that a fetch may still not bring is at most one flush ahead of the
+    others, so no record is late by the input alone (span + disorder < within + grace),
+    whatever the idle wait decided; written a topic at a time in large chunks, the first
+    topic's chunk may run far ahead of the second's once that one's idle wait has passed
+    (as in Kafka Streams, whose deadline holds a quiet topic back only once)."""
+    assert FLUSH_SPAN_MS + DISORDER_MS < (WITHIN + GRACE) * 1000
+    merged: list[tuple[int, int, str, Any]] = []  # (running max of the topic's stamps, seq, topic, record)
+    for topic, records in sides:
+        high = 0
+        for record in records:
+            high = max(high, record[3])
+            merged.append((high, len(merged), topic, record))
+    merged.sort(key=lambda m: (m[0], m[1]))
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        while merged:
+            end = next((n for n, m in enumerate(merged) if m[0] - merged[0][0] > FLUSH_SPAN_MS), len(merged))
+            flush, merged = merged[:end], merged[end:]
+            for topic, _ in sides:
+                await aproduce_json(broker, topic, [m[3] for m in flush if m[2] == topic], producer=producer)
+            await asyncio.sleep(FLUSH_PACE_SECONDS)
+    finally:
+        await producer.stop()
 
 
 def _dead_letters(broker: str, app: str) -> list[str]:
