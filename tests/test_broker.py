@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import selectors
@@ -21,6 +22,7 @@ import pytest
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streamkit.broker import BrokerError, EmbeddedBroker, api_versions, resolve_broker
+from streamkit.kafkaio import KafkaIO, KafkaIOError, client
 from streamkit.testing import default_partition
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,6 +190,29 @@ def test_read_topic_ends_at_the_fetch_high_watermark(topic_factory, produce, rea
     produce(topic, [(b"k", {"i": 101}, 1)])
     assert len(read_all(topic)) == 102
     assert len(read_all(topic, partitions=[1])) == 51
+
+
+def test_a_read_of_records_that_never_come_names_them_once_its_fetches_time_is_up(
+    broker: str, topic_factory, produce, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty answers are asked again with longer waits (a loaded broker often gathers
+    nothing in a short one); records still missing after ``EMPTY_FETCH_SECONDS`` fail the
+    read with the range that never came."""
+    topic = topic_factory(1)
+    produce(topic, [(b"k", {"i": i}, 0) for i in range(3)])
+    monkeypatch.setattr(client, "EMPTY_FETCH_SECONDS", 0.5)
+
+    async def run() -> tuple[int, str]:
+        async with KafkaIO(broker) as io:
+            records, end = await io.read(topic, 0, 1)
+            assert [r.offset for r in records] == [1, 2] and end == 3
+            assert await io.read(topic, 0, 3) == ([], 3)
+            with pytest.raises(KafkaIOError) as failed:
+                await io.read(topic, 0, 0, end=5)
+            return len(records), str(failed.value)
+
+    _, message = asyncio.run(run())
+    assert message == f"{topic}[0]: no records between offsets 3 and 5 in 0.5 s of fetches", message
 
 
 def test_explicit_partitions_bytes_values_and_empty_topics(topic_factory, produce, read_all) -> None:

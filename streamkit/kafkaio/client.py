@@ -16,6 +16,7 @@ behaviours of the reference broker (see ``docs/architecture.md``):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -76,6 +77,11 @@ class FetchedRecord:
 
 
 log = logging.getLogger(__name__)
+
+EMPTY_FETCH_WAITS_MS = (1, 20, 50, 100, 200, 500)
+"""The fetch wait of each try at records known to be there (the last one repeats)."""
+EMPTY_FETCH_SECONDS = 30.0
+"""How long records known to be there may stay out of every answer before a read fails."""
 
 HOLE_CONFIRM_SECONDS = 1.0
 """A hole in a fetch answer still there this long after it was first seen (and after
@@ -367,6 +373,33 @@ class KafkaIO:
         count = await self.partition_count(topic, refresh=False)
         return await self.high_watermarks(topic, range(count or 0))
 
+    async def fetch_at(
+        self, topic: str, partition: int, pos: int, stop: int | None, *, max_bytes: int = 1 << 20,
+        hole_wait: float = HOLE_CONFIRM_SECONDS,
+    ) -> tuple[list[FetchedRecord], int]:  # fmt: skip
+        """Records at ``>= pos`` (at least one, unless ``pos`` is at ``stop``, or with ``stop``
+        None at the high watermark) and the high watermark. Tansu answers with what it gathered
+        within the fetch's wait, which on a loaded machine is often nothing: an empty answer
+        is asked again with a longer wait (``EMPTY_FETCH_WAITS_MS``), for up to
+        ``EMPTY_FETCH_SECONDS`` before :class:`KafkaIOError` names the missing records."""
+        deadline: float | None = None
+        for attempt in itertools.count():
+            wait = EMPTY_FETCH_WAITS_MS[min(attempt, len(EMPTY_FETCH_WAITS_MS) - 1)]
+            recs, hw = await self.fetch(
+                topic, partition, pos, max_bytes=max_bytes, max_wait_ms=wait, hole_wait=hole_wait
+            )
+            known_end = stop if stop is not None else hw if hw >= 0 else None
+            if recs or (known_end is not None and known_end <= pos):
+                return recs, hw
+            now = time.monotonic()
+            deadline = deadline or now + EMPTY_FETCH_SECONDS
+            if now > deadline:
+                raise KafkaIOError(
+                    f"{topic}[{partition}]: no records between offsets {pos} and {known_end} "
+                    f"in {EMPTY_FETCH_SECONDS:g} s of fetches"
+                )
+        raise AssertionError("unreachable")
+
     async def read(
         self,
         topic: str,
@@ -381,23 +414,15 @@ class KafkaIO:
         watermark of the first fetch response (returned as the end; it may be below
         ``start`` if the log was truncated). ``hole_wait``: as :meth:`fetch`'s."""
         out: list[FetchedRecord] = []
-        pos, stop, misses = start, end, 0
+        pos, stop = start, end
         while stop is None or pos < stop:
-            recs, hw = await self.fetch(
-                topic, partition, pos, max_bytes=max_bytes, max_wait_ms=1 if misses == 0 else 20, hole_wait=hole_wait
-            )
+            recs, hw = await self.fetch_at(topic, partition, pos, stop, max_bytes=max_bytes, hole_wait=hole_wait)
             if stop is None and hw >= 0:
                 stop = hw
-            if recs:
-                misses = 0
-                out.extend(r for r in recs if stop is None or r.offset < stop)
-                pos = recs[-1].offset + 1
-                continue
-            if stop is not None and pos >= stop:
+            if not recs:
                 break
-            misses += 1
-            if misses > 25:
-                raise KafkaIOError(f"{topic}[{partition}]: no records between offsets {pos} and {stop}")
+            out.extend(r for r in recs if stop is None or r.offset < stop)
+            pos = recs[-1].offset + 1
         return out, (pos if stop is None else stop)
 
     async def first_offset_at_or_after(self, topic: str, partition: int, ts_ms: int, hw: int) -> int:

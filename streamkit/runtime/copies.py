@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from streamkit.kafkaio import KafkaIO, KafkaIOError
+from streamkit.kafkaio import KafkaIO
 from streamkit.layout.strays import STRAY_HEADER, parse_origin
 
 log = logging.getLogger(__name__)
@@ -41,15 +41,11 @@ async def find_copies(
     scanned = 0
     for x, end in sorted(ends.items()):
         begin = min((0 if (b := after.get(q)) is None else b.get(x, 0)) for q in starts)
-        pos, misses = begin, 0
+        pos = begin
         while pos < end:
-            records, _ = await io.fetch(topic, x, pos, max_bytes=SCAN_BYTES, max_wait_ms=1 if not misses else 20)
-            if not records:  # the reference broker answers short now and then
-                misses += 1
-                if misses > 25:
-                    raise KafkaIOError(f"{topic}[{x}]: no records between offsets {pos} and {end}")
-                continue
-            misses = 0
+            records, _ = await io.fetch_at(topic, x, pos, end, max_bytes=SCAN_BYTES)
+            if not records:
+                break
             for r in records:
                 for name, value in r.headers:
                     if name == STRAY_HEADER and (origin := parse_origin(value)) is not None:
