@@ -207,6 +207,23 @@ class Dispatcher:
         proc.stream_time = stream_time
         return await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
 
+    async def go_live(self, proc: ProcessorState) -> int:
+        """A shrink's merged processor (its store's two key sets on their own stream times,
+        ``sides``) goes live: one stream time, the larger, and the closes that makes due are
+        sent now. Not at its first delivered record, which may never come: the retired
+        sharer may have handled the partition's last records (they were rebuilt here
+        without output). Returns how many closed."""
+        if proc.sides is None:
+            return 0
+        proc.merge_sides()
+        if not proc.window_states:
+            return 0
+        self.binder.bind(proc.backends)
+        self.ctx.processor = proc.id
+        closed = await fire_closes(proc, self.close_callbacks, self.outbox, silent=False)
+        await self.send_output()
+        return closed
+
     async def tick_wall(self, processors: Iterable[ProcessorState], now_ms: int) -> int:
         """``close_on="wall"``: move each processor's stream time up to ``now_ms`` (the wall
         clock less the allowance) and fire the closes that makes due. Returns how many."""

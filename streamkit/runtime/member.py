@@ -371,6 +371,7 @@ class GroupMember:
                 await self.catchup.read_left_history(
                     proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots]
                 )
+                await self.dispatcher.go_live(proc)
                 starts.update(self.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
                 starts.update(self.router.sweeps(proc, assignment.sweeps.get(pid, [])))
             for tp in self.admission.routes:
