@@ -63,6 +63,32 @@ def read_all(broker: str) -> Callable[..., list[ConsumerRecord]]:
     return _read
 
 
+SCALING_UNDER_LOAD = (
+    "tests/joins/test_stream_joins.py",
+    "tests/ops/test_live_scale.py",
+    "tests/runtime/test_layout_soak.py",
+    "tests/runtime/test_scaling.py",
+)
+"""The test modules that run several worker processes through scaling steps under load,
+with short session timeouts: the two test processes never run two of them at once (on 2
+cores, two such tests side by side starve each other's heartbeats and time out)."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (``scripts/test``), but the ``SCALING_UNDER_LOAD`` modules are
+    one unit of work: one test process runs them one after the other."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneScalingAtATime(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "scaling-under-load" if scope in SCALING_UNDER_LOAD else scope
+
+    return OneScalingAtATime(config, log)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--allow-missing-system-tools",
