@@ -216,6 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "streamkit-bench-backfill")
     ap.add_argument("--replay", action="store_true", help="also run mode 2 (the handler over every event)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the step-by-step breakdown runs")
+    ap.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting for the bridge's session (again for more), e.g. "
+        "spark.sql.execution.bypassPartialAggregation=false",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     work: Path = args.workdir
@@ -254,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     from streamkit.spark.session import local_session
 
-    spark = local_session(args.cores, shuffle_partitions=args.cores * 2)
+    conf = dict(item.split("=", 1) for item in args.spark_conf)
+    spark = local_session(args.cores, shuffle_partitions=args.cores * 2, conf=conf)
     jvm = time.perf_counter() - t0
     # Warm-up, untimed in the comparison: the first queries after a JVM start pay for
     # Python worker start-up, class loading, code generation and JIT. A smaller backfill

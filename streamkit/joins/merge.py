@@ -31,7 +31,8 @@ __all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "TimeMerge"]
 LAG_WAIT_SECONDS = 5.0
 """The longest a processor waits for a topic said to have unfetched records (its high
 watermark beyond the position) that brings none: a broker that reports a wrong high
-watermark would otherwise hold the others for ever. Logged when it happens."""
+watermark would otherwise hold the others for ever. Counted when it happens (the metric
+``streamkit_merge_lag_waits_cut_total``)."""
 
 
 class _Proc(Protocol):
