@@ -115,8 +115,6 @@ class Dispatcher:
                     self.outbox.suppress = False
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
-            if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
-                proc.merge_sides()
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
@@ -209,10 +207,12 @@ class Dispatcher:
 
     async def go_live(self, proc: ProcessorState) -> int:
         """A shrink's merged processor (its store's two key sets on their own stream times,
-        ``sides``) goes live: one stream time, the larger, and the closes that makes due are
-        sent now. Not at its first delivered record, which may never come: the retired
-        sharer may have handled the partition's last records (they were rebuilt here
-        without output). Returns how many closed."""
+        ``sides``) goes live once it has rebuilt every record the group handled already (the
+        member says when): one stream time, the larger, and the closes that makes due are
+        sent now. Not at its first delivered record: that may never come (the retired
+        sharer may have handled the partition's last records), or come before records the
+        retired sharer handled, whose silent closes would then take the other key set's
+        windows for sent. Returns how many closed."""
         if proc.sides is None:
             return 0
         proc.merge_sides()

@@ -371,9 +371,9 @@ class GroupMember:
                 await self.catchup.read_left_history(
                     proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots]
                 )
-                await self.dispatcher.go_live(proc)
                 starts.update(self.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
                 starts.update(self.router.sweeps(proc, assignment.sweeps.get(pid, [])))
+                await self._go_live_if_caught_up(proc)
             for tp in self.admission.routes:
                 self.consumer.seek(tp, self.admission.fetch_position(tp))
             await self.router.record(self.name, generation, self.layout_epochs, starts)
@@ -594,6 +594,13 @@ class GroupMember:
         one writes (it commits every processor at once), so its pause."""
         return sum(c.dirty_count for p in self.processors.values() for c in p.caches.values())
 
+    async def _go_live_if_caught_up(self, proc: ProcessorState) -> None:
+        """A shrink's merged processor (``sides``) goes live once none of its partitions
+        has records left that the group handled already (``rebuild_until``): before, each
+        key set closes on its own stream time, as its old owner did."""
+        if proc.sides is not None and all(r.position >= r.rebuild_until for _, r in self.admission if r.proc is proc):
+            await self.dispatcher.go_live(proc)
+
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         merge = self.merge
         merge.set_inputs(merged_inputs(self.admission))
@@ -604,6 +611,8 @@ class GroupMember:
                 route.proc.uncommitted += records.consumed
                 self._since_checkpoint += records.consumed
         await release_merged(merge, self.dispatcher, self._lagging)
+        for proc in self.processors.values():
+            await self._go_live_if_caught_up(proc)
         if merge.inputs:
             self.held_back.update(merge, self.admission)
         for _, route in self.admission:  # key-concurrent routes' records of busy keys
