@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         "spark.sql.execution.bypassPartialAggregation=false",
     )  # fmt: skip
     args = ap.parse_args(argv)
+    if bad := [item for item in args.spark_conf if "=" not in item]:
+        ap.error(f"--spark-conf takes KEY=VALUE, not {bad[0]!r}")
 
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ with short session timeouts: the two test processes never run two of them at onc
 cores, two such tests side by side starve each other's heartbeats and time out)."""
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: unknown without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile`` (``scripts/test``), but the ``SCALING_UNDER_LOAD`` modules are
     one unit of work: one test process runs them one after the other."""

@@ -395,7 +395,8 @@ class KafkaIO:
             deadline = deadline or now + EMPTY_FETCH_SECONDS
             if now > deadline:
                 raise KafkaIOError(
-                    f"{topic}[{partition}]: no records between offsets {pos} and {known_end} "
+                    f"{topic}[{partition}]: no records between offsets {pos} and "
+                    f"{known_end if known_end is not None else '(high watermark unknown)'} "
                     f"in {EMPTY_FETCH_SECONDS:g} s of fetches"
                 )
         raise AssertionError("unreachable")

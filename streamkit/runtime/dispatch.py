@@ -115,10 +115,12 @@ class Dispatcher:
                     self.outbox.suppress = False
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
+            if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
+                proc.merge_sides()  # (at the latest: GroupMember._go_live_if_caught_up may come first)
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
-                        proc.stream_at[(rec.topic, rec.partition, rec.offset)] = proc.advance(rec.timestamp)
+                        proc.stream_at[(rec.topic, rec.partition, rec.offset)] = proc.advance(rec.timestamp, rec.key)
                 route.scheduler.submit(admitted.deliver)
                 await self.run_queued(route)
             elif admitted.deliver:
@@ -209,10 +211,9 @@ class Dispatcher:
         """A shrink's merged processor (its store's two key sets on their own stream times,
         ``sides``) goes live once it has rebuilt every record the group handled already (the
         member says when): one stream time, the larger, and the closes that makes due are
-        sent now. Not at its first delivered record: that may never come (the retired
-        sharer may have handled the partition's last records), or come before records the
-        retired sharer handled, whose silent closes would then take the other key set's
-        windows for sent. Returns how many closed."""
+        sent now. Without this it would go live only at its first delivered record
+        (:meth:`apply`), which may never come: the retired sharer may have handled the
+        partition's last records. Returns how many closed."""
         if proc.sides is None:
             return 0
         proc.merge_sides()

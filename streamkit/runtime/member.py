@@ -32,6 +32,7 @@ from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.merging import HeldBack, apply_merged, consumer_lagging, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import rebuild_unfinished
+from streamkit.runtime.routes import rebuilt_all
 from streamkit.runtime.routing import Router, Starts
 from streamkit.runtime.scaling import (
     bootstrap_step,
@@ -596,9 +597,10 @@ class GroupMember:
 
     async def _go_live_if_caught_up(self, proc: ProcessorState) -> None:
         """A shrink's merged processor (``sides``) goes live once none of its partitions
-        has records left that the group handled already (``rebuild_until``): before, each
-        key set closes on its own stream time, as its old owner did."""
-        if proc.sides is not None and all(r.position >= r.rebuild_until for _, r in self.admission if r.proc is proc):
+        has records left that the group handled already (``rebuild_until``), none held by
+        the time-ordered merge or a key-concurrent handler either (``stable``): before,
+        each key set closes on its own stream time, as its old owner did."""
+        if proc.sides is not None and rebuilt_all(proc, self.admission):
             await self.dispatcher.go_live(proc)
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:

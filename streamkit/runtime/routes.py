@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,12 @@ def sealed_history_end(layout: TopicLayout | None, partition: int) -> int:
         return 0
     offsets = (seal.seal_offset(partition) for seal in layout.seals if seal.sealed)
     return max((o for o in offsets if o is not None), default=0)
+
+
+def rebuilt_all(proc: Any, routes: Iterable[tuple[Any, Route]]) -> bool:
+    """Whether ``proc`` has applied, on every partition ``routes`` give it, each record the
+    group handled already (``rebuild_until``), none still held (``Route.stable``)."""
+    return all(r.stable >= r.rebuild_until for _, r in routes if r.proc is proc)
 
 
 @dataclass

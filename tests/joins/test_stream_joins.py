@@ -4,7 +4,7 @@ differ by at most 5 s, once; for left and outer joins each record that met none,
 its buffer closes. Timestamps are out of order within each topic (by less than the
 grace). The same output after kill -9 at random moments, when the second half of the
 input meets buffers rebuilt from the input on a fresh state directory, and through
-processor scaling 2 -> 3 -> 2 under load."""
+processor scaling 2 -> 3 while both topics are written and 3 -> 2 after the last record."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import streamkit
@@ -18,6 +19,7 @@ from stores.rocksdb import RocksDBStore
 from streamkit.context import Outbox
 from streamkit.runtime.closes import fire_closes
 from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.routes import Route, rebuilt_all
 from streamkit.windows import Tumbling
 
 P0, BEFORE = 2, 3  # a shrink from 3 processors to 2: processor 2 retires into processor 0
@@ -90,3 +92,23 @@ def test_a_record_of_a_key_set_is_judged_late_by_its_own_stream_time(tmp_path: P
     got: dict[Any, Any] = dict(proc.caches["per_s"].items())
     assert got == {(retiring, 1_000): 1}
     proc.close()
+
+
+def test_the_merged_processor_goes_live_once_nothing_the_group_handled_is_left_or_held() -> None:
+    """``rebuilt_all``: the member merges the key sets' stream times only then (before, a
+    rebuilt record's silent closes on the merged time would take the other key set's
+    windows for sent)."""
+    proc = SimpleNamespace(positions={("t", 0): 5, ("t", 1): 12}, pending={})
+    other = SimpleNamespace(positions={("t", 2): 0}, pending={})
+
+    def route(owner: Any, partition: int, rebuild_until: int) -> tuple[Any, Route]:
+        return partition, Route(owner, [], None, None, ("t", partition), rebuild_until=rebuild_until, committed=0)
+
+    routes = [route(proc, 0, 8), route(proc, 1, 10), route(other, 2, 50)]
+    assert not rebuilt_all(proc, routes)  # partition 0: records 5 to 7 are the group's, to rebuild
+    proc.positions[("t", 0)] = 9
+    proc.pending[("t", 0)] = {7}  # read, but held by the time-ordered merge
+    assert not rebuilt_all(proc, routes)
+    proc.pending[("t", 0)] = set()
+    assert rebuilt_all(proc, routes)  # (another processor's routes do not count)
+    assert rebuilt_all(SimpleNamespace(positions={}, pending={}), routes)  # no partitions: nothing to wait for
