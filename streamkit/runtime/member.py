@@ -614,7 +614,8 @@ class GroupMember:
                 self._since_checkpoint += records.consumed
         await release_merged(merge, self.dispatcher, self._lagging)
         for proc in self.processors.values():
-            await self._go_live_if_caught_up(proc)
+            if proc.sides is not None:  # (a shrink's merged processor only: the loop's hot path)
+                await self._go_live_if_caught_up(proc)
         if merge.inputs:
             self.held_back.update(merge, self.admission)
         for _, route in self.admission:  # key-concurrent routes' records of busy keys
