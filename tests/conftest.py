@@ -70,8 +70,38 @@ SCALING_UNDER_LOAD = (
     "tests/runtime/test_scaling.py",
 )
 """The test modules that run several worker processes through scaling steps under load,
-with short session timeouts: the two test processes never run two of them at once (on 2
-cores, two such tests side by side starve each other's heartbeats and time out)."""
+with short session timeouts. Their tests are marked ``alone``: ``scripts/test`` runs them
+after the others, one at a time, with the machine to themselves (on 2 cores, beside other
+multi-process tests, their workers miss heartbeats, the group churns, and a scale step
+outlasts its limit). When ``scripts/test`` is given arguments it runs one pass, and the
+two test processes still never run two of these modules at once (the scheduler below)."""
+
+
+LONGEST_FIRST = (
+    "tests/spark/test_backfill_guide.py",
+    "tests/state/test_standbys.py",
+    "tests/spark/test_spark_e2e.py",
+    "tests/windows/test_windows_worker.py",
+    "tests/runtime/test_shared_tasks.py",
+    "tests/test_readme_tour.py",
+    "tests/spark/test_spark_scale_seed.py",
+    "tests/runtime/test_strays.py",
+    "tests/state/test_changelog_restore.py",
+    "tests/test_cli.py",
+    "tests/spark/test_backfill_refusals.py",
+    "tests/test_tls.py",
+)
+"""The slowest test modules (``--durations``), handed out first by ``--dist loadfile``:
+started last, one of them would keep one test process busy while the other is idle."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.split("::")[0] in SCALING_UNDER_LOAD:
+            item.add_marker(pytest.mark.alone)
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: modules stay whole
 
 
 @pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: unknown without it)
