@@ -232,14 +232,15 @@ async def checkpoint(
             else:
                 whole[(slot.tp.topic, slot.tp.partition)] = pos
     t3 = time.monotonic()
-    # Every sharer commits a shared partition's group position (the lowest of the
-    # sharers'), each from its own view of the progress log, so a commit computed from an
-    # older view can land last. A sharer whose view has passed what it committed last
-    # commits again, even with nothing new of its own: Kafka's offsets catch up while idle.
+    # Kafka's offsets catch up while idle: a partition whose group position (the progress
+    # log's) has passed what this member committed to Kafka in this generation is
+    # committed again, even with nothing new. Every sharer commits a shared partition's
+    # group position (the lowest of the sharers'), each from its own view of the progress
+    # log, so a commit computed from an older view can land last; and a commit that failed
+    # in a rebalance (the checkpoint kept in the store and the progress log) would else
+    # wait for the partition's next record, for ever on a drained or quiet partition.
     behind = {
-        s.tp
-        for s in slots
-        if s.sharers and (group := progress.position(s.tp.topic, s.tp.partition)) and group > s.kafka_offset
+        s.tp for s in slots if (group := progress.position(s.tp.topic, s.tp.partition)) and group > s.kafka_offset
     }
     if not committed and not ic:
         if behind:

@@ -1,5 +1,6 @@
-"""A shared partition's Kafka offset catches up when a sharer's commit from an older
-view of the progress log lands last (real broker, real stores, the real commit sequence)."""
+"""A partition's Kafka offset catches up while idle: a shared one when a sharer's commit
+from an older view of the progress log lands last, any one when its commit failed in a
+rebalance (real broker, real stores, the real commit sequence)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 
 from stores.rocksdb import RocksDBStore
@@ -23,8 +25,18 @@ SHARERS = (0, 1)
 class Sharer:
     """One member hosting one processor that shares partition ``in``/0 with the other."""
 
-    def __init__(self, name: str, pid: int, path: Path, log: ProgressLog, kafka: dict[TopicPartition, int]) -> None:
+    def __init__(
+        self,
+        name: str,
+        pid: int,
+        path: Path,
+        log: ProgressLog,
+        kafka: dict[TopicPartition, int],
+        sharers: tuple[int, ...] = SHARERS,
+    ) -> None:
         self.name = name
+        self.sharers = sharers
+        self.fail = False  # the group rebalanced: a commit fails (the checkpoint is kept)
         self.proc = ProcessorState(pid, RocksDBStore.open(str(path), []), {})
         self.log = log
         self.kafka = kafka  # the group's committed offsets: the last commit to land wins
@@ -35,6 +47,8 @@ class Sharer:
     async def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         if self.hold is not None:
             await self.hold.wait()
+        if self.fail:
+            raise CommitFailedError("the group has already rebalanced")
         self.kafka.update((tp, o.offset) for tp, o in offsets.items())
         self.sent.update((tp, o.offset) for tp, o in offsets.items())
 
@@ -42,7 +56,7 @@ class Sharer:
         if position is not None:
             self.proc.positions[("in", 0)] = position
             self.proc.uncommitted += 1
-        slot = checkpointing.Slot(TP, self.proc, self.committed, SHARERS, kafka_offset=self.sent.get(TP, -1))
+        slot = checkpointing.Slot(TP, self.proc, self.committed, self.sharers, kafka_offset=self.sent.get(TP, -1))
         committed = await checkpointing.checkpoint(
             member=self.name,
             generation=1,
@@ -100,3 +114,30 @@ def test_a_sharers_commit_from_an_older_view_landing_last_is_made_good_while_idl
     stale, final = asyncio.run(go())
     assert stale == 40  # the race happened as staged
     assert final == 60
+
+
+def test_a_partitions_commit_failed_in_a_rebalance_is_made_good_while_idle(broker: str, tmp_path: Path) -> None:
+    """A drained partition's last records, checkpointed while the group rebalanced: its
+    Kafka offset must not wait for a next record that never comes."""
+
+    async def go() -> tuple[int | None, int | None]:
+        group = f"whole-{uuid.uuid4().hex[:8]}"
+        kafka: dict[TopicPartition, int] = {}
+        async with KafkaIO(broker) as io:
+            producer = AIOKafkaProducer(bootstrap_servers=broker)
+            await producer.start()
+            try:
+                a = Sharer("a", 0, tmp_path / "a", ProgressLog(io, producer, group), kafka, sharers=())
+                await a.log.start()
+                a.fail = True
+                await a.checkpoint(522)  # in the store and the progress log; Kafka's commit failed
+                assert a.committed == 522 and a.log.position("in", 0) == 522
+                failed = kafka.get(TP)
+                a.fail = False
+                await a.checkpoint()  # idle: nothing new
+                return failed, kafka.get(TP)
+            finally:
+                a.proc.store.close()
+                await producer.stop()
+
+    assert asyncio.run(go()) == (None, 522)
