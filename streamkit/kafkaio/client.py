@@ -80,6 +80,11 @@ log = logging.getLogger(__name__)
 
 EMPTY_FETCH_WAITS_MS = (1, 20, 50, 100, 200, 500)
 """The fetch wait of each try at records known to be there (the last one repeats)."""
+LONG_READ_RECORDS = 500
+"""A read of more records than this skips the first (1 ms) fetch wait. Tansu answers a
+fetch as soon as it has records, with what it gathered by then: a 1 ms wait brought about
+1,000 small-batch records per answer, a 20 ms one 20,000 (measured), at no cost to a short
+read; a wait at the end of a log is spent whole, so short reads keep the 1 ms one."""
 EMPTY_FETCH_SECONDS = 30.0
 """How long records known to be there may stay out of every answer before a read fails."""
 
@@ -383,7 +388,8 @@ class KafkaIO:
         is asked again with a longer wait (``EMPTY_FETCH_WAITS_MS``), for up to
         ``EMPTY_FETCH_SECONDS`` before :class:`KafkaIOError` names the missing records."""
         deadline: float | None = None
-        for attempt in itertools.count():
+        first = 1 if stop is not None and stop - pos > LONG_READ_RECORDS else 0
+        for attempt in itertools.count(first):
             wait = EMPTY_FETCH_WAITS_MS[min(attempt, len(EMPTY_FETCH_WAITS_MS) - 1)]
             recs, hw = await self.fetch(
                 topic, partition, pos, max_bytes=max_bytes, max_wait_ms=wait, hole_wait=hole_wait
