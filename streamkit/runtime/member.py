@@ -35,6 +35,7 @@ from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routes import rebuilt_all
 from streamkit.runtime.routing import Router, Starts
 from streamkit.runtime.scaling import (
+    adopt_windows,
     bootstrap_step,
     delete_retired_stores,
     open_for_count,
@@ -432,10 +433,11 @@ class GroupMember:
         self.processors[joined.id] = joined
         self.job_p = self.assignor.info.p = job.p
         self.assignor.info.hosted = sorted(self.processors)
-        purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
             await self.catchup.rebuild(joined, self._stamp(generation), job.p0, job.p)
+            adopt_windows(joined, old, self.app.tables, job.p0, job.p)
             await self.dispatcher.adopt_stream_time(joined, min(old.stream_time, old.fired_through))
+        purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         handled = self._handled_before[joined.id] = dict(old.positions)
         owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]

@@ -89,6 +89,39 @@ def purge_moved_keys(proc: ProcessorState, tables: Mapping[str, Table], p0: int,
     return sum(len(d) for d in deletes.values())
 
 
+def adopt_windows(joined: ProcessorState, old: ProcessorState, tables: Mapping[str, Table], p0: int, p: int) -> int:
+    """At an in-place handover, both stores at T1: the joined processor's windowed tables
+    and books, for its keys, become the old owner's. Returns how many entries it took.
+
+    The joined processor rebuilt them from its own partitions' records, on its own stream
+    time; the old owner applied the same records interleaved with its other partitions',
+    on a stream time that may have been ahead. Where the two differ, the old owner's are
+    what was sent: a window it closed and sent stays closed (rebuilt, it could still be
+    open, take the records the old owner judged late, and be sent a second time), and a
+    record it judged late stays out. The store is written past its changelog: its next
+    checkpoint is a snapshot (as ``purge_moved_keys``)."""
+    changes: dict[str, dict[bytes, bytes | None]] = {}
+    for name, table in tables.items():
+        if table.window is None:
+            continue
+        mine: dict[bytes, bytes | None] = {stored: None for stored, _ in joined.store.items(name)}
+        for stored, value in old.store.items(name):
+            if lh_bucket(key_hash(stored[:-8]), p0, p) == joined.id:
+                mine[stored] = value
+        if mine:
+            changes[name] = mine
+    if not changes:
+        return 0
+    loaded = unlogged(joined.loaded)
+    joined.store.commit(changes, loaded)
+    joined.loaded = joined.store.checkpoint()
+    for cache in joined.caches.values():
+        cache.invalidate()
+    for state in joined.window_states.values():
+        state.reindex()
+    return sum(1 for per in changes.values() for v in per.values() if v is not None)
+
+
 STAGING_SUFFIX = ".receiving"
 """The staging store of a shrink's receiving processor sits beside its store, so named."""
 

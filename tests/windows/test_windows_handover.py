@@ -1,0 +1,97 @@
+"""An in-place handover (a growth step whose splitting processor is hosted beside the
+joined one): at T1 the joined processor's windows and books become the old owner's
+(``streamkit.runtime.scaling.adopt_windows``). The joined processor rebuilt them from its
+own partitions on its own stream time; the old owner, reading more partitions, may have
+been ahead, closed and sent a session, and judged its next records late. Rebuilt, that
+session would still be open: it would take those records and be sent a second time."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamkit
+from assignors.linear_hashing import lh_bucket
+from assignors.murmur2 import key_hash
+from stores.base import Checkpoint
+from stores.rocksdb import RocksDBStore
+from streamkit.context import Outbox
+from streamkit.runtime.closes import fire_closes
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.scaling import adopt_windows
+from streamkit.windows import Session
+
+P0, P = 2, 4  # growth from 3 to 4 processors: processor 3 takes keys of processor 1
+OLD, JOINED = 1, 3
+
+
+@dataclass
+class Clock:
+    timestamp: int
+    stream_time: int
+
+
+def key_of(pid: int, n: int = 0) -> str:
+    keys = (k for i in range(10_000) if lh_bucket(key_hash((k := f"k{i}").encode()), P0, P) == pid)
+    for _ in range(n):
+        next(keys)
+    return next(keys)
+
+
+def test_the_joined_processor_takes_the_old_owners_windows_at_the_handover(tmp_path: Path) -> None:
+    app = streamkit.App("handover-windows")
+    sessions = app.table("sessions", default=int, window=Session(1, grace=0))
+    sent: list[tuple[str, int, int, int]] = []
+
+    def closed(key: str, window: streamkit.Window, total: int, ctx: streamkit.Context) -> None:
+        sent.append((key, window.start, window.end, total))
+
+    app.on_window_close(sessions)(closed)
+    callbacks = {"sessions": [closed]}
+    moved, stays, own_only = key_of(JOINED), key_of(OLD), key_of(JOINED, 1)
+
+    def open_proc(pid: int) -> ProcessorState:
+        return ProcessorState(pid, RocksDBStore.open(str(tmp_path / f"processor-{pid}"), list(app.tables)), app.tables)
+
+    def apply(proc: ProcessorState, key: str, ts: int) -> None:
+        proc.stream_time = max(proc.stream_time, ts)
+        sessions.bind(proc.window_states["sessions"], Clock(ts, proc.stream_time))
+        sessions[key] += 1
+        sessions.bind(None)
+
+    at_t1 = Checkpoint(positions={("events", 0): 3}, extra={"p": P})
+    # the old owner: the moved key's session [1.0, 1.2] s, then a record of another
+    # partition moves its stream time to 9 s: the session closes, and is sent
+    old = open_proc(OLD)
+    for key, ts in ((moved, 1_000), (moved, 1_200), (stays, 9_000)):
+        apply(old, key, ts)
+    assert asyncio.run(fire_closes(old, callbacks, Outbox(), silent=False)) == 1
+    assert sent == [(moved, 1_000, 1_200, 2)]
+    old.commit(at_t1)
+    # the joined processor rebuilt the same records of its keys without output, on its
+    # own stream time (1.2 s: the other partition's record is not its): the session is
+    # open; and it has a session of a record that the old owner judged late
+    joined = open_proc(JOINED)
+    for key, ts in ((moved, 1_000), (moved, 1_200), (own_only, 1_100)):
+        apply(joined, key, ts)
+    asyncio.run(fire_closes(joined, callbacks, Outbox(), silent=True))
+    joined.commit(at_t1)
+    assert dict(joined.caches["sessions__windows"].items()) != dict(
+        (k, v) for k, v in old.caches["sessions__windows"].items() if k[0] == moved
+    )
+
+    taken = adopt_windows(joined, old, app.tables, P0, P)
+
+    assert taken == 2  # the moved key's session and its book entry; not the key that stays
+    book = dict(joined.caches["sessions__windows"].items())
+    assert book == {k: v for k, v in old.caches["sessions__windows"].items() if k[0] == moved}
+    assert dict(joined.caches["sessions"].items()) == {(moved, 1_000): 2}
+    assert joined.loaded.positions == at_t1.positions  # the store is still at T1
+    # live from the old owner's stream time on: the session is not sent a second time
+    joined.stream_time = 9_000
+    sent.clear()
+    assert asyncio.run(fire_closes(joined, callbacks, Outbox(), silent=False)) == 0
+    assert sent == []
+    old.close()
+    joined.close()
