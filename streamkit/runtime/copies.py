@@ -12,35 +12,63 @@ copy exists is not forwarded again.
 
 Where to look: each swept position the progress log records with no copy beyond it
 carries the topic's ends then (``ProgressLog.copies_after``); copies forwarded later lie
-after them. Without such a record the whole topic is read.
+after them. Without such a record the whole topic is read, once per process: what it
+found and how far it read are kept (``ScannedCopies``), so the next look, at the next
+rebalance, reads only what the topic gained since (a copy is appended, so a copy not
+seen then lies beyond those ends).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.strays import STRAY_HEADER, parse_origin
 
 log = logging.getLogger(__name__)
 
-__all__ = ["find_copies"]
+__all__ = ["ScannedCopies", "find_copies"]
 
 SCAN_BYTES = 4 << 20
 
 
+@dataclass
+class ScannedCopies:
+    """What this process read of one topic looking for copies: per origin partition, the
+    offsets of its strays with a copy (all of them, whatever the start asked for then),
+    and per partition how far it read for that origin."""
+
+    copies: dict[int, set[int]] = field(default_factory=dict)
+    read_to: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def forget_if_shorter(self, ends: Mapping[int, int]) -> None:
+        """A partition that ends below where it was read: the topic was recreated."""
+        if any(end > ends.get(x, 0) for per in self.read_to.values() for x, end in per.items()):
+            self.copies.clear()
+            self.read_to.clear()
+
+
 async def find_copies(
-    io: KafkaIO, topic: str, starts: Mapping[int, int], after: Mapping[int, Mapping[int, int] | None]
+    io: KafkaIO,
+    topic: str,
+    starts: Mapping[int, int],
+    after: Mapping[int, Mapping[int, int] | None],
+    scanned: ScannedCopies | None = None,
 ) -> dict[int, set[int]]:
     """Per origin partition ``q`` of ``starts``: the offsets at or beyond ``starts[q]``
     whose strays have a forwarded copy in ``topic``. ``after[q]``: where, per partition,
-    copies of ``q``'s strays beyond ``starts[q]`` can lie at the earliest (None: anywhere)."""
-    found: dict[int, set[int]] = {q: set() for q in starts}
+    copies of ``q``'s strays beyond ``starts[q]`` can lie at the earliest (None: anywhere).
+    ``scanned``: what earlier looks of this process read (updated)."""
+    scanned = scanned if scanned is not None else ScannedCopies()
     ends = await io.topic_ends(topic)
-    scanned = 0
+    scanned.forget_if_shorter(ends)
+    scanned_count = 0
     for x, end in sorted(ends.items()):
-        begin = min((0 if (b := after.get(q)) is None else b.get(x, 0)) for q in starts)
+        begin = min(
+            max(0 if (b := after.get(q)) is None else b.get(x, 0), scanned.read_to.get(q, {}).get(x, 0)) for q in starts
+        )
         pos = begin
         while pos < end:
             records, _ = await io.fetch_at(topic, x, pos, end, max_bytes=SCAN_BYTES)
@@ -48,14 +76,15 @@ async def find_copies(
                 break
             for r in records:
                 for name, value in r.headers:
-                    if name == STRAY_HEADER and (origin := parse_origin(value)) is not None:
-                        q, o = origin
-                        if q in found and o >= starts[q]:
-                            found[q].add(o)
+                    if name == STRAY_HEADER and (origin := parse_origin(value)) is not None and origin[0] in starts:
+                        scanned.copies.setdefault(origin[0], set()).add(origin[1])
             pos = records[-1].offset + 1
-            scanned += len(records)
+            scanned_count += len(records)
+        for q in starts:
+            scanned.read_to.setdefault(q, {})[x] = max(pos, scanned.read_to.get(q, {}).get(x, 0))
+    found = {q: {o for o in scanned.copies.get(q, ()) if o >= start} for q, start in starts.items()}
     log.info(
         "%s: looked for copies of strays from partitions %s (%d records read): %s",
-        topic, sorted(starts), scanned, {q: len(v) for q, v in found.items()},
+        topic, sorted(starts), scanned_count, {q: len(v) for q, v in found.items()},
     )  # fmt: skip
     return found

@@ -24,7 +24,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import activation, plain_rule, stray_rule, sweep_end
 from streamkit.runtime.admission import Admission
-from streamkit.runtime.copies import find_copies
+from streamkit.runtime.copies import ScannedCopies, find_copies
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.routes import Route
@@ -63,6 +63,8 @@ class Router:
     """Records a key-concurrent route may hold unfinished (``max_ic_ranges``)."""
     plain_partitions: Mapping[str, int] = field(default_factory=dict)
     """The input topics without a layout and their partition counts (``strays.plain_rule``)."""
+    scanned: dict[str, ScannedCopies] = field(default_factory=dict)
+    """Per topic, what this member read looking for copies (``copies.find_copies``)."""
 
     def slots(
         self,
@@ -160,7 +162,7 @@ class Router:
                 continue
             found = await find_copies(
                 self.io, topic, {q: start for q, (start, _) in parts.items()},
-                {q: progress.copies_after(topic, q) for q in parts},
+                {q: progress.copies_after(topic, q) for q in parts}, self.scanned.setdefault(topic, ScannedCopies()),
             )  # fmt: skip
             for q, (start, routes) in parts.items():
                 copied = frozenset(found[q])
