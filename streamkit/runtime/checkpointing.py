@@ -236,11 +236,17 @@ async def checkpoint(
     # log's) has passed what this member committed to Kafka in this generation is
     # committed again, even with nothing new. Every sharer commits a shared partition's
     # group position (the lowest of the sharers'), each from its own view of the progress
-    # log, so a commit computed from an older view can land last; and a commit that failed
-    # in a rebalance (the checkpoint kept in the store and the progress log) would else
-    # wait for the partition's next record, for ever on a drained or quiet partition.
+    # log, so a commit computed from an older view can land last. A whole partition is
+    # committed again only at its processor's own checkpointed position (never another
+    # member's view): a commit that failed in a rebalance (the checkpoint kept in the
+    # store and the progress log) would else wait for the partition's next record, for
+    # ever on a drained or quiet partition.
     behind = {
-        s.tp for s in slots if (group := progress.position(s.tp.topic, s.tp.partition)) and group > s.kafka_offset
+        s.tp
+        for s in slots
+        if (group := progress.position(s.tp.topic, s.tp.partition))
+        and group > s.kafka_offset
+        and (s.sharers or s.proc.loaded.positions.get((s.tp.topic, s.tp.partition)) == group)
     }
     if not committed and not ic:
         if behind:

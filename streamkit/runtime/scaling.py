@@ -99,7 +99,24 @@ def adopt_windows(joined: ProcessorState, old: ProcessorState, tables: Mapping[s
     what was sent: a window it closed and sent stays closed (rebuilt, it could still be
     open, take the records the old owner judged late, and be sent a second time), and a
     record it judged late stays out. The store is written past its changelog: its next
-    checkpoint is a snapshot (as ``purge_moved_keys``)."""
+    checkpoint is a snapshot (as ``purge_moved_keys``).
+
+    Only when the two stores applied the same records: the same stable offsets on every
+    partition the joined processor rebuilt, and no individually committed records beyond
+    them on either side (a key-concurrent route's, which the joined processor applies
+    again after the handover). Otherwise its rebuilt windows stay, as before."""
+    mine_at, old_at = joined.loaded.positions, old.loaded.positions
+    if (
+        any(old_at.get(key) != at for key, at in mine_at.items())
+        or any(joined.loaded.ic_ranges.values())
+        or any(old.loaded.ic_ranges.values())
+    ):
+        log.info(
+            "processor %d keeps its rebuilt windows: its store and processor %d's did not apply the same records "
+            "(positions %s and %s)",
+            joined.id, old.id, dict(mine_at), {k: old_at.get(k) for k in mine_at},
+        )  # fmt: skip
+        return 0
     changes: dict[str, dict[bytes, bytes | None]] = {}
     for name, table in tables.items():
         if table.window is None:

@@ -95,3 +95,33 @@ def test_the_joined_processor_takes_the_old_owners_windows_at_the_handover(tmp_p
     assert sent == []
     old.close()
     joined.close()
+
+
+def test_the_joined_processor_keeps_its_rebuilt_windows_unless_both_stores_applied_the_same_records(
+    tmp_path: Path,
+) -> None:
+    app = streamkit.App("handover-windows-apart")
+    sessions = app.table("sessions", default=int, window=Session(1, grace=0))
+    app.on_window_close(sessions)(lambda key, window, total, ctx: None)
+    moved = key_of(JOINED)
+
+    def proc_at(pid: int, positions: dict, ic_ranges: dict | None = None) -> ProcessorState:
+        path = tmp_path / f"p{pid}-{len(list(tmp_path.iterdir()))}"
+        proc = ProcessorState(pid, RocksDBStore.open(str(path), list(app.tables)), app.tables)
+        sessions.bind(proc.window_states["sessions"], Clock(1_000 + pid, 1_000 + pid))
+        sessions[moved] += 1
+        sessions.bind(None)
+        proc.commit(Checkpoint(positions=positions, ic_ranges=ic_ranges or {}, extra={"p": P}))
+        return proc
+
+    old = proc_at(OLD, {("events", 0): 5, ("events", 1): 9})
+    behind = proc_at(JOINED, {("events", 0): 4})  # rebuilt to another position: not the same records
+    assert adopt_windows(behind, old, app.tables, P0, P) == 0
+    assert dict(behind.caches["sessions"].items()) == {(moved, 1_003): 1}
+    behind.close()
+    old.close()
+    old = proc_at(OLD, {("events", 0): 5}, ic_ranges={("events", 0): [(7, 8)]})  # key-concurrent: 7, 8 applied too
+    joined = proc_at(JOINED, {("events", 0): 5})
+    assert adopt_windows(joined, old, app.tables, P0, P) == 0
+    old.close()
+    joined.close()
