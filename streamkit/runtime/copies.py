@@ -13,9 +13,11 @@ copy exists is not forwarded again.
 Where to look: each swept position the progress log records with no copy beyond it
 carries the topic's ends then (``ProgressLog.copies_after``); copies forwarded later lie
 after them. Without such a record the whole topic is read, once per process: what it
-found and how far it read are kept (``ScannedCopies``), so the next look, at the next
-rebalance, reads only what the topic gained since (a copy is appended, so a copy not
-seen then lies beyond those ends).
+found and how far it read are kept (``ScannedCopies``), so a later look, at a later
+rebalance, reads only what the topic gained since the look before the last one. A copy
+is appended, so one not seen then lies beyond those ends, except a batch still in flight
+then: Tansu hands out a batch's offsets before it writes it, and a read passes a hole
+that stays for a second. By the look after, such a batch has landed.
 """
 
 from __future__ import annotations
@@ -38,16 +40,27 @@ SCAN_BYTES = 4 << 20
 class ScannedCopies:
     """What this process read of one topic looking for copies: per origin partition, the
     offsets of its strays with a copy (all of them, whatever the start asked for then),
-    and per partition how far it read for that origin."""
+    and per partition how far its last look read for that origin (``read_to``) and how
+    far the look before (``settled``: where the next look begins)."""
 
     copies: dict[int, set[int]] = field(default_factory=dict)
     read_to: dict[int, dict[int, int]] = field(default_factory=dict)
+    settled: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def forget_if_shorter(self, ends: Mapping[int, int]) -> None:
         """A partition that ends below where it was read: the topic was recreated."""
         if any(end > ends.get(x, 0) for per in self.read_to.values() for x, end in per.items()):
             self.copies.clear()
             self.read_to.clear()
+            self.settled.clear()
+
+    def begin(self, origin: int, partition: int) -> int:
+        return self.settled.get(origin, {}).get(partition, 0)
+
+    def looked(self, origin: int, partition: int, end: int) -> None:
+        read = self.read_to.setdefault(origin, {})
+        self.settled.setdefault(origin, {})[partition] = read.get(partition, 0)
+        read[partition] = max(end, read.get(partition, 0))
 
 
 async def find_copies(
@@ -66,9 +79,7 @@ async def find_copies(
     scanned.forget_if_shorter(ends)
     scanned_count = 0
     for x, end in sorted(ends.items()):
-        begin = min(
-            max(0 if (b := after.get(q)) is None else b.get(x, 0), scanned.read_to.get(q, {}).get(x, 0)) for q in starts
-        )
+        begin = min(max(0 if (b := after.get(q)) is None else b.get(x, 0), scanned.begin(q, x)) for q in starts)
         pos = begin
         while pos < end:
             records, _ = await io.fetch_at(topic, x, pos, end, max_bytes=SCAN_BYTES)
@@ -81,7 +92,7 @@ async def find_copies(
             pos = records[-1].offset + 1
             scanned_count += len(records)
         for q in starts:
-            scanned.read_to.setdefault(q, {})[x] = max(pos, scanned.read_to.get(q, {}).get(x, 0))
+            scanned.looked(q, x, pos)
     found = {q: {o for o in scanned.copies.get(q, ()) if o >= start} for q, start in starts.items()}
     log.info(
         "%s: looked for copies of strays from partitions %s (%d records read): %s",

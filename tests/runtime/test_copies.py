@@ -1,6 +1,7 @@
 """Looking for the copies a dead sweep left (``copies.find_copies``) reads a topic's whole
-history only once per process: the next look, at the next rebalance, reads only what the
-topic gained since, and still finds every copy (real broker)."""
+history at most twice per process: a later look, at a later rebalance, reads only what the
+topic gained since the look before the last one (a batch in flight at a look has landed
+by the next), and still finds every copy (real broker)."""
 
 from __future__ import annotations
 
@@ -45,10 +46,15 @@ def test_a_second_look_reads_only_what_the_topic_gained_and_finds_every_copy(bro
             await _write(broker, topic, 0, 20, [(0, 60)])
             second = await find_copies(io, topic, {0: 0}, {0: None}, scanned)
             assert second == {0: {5, 40, 60}}  # the old copies kept, the new one read
-            assert scanned.read_to[0] == {0: 21, 1: 303}
+            assert scanned.read_to[0] == {0: 21, 1: 303} and scanned.settled[0] == {0: 0, 1: 303}
+
+            await _write(broker, topic, 1, 10, [(0, 70)])
+            third = await find_copies(io, topic, {0: 50}, {0: None}, scanned)
+            assert third == {0: {60, 70}}
+            assert scanned.read_to[0] == {0: 21, 1: 314} and scanned.settled[0] == {0: 21, 1: 303}
 
             # a fresh process reads the whole topic again, and finds the same
-            assert await find_copies(io, topic, {0: 0}, {0: None}) == second
+            assert await find_copies(io, topic, {0: 0}, {0: None}) == {0: second[0] | third[0]}
             # an origin never looked for: its copies are in the whole history
             assert await find_copies(io, topic, {1: 0}, {1: None}, scanned) == {1: {7}}
 
