@@ -77,8 +77,10 @@ def test_expand_shrink_drain_expand_under_load_keeps_order_and_exact_state(broke
         SK_TEST_TOPIC=topic,
         STREAMKIT_BROKER=broker,
         STREAMKIT_STATE_DIR=str(tmp_path / "state"),
+        STREAMKIT_SESSION_TIMEOUT_MS="4000",
+        STREAMKIT_HEARTBEAT_INTERVAL_MS="400",
         PYTHONPATH=str(ROOT),
-    )  # the default session timeout: no member is killed here, and a short one only churns the group
+    )
     producers: list[subprocess.Popen[bytes]] = []
     workers: list[subprocess.Popen[bytes]] = []
 
