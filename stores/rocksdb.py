@@ -40,13 +40,14 @@ alone): the child opens its own after the parent lets go.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from rocksdict import IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter, WriteBatch, WriteOptions
+from rocksdict import IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
 from .base import Changes, Checkpoint, Store, StoreClosedError, StoreError, StoreLockedError, check_changes
 from .locking import PidLock
@@ -221,11 +222,15 @@ class RocksDBStore(Store):
             cf = self._cfs[table]
         except KeyError:
             raise self._missing(table) from None
-        read_opts = ReadOptions()
-        if end is not None:
-            read_opts.set_iterate_upper_bound(end)
-        # The RocksDB iterator is created here, so it sees the store as of this call.
-        return cast("Iterator[tuple[bytes, bytes]]", iter(cf.items(from_key=start, read_opt=read_opts)))
+        # The RocksDB iterator is created here, so it sees the store as of this call. The end
+        # is checked here too, not given to RocksDB as the read's upper bound: rocksdict hands
+        # RocksDB a pointer into the bound's bytes, not a copy, and a caller's temporary bound
+        # is freed while the scan goes on; its memory, reused for a key read, ended the scan
+        # early (a key's windows after its first one went missing).
+        found = cast("Iterator[tuple[bytes, bytes]]", iter(cf.items(from_key=start)))
+        if end is None:
+            return found
+        return itertools.takewhile(lambda item: item[0] < end, found)
 
     def checkpoint(self) -> Checkpoint:
         if self._db is None:
