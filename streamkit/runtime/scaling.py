@@ -107,7 +107,8 @@ def adopt_windows(joined: ProcessorState, old: ProcessorState, tables: Mapping[s
     again after the handover). Otherwise its rebuilt windows stay, as before."""
     mine_at, old_at = joined.loaded.positions, old.loaded.positions
     if (
-        any(old_at.get(key) != at for key, at in mine_at.items())
+        not mine_at
+        or any(old_at.get(key) != at for key, at in mine_at.items())
         or any(joined.loaded.ic_ranges.values())
         or any(old.loaded.ic_ranges.values())
     ):
