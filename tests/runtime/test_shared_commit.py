@@ -5,7 +5,9 @@ rebalance (real broker, real stores, the real commit sequence)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -74,16 +76,26 @@ async def _nothing() -> None:
     return None
 
 
+@contextlib.asynccontextmanager
+async def progress_logs(broker: str, prefix: str) -> AsyncIterator[Callable[[], ProgressLog]]:
+    """Makes progress logs of one new group (one broker client, one producer for all)."""
+    group = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    async with KafkaIO(broker) as io:
+        producer = AIOKafkaProducer(bootstrap_servers=broker)
+        await producer.start()
+        try:
+            yield lambda: ProgressLog(io, producer, group)
+        finally:
+            await producer.stop()
+
+
 def test_a_sharers_commit_from_an_older_view_landing_last_is_made_good_while_idle(broker: str, tmp_path: Path) -> None:
     async def go() -> tuple[int, int]:
-        group = f"shared-{uuid.uuid4().hex[:8]}"
         kafka: dict[TopicPartition, int] = {}
-        async with KafkaIO(broker) as io:
-            producer = AIOKafkaProducer(bootstrap_servers=broker)
-            await producer.start()
+        async with progress_logs(broker, "shared") as progress_log:
+            a = Sharer("a", 0, tmp_path / "a", progress_log(), kafka)
+            b = Sharer("b", 1, tmp_path / "b", progress_log(), kafka)
             try:
-                a = Sharer("a", 0, tmp_path / "a", ProgressLog(io, producer, group), kafka)
-                b = Sharer("b", 1, tmp_path / "b", ProgressLog(io, producer, group), kafka)
                 await a.log.start()
                 await b.log.start()
                 await a.checkpoint(50)
@@ -109,7 +121,6 @@ def test_a_sharers_commit_from_an_older_view_landing_last_is_made_good_while_idl
             finally:
                 a.proc.store.close()
                 b.proc.store.close()
-                await producer.stop()
 
     stale, final = asyncio.run(go())
     assert stale == 40  # the race happened as staged
@@ -121,13 +132,10 @@ def test_a_partitions_commit_failed_in_a_rebalance_is_made_good_while_idle(broke
     Kafka offset must not wait for a next record that never comes."""
 
     async def go() -> tuple[int | None, int | None]:
-        group = f"whole-{uuid.uuid4().hex[:8]}"
         kafka: dict[TopicPartition, int] = {}
-        async with KafkaIO(broker) as io:
-            producer = AIOKafkaProducer(bootstrap_servers=broker)
-            await producer.start()
+        async with progress_logs(broker, "whole") as progress_log:
+            a = Sharer("a", 0, tmp_path / "a", progress_log(), kafka, sharers=())
             try:
-                a = Sharer("a", 0, tmp_path / "a", ProgressLog(io, producer, group), kafka, sharers=())
                 await a.log.start()
                 a.fail = True
                 await a.checkpoint(522)  # in the store and the progress log; Kafka's commit failed
@@ -138,6 +146,5 @@ def test_a_partitions_commit_failed_in_a_rebalance_is_made_good_while_idle(broke
                 return failed, kafka.get(TP)
             finally:
                 a.proc.store.close()
-                await producer.stop()
 
     assert asyncio.run(go()) == (None, 522)
