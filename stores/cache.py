@@ -420,6 +420,29 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
             else:
                 put(kdumps(k), vdumps(v), cf)
 
+    def write_teed(
+        self,
+        put: Callable[[bytes, bytes, Any], None],
+        delete: Callable[[bytes, Any], None],
+        cf: Any,
+        tee: Callable[[bytes, bytes | None], None],
+        prefix: bytes,
+    ) -> None:
+        """:meth:`write_to`, each change also handed to ``tee(prefix + key, value)``
+        (``None`` for a delete): one serialisation for a store batch and a changelog both,
+        in one loop (at a million keys a function call more per change is 3% of a record)."""
+        vdumps = self._vdumps
+        kdumps = None if self._raw_keys else self._kdumps
+        for k, v in self._dirty.items():
+            key = k if kdumps is None else kdumps(k)
+            if v is _ABSENT:
+                delete(key, cf)
+                tee(prefix + key, None)
+            else:
+                value = vdumps(v)
+                put(key, value, cf)
+                tee(prefix + key, value)
+
     def __getitem__(self, key: bytes) -> bytes | None:
         for k, v in self.items():  # for completeness: commits iterate
             if k == key:

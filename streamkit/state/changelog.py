@@ -3,11 +3,15 @@
 One topic per job (:func:`changelog_topic`), one partition per processor (partition
 ``i`` is processor ``i``'s; the topic grows with the processors). A checkpoint appends
 to each processor's partition the keys its tables changed since its previous checkpoint
-(the last value of each; ``None``, a tombstone, for a delete or an expired window), each
-record naming its batch in a header, then a *marker*: the checkpoint itself (input
-positions, IC ranges, epochs, generation, extra), the batch it closes and the changelog
+(the last value of each; ``None``, a tombstone, for a delete or an expired window), then
+a *marker*: the checkpoint itself (input positions, IC ranges, epochs, generation,
+extra), the batch it closes, the offsets its records were written at (its *spans*: one
+per producer record batch, whose offsets the broker gives in one run) and the changelog
 position of the checkpoint the batch builds on (its *base*). The store batch records
 the position after the marker (:data:`CHANGELOG_POSITION` in the checkpoint's extra).
+A record names nothing itself: the marker's spans say which batch it is of, so another
+writer's records (a zombie's) between them are no part of it. Changelogs written before
+spans name each record's batch in a header (:data:`BATCH_HEADER`); those are still read.
 
 The markers form a chain through their bases: the lineage of one store. A restore
 (``streamkit.state.restore``) follows the chain back from the newest marker of the
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +58,9 @@ CHANGELOG_POSITION = "changelog"
 its marker in the processor's partition) the store's state matches."""
 
 BATCH_HEADER = "sk.batch"
+"""The header that named each record's batch in changelogs written before markers held
+their spans (read, never written)."""
+NO_HEADERS: list[tuple[str, bytes]] = []
 MARKER_PREFIX = b"\xffsk.marker:"
 """Marker keys start with this (change keys start with a table name, never 0xff)."""
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)}
@@ -101,28 +108,58 @@ class Marker:
     checkpoint: Checkpoint
     start: int
     """The offset of the batch's first record (the marker's own offset if it is empty)."""
+    spans: tuple[tuple[int, int], ...] | None = None
+    """The offsets of the batch's records, ascending ``(first, end)`` pairs (``end``
+    excluded); None in a marker written before spans, whose records carry
+    :data:`BATCH_HEADER`."""
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "batch": self.batch,
-                "base": self.base,
-                "generation": self.generation,
-                "start": self.start,
-                "checkpoint": self.checkpoint.to_bytes().decode(),
-            }
-        )
+        doc: dict[str, Any] = {
+            "batch": self.batch,
+            "base": self.base,
+            "generation": self.generation,
+            "start": self.start,
+            "checkpoint": self.checkpoint.to_bytes().decode(),
+        }
+        if self.spans is not None:
+            doc["spans"] = self.spans
+        return orjson.dumps(doc)
 
     @classmethod
     def decode(cls, value: bytes) -> Marker:
         doc = orjson.loads(value)
+        spans = doc.get("spans")
         return cls(
             batch=str(doc["batch"]),
             base=None if doc["base"] is None else int(doc["base"]),
             generation=int(doc["generation"]),
             checkpoint=Checkpoint.from_bytes(doc["checkpoint"].encode()),
             start=int(doc["start"]),
+            spans=None if spans is None else tuple((int(a), int(b)) for a, b in spans),
         )
+
+    def split(self, records: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """``records`` (in offset order) as this batch's and the others."""
+        mine: list[Any] = []
+        others: list[Any] = []
+        if self.spans is None:
+            batch = self.batch.encode()
+            for r in records:
+                (mine if named_batch(r.headers) == batch else others).append(r)
+            return mine, others
+        spans, at = self.spans, 0
+        for r in records:
+            while at < len(spans) and spans[at][1] <= r.offset:
+                at += 1
+            (mine if at < len(spans) and spans[at][0] <= r.offset else others).append(r)
+        return mine, others
+
+
+def named_batch(headers: Any) -> bytes | None:
+    """The batch a record written before markers held spans names in its header."""
+    if headers and headers[0][0] == BATCH_HEADER:
+        return bytes(headers[0][1])
+    return next((bytes(v) for k, v in (headers or ()) if k == BATCH_HEADER), None)
 
 
 Change = tuple[bytes, "bytes | None"]
@@ -141,7 +178,7 @@ def snapshot_changes(store: Any, caches: Mapping[str, Any]) -> Iterator[Change]:
 
 class ChangelogRecords:
     """One batch of a processor's changes as producer record batches of
-    ``RECORDS_PER_BATCH`` records at most, each record naming the batch in a header.
+    ``RECORDS_PER_BATCH`` records at most.
 
     Records go straight into aiokafka's record batch builder (``_builder``, with the
     batch's ``_relative_offset`` kept): its ``BatchBuilder.append`` wrapper costs a
@@ -152,23 +189,25 @@ class ChangelogRecords:
     def __init__(self, producer: AIOKafkaProducer, batch: str) -> None:
         self.producer = producer
         self.batch = batch
-        self.headers = [(BATCH_HEADER, batch.encode())]
         self.count = 0
         self._full: list[BatchBuilder] = []
+        self.sizes: list[int] = []
+        """The records of each sealed record batch (:meth:`builders`), in order."""
         self._open = producer.create_batch()
         self._append = self._open._builder.append
         self._offset = 0
 
     def add(self, key: bytes, value: bytes | None) -> None:
-        if self._offset >= RECORDS_PER_BATCH or self._append(self._offset, None, key, value, self.headers) is None:
+        if self._offset >= RECORDS_PER_BATCH or self._append(self._offset, None, key, value, NO_HEADERS) is None:
             self._seal()
-            self._append(0, None, key, value, self.headers)  # an empty batch takes any record
+            self._append(0, None, key, value, NO_HEADERS)  # an empty batch takes any record
         self._offset += 1
         self.count += 1
 
     def _seal(self) -> None:
         self._open._relative_offset = self._offset
         self._full.append(self._open)
+        self.sizes.append(self._offset)
         self._open = self.producer.create_batch()
         self._append, self._offset = self._open._builder.append, 0
 
@@ -203,17 +242,7 @@ class Teed(Mapping[bytes, "bytes | None"]):
             yield key, value
 
     def write_to(self, put: Callable[[bytes, bytes, Any], None], delete: Callable[[bytes, Any], None], cf: Any) -> None:
-        prefix, add = self.prefix, self.add
-
-        def put_both(key: bytes, value: bytes, cf: Any) -> None:
-            put(key, value, cf)
-            add(prefix + key, value)
-
-        def delete_both(key: bytes, cf: Any) -> None:
-            delete(key, cf)
-            add(prefix + key, None)
-
-        self.pending.write_to(put_both, delete_both, cf)
+        self.pending.write_teed(put, delete, cf, self.add, self.prefix)
 
 
 def teed_changes(caches: Mapping[str, Any], add: Callable[[bytes, bytes | None], None]) -> dict[str, Teed]:
@@ -294,12 +323,12 @@ class ChangelogWriter:
         marker's (default: the checkpoint's)."""
         await self.ensure(partition + 1)
         sent = [await self.producer.send_batch(b, self.topic, partition=partition) for b in records.builders()]
-        offsets = [int((await fut).offset) for fut in sent]  # every record acknowledged
-        start = min(offsets, default=None)
+        firsts = [int((await fut).offset) for fut in sent]  # every record acknowledged, each batch's first offset
+        spans = tuple(sorted((first, first + size) for first, size in zip(firsts, records.sizes, strict=True)))
         marker_key = MARKER_PREFIX + records.batch.encode()
         # the marker's start is known only for a non-empty batch before it is sent
         gen = checkpoint.generation if generation is None else generation
-        marker = Marker(records.batch, base, gen, checkpoint, -1 if start is None else start)
+        marker = Marker(records.batch, base, gen, checkpoint, spans[0][0] if spans else -1, spans)
         meta = await self.producer.send_and_wait(self.topic, marker.encode(), key=marker_key, partition=partition)
         self.records_written += records.count + 1
         return int(meta.offset) + 1

@@ -32,7 +32,7 @@ from assignors.vectorized import key_hash_batch
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import ACKED_HOLE_WAIT, KafkaIO
-from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker
+from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, named_batch
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def plan_restore(
     records: Sequence[Any], *, topic: str = "", partition: int = 0, incarnation: str = ""
 ) -> RestorePlan | None:
     """The restore of one processor from its partition's ``records`` (each with
-    ``offset``, ``key``, ``value``, ``headers``); None if no marker of the job's
+    ``offset``, ``key``, ``value``, ``headers``; in offset order); None if no marker of the job's
     ``incarnation`` was written yet (markers of an earlier one, before a reset, are not
     this job's)."""
     markers: dict[int, Marker] = {}
@@ -98,21 +98,24 @@ def plan_restore(
     chain.reverse()
     plan = RestorePlan(markers[head_at], head_at + 1, batches=len(chain))
     plan.counts = {m.checkpoint.extra.get("p") for _, m in chain}
-    valid = {m.batch.encode() for _, m in chain}
+    spans = sorted(span for _, m in chain for span in m.spans or ())
+    named = {m.batch.encode() for _, m in chain if m.spans is None}  # batches written before spans
     first = chain[0][1].start if chain[0][1].start >= 0 else chain[0][0]
     # one pass over every change record: at a million keys this loop is the restore's cost
     by_table: dict[bytes, dict[bytes, bytes | None]] = {}
     applied = skipped = 0
-    for r in records:
+    at_span, spans_left = 0, len(spans)
+    for r in records:  # (in offset order: the spans are walked along with them)
         key = r.key
         if key is None or key.startswith(MARKER_PREFIX):
             continue
-        headers = r.headers
-        if headers and headers[0][0] == BATCH_HEADER:
-            batch = headers[0][1]
-        else:
-            batch = next((v for k, v in (headers or ()) if k == BATCH_HEADER), None)
-        if not first <= r.offset < head_at or batch not in valid:
+        offset = r.offset
+        while at_span < spans_left and spans[at_span][1] <= offset:
+            at_span += 1
+        on_chain = at_span < spans_left and spans[at_span][0] <= offset
+        if not on_chain and named and first <= offset < head_at:
+            on_chain = named_batch(r.headers) in named
+        if not on_chain:
             skipped += 1
             continue
         table, _, stored = key.partition(b"\x00")

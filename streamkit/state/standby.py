@@ -28,7 +28,7 @@ from typing import Any
 
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
-from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, position_of
+from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, position_of
 from streamkit.state.restore import INCARNATION_KEY
 
 __all__ = ["LineageBroken", "NotInChangelog", "StandbyCopy"]
@@ -63,7 +63,9 @@ class StandbyCopy:
         """The offset after the last record seen (applied or waiting)."""
         self.applied = 0
         """Batches applied since the copy was opened."""
-        self._waiting: dict[bytes | None, list[Any]] = {}
+        self._waiting: list[Any] = []
+        """The records read since the last marker applied: which batch each is of, its
+        marker says (a zombie's, or one no marker closes, are among them)."""
 
     @classmethod
     def open(
@@ -90,7 +92,7 @@ class StandbyCopy:
             if key.startswith(MARKER_PREFIX):
                 applied += self._on_marker(r.offset, Marker.decode(r.value))
                 continue
-            self._waiting.setdefault(_batch_of(r), []).append(r)
+            self._waiting.append(r)
         self.applied += applied
         return applied
 
@@ -99,15 +101,15 @@ class StandbyCopy:
         if self.incarnation and theirs and theirs != self.incarnation:
             return 0  # a marker of the job before a reset
         if marker.generation < self.generation:
-            self._waiting.pop(marker.batch.encode(), None)  # a zombie's
-            return 0
+            self._waiting = marker.split(self._waiting)[1]
+            return 0  # a zombie's
         if marker.base is not None and marker.base != self.position:
             raise LineageBroken(
                 f"processor {self.pid}: the marker at {offset} builds on changelog position {marker.base}, "
                 f"the standby is at {self.position}"
             )
-        records = self._waiting.pop(marker.batch.encode(), [])
-        self._waiting.clear()  # batches no marker closed before this one never will
+        records = marker.split(self._waiting)[0]
+        self._waiting = []  # batches no marker closed before this one never will
         changes: dict[str, dict[bytes, bytes | None]] = {t: {} for t in self.tables}
         for r in records:  # (a batch's records all lie before its marker: sent once acknowledged)
             table, _, stored = r.key.partition(b"\x00")
@@ -136,10 +138,3 @@ class StandbyCopy:
 
     def close(self) -> None:
         self.store.close()
-
-
-def _batch_of(record: Any) -> bytes | None:
-    headers = record.headers
-    if headers and headers[0][0] == BATCH_HEADER:
-        return bytes(headers[0][1])
-    return next((bytes(v) for k, v in (headers or ()) if k == BATCH_HEADER), None)

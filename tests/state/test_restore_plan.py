@@ -26,26 +26,40 @@ class Rec:
 
 
 class Partition:
-    """A changelog partition written as ``ChangelogWriter.write`` does."""
+    """A changelog partition written as ``ChangelogWriter.write`` does (``legacy``: as it
+    did before markers held their spans: each record naming its batch in a header)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, legacy: bool = False) -> None:
         self.records: list[Any] = []
+        self.legacy = legacy
+
+    def records_of(self, name: str, changes: dict[bytes, bytes | None]) -> tuple[int, int]:
+        """One producer record batch of ``changes``: its span."""
+        start = len(self.records)
+        headers = [(BATCH_HEADER, name.encode())] if self.legacy else []
+        for k, v in changes.items():
+            self.records.append(Rec(len(self.records), change_key("t", k), v, list(headers)))
+        return start, len(self.records)
+
+    def marker(
+        self, name: str, spans: list[tuple[int, int]], *, base: int | None, gen: int, at: int, p: int = 2
+    ) -> int:
+        """The marker closing the batch written at ``spans``; the position after it."""
+        spans = [(a, b) for a, b in spans if b > a]
+        cp = Checkpoint(positions={("in", 0): at}, generation=gen, extra={"p": p})
+        marker = Marker(name, base, gen, cp, spans[0][0] if spans else -1, None if self.legacy else tuple(spans))
+        self.records.append(Rec(len(self.records), MARKER_PREFIX + name.encode(), marker.encode()))
+        return len(self.records)
 
     def batch(
         self, name: str, changes: dict[bytes, bytes | None], *, base: int | None, gen: int, at: int, p: int = 2
     ) -> int:
-        start = len(self.records)
-        for k, v in changes.items():
-            self.records.append(Rec(len(self.records), change_key("t", k), v, [(BATCH_HEADER, name.encode())]))
-        cp = Checkpoint(positions={("in", 0): at}, generation=gen, extra={"p": p})
-        marker = Marker(name, base, gen, cp, start if changes else -1)
-        self.records.append(Rec(len(self.records), MARKER_PREFIX + name.encode(), marker.encode()))
-        return len(self.records)  # the position after the marker
+        span = self.records_of(name, changes)
+        return self.marker(name, [span], base=base, gen=gen, at=at, p=p)
 
     def orphan(self, name: str, changes: dict[bytes, bytes | None]) -> None:
         """Records of a batch whose writer died before its marker."""
-        for k, v in changes.items():
-            self.records.append(Rec(len(self.records), change_key("t", k), v, [(BATCH_HEADER, name.encode())]))
+        self.records_of(name, changes)
 
 
 def test_the_chain_applies_every_batch_in_order_and_the_head_gives_positions() -> None:
@@ -69,6 +83,37 @@ def test_an_unclosed_batch_and_a_batch_the_store_never_committed_are_not_applied
     assert plan is not None
     assert plan.state == {"t": {b"k1": b"2"}} and plan.skipped == 3
     assert plan.checkpoint.positions == {("in", 0): 20} and plan.position == p3
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["spans", "headers"])
+def test_a_zombies_records_between_the_owners_record_batches_are_not_the_owners(legacy: bool) -> None:
+    """A zombie (an old owner paused through a rebalance) writes while the new owner's
+    batch goes out in several producer batches: the marker names its own records only."""
+    log = Partition(legacy=legacy)
+    p1 = log.batch("a", {b"k1": b"1", b"k2": b"1"}, base=None, gen=1, at=10)
+    p2 = log.batch("takeover", {}, base=p1, gen=2, at=10)
+    first = log.records_of("new", {b"k1": b"2"})
+    zombie = log.records_of("zombie", {b"k2": b"666", b"k3": b"666"})
+    second = log.records_of("new", {b"k4": b"2"})
+    log.marker("zombie", [zombie], base=p1, gen=1, at=15)
+    p3 = log.marker("new", [first, second], base=p2, gen=2, at=20)
+    plan = plan_restore(log.records)
+    assert plan is not None and plan.position == p3
+    assert plan.state == {"t": {b"k1": b"2", b"k2": b"1", b"k4": b"2"}} and plan.skipped == 2
+
+
+def test_a_changelog_written_before_spans_goes_on_with_spans() -> None:
+    """A job's changelog from before markers held spans (records name their batch), then
+    written on by this version: one chain, both read."""
+    log = Partition(legacy=True)
+    p1 = log.batch("a", {b"k1": b"1", b"k2": b"1"}, base=None, gen=1, at=10)
+    log.orphan("dying", {b"k2": b"77"})
+    log.legacy = False
+    log.orphan("dying-too", {b"k1": b"78"})
+    p2 = log.batch("b", {b"k2": b"2"}, base=p1, gen=2, at=20)
+    plan = plan_restore(log.records)
+    assert plan is not None and plan.position == p2 and plan.batches == 2
+    assert plan.state == {"t": {b"k1": b"1", b"k2": b"2"}} and plan.skipped == 2
 
 
 def test_a_zombies_later_markers_of_an_older_generation_lose_to_the_takeover() -> None:
@@ -106,7 +151,7 @@ def test_markers_of_an_earlier_incarnation_are_not_the_jobs() -> None:
         if r.key.startswith(MARKER_PREFIX):
             m = Marker.decode(r.value)
             stamped = m.checkpoint.replace(extra={"incarnation": "a"})
-            r.value = Marker(m.batch, m.base, m.generation, stamped, m.start).encode()
+            r.value = Marker(m.batch, m.base, m.generation, stamped, m.start, m.spans).encode()
     assert plan_restore(log.records, incarnation="b") is None
     assert plan_restore(log.records, incarnation="a") is not None
 

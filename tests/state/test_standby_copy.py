@@ -24,7 +24,7 @@ SEEDS = range(40)
 
 
 def _history(rng: random.Random, steps: int) -> Partition:
-    log = Partition()
+    log = Partition(legacy=rng.random() < 0.25)  # some as changelogs written before spans
     data: dict[bytes, bytes] = {}
     pos = log.batch("b0", {b"k0": b"0"}, base=None, gen=1, at=0)
     data[b"k0"] = b"0"
@@ -117,6 +117,22 @@ def test_a_copy_applies_only_what_a_marker_closed_and_ignores_a_zombie(tmp_path:
     assert copy.apply(log.records[copy.read_to :]) == 0
     assert dict(copy.store.items("t")) == {b"k1": b"1", b"k2": b"2"}
     assert copy.position == p2 and copy.checkpoint.positions == {("in", 0): 20}
+    copy.close()
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["spans", "headers"])
+def test_a_copy_leaves_out_a_zombies_records_between_the_owners_record_batches(legacy: bool, tmp_path: Path) -> None:
+    log = Partition(legacy=legacy)
+    p1 = log.batch("a", {b"k1": b"1", b"k2": b"1"}, base=None, gen=1, at=10)
+    p2 = log.batch("takeover", {}, base=p1, gen=2, at=10)
+    copy = _copy_from(log.records, tmp_path / "processor-0")
+    first = log.records_of("new", {b"k1": b"2"})
+    zombie = log.records_of("zombie", {b"k2": b"666"})
+    second = log.records_of("new", {b"k3": b"2"})
+    log.marker("zombie", [zombie], base=p1, gen=1, at=15)
+    p3 = log.marker("new", [first, second], base=p2, gen=2, at=20)
+    assert copy.apply(log.records[copy.read_to :]) == 1
+    assert dict(copy.store.items("t")) == {b"k1": b"2", b"k2": b"1", b"k3": b"2"} and copy.position == p3
     copy.close()
 
 
