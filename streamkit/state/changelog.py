@@ -32,7 +32,10 @@ Spark backfill or by a rebuild from the input) writes its whole state once: a
 Compaction (``cleanup.policy=compact``) keeps the newest record of each key: markers
 have keys of their own (one per batch) and are never compacted away, so the chain
 stays whole. A record of a batch off the chain may still shadow an older value of its
-key; the restore then applies neither, and the key's next change restores it.
+key; the restore then applies neither, and the key's next change restores it. (A record
+batch that a producer retry wrote twice, the first try handled by the broker after the
+second, is such a batch: its copy at the offsets the broker acknowledged is on the chain,
+the other not.)
 """
 
 from __future__ import annotations
@@ -61,8 +64,16 @@ BATCH_HEADER = "sk.batch"
 """The header that named each record's batch in changelogs written before markers held
 their spans (read, never written)."""
 NO_HEADERS: list[tuple[str, bytes]] = []
-MARKER_PREFIX = b"\xffsk.marker:"
+MARKER_PREFIX = b"\xffsk.marker2:"
 """Marker keys start with this (change keys start with a table name, never 0xff)."""
+HEADED_MARKER_PREFIX = b"\xffsk.marker:"
+"""The keys of markers written before spans (whose records name their batch). Markers
+with spans have a prefix of their own so that a worker of an earlier version never takes
+one for a marker: it would find none of its records (they have no header) and restore an
+empty store at the marker's positions; it restores from the last marker it can read, or
+from the input, instead."""
+MARKER_PREFIXES = (MARKER_PREFIX, HEADED_MARKER_PREFIX)
+"""What every reader takes for a marker's key."""
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60 * 60 * 1000)}
 """The changelog's topic configs: compaction, and an hour before a record may go (a
 restarting owner sees a zombie's records before compaction could act on them)."""
@@ -324,6 +335,8 @@ class ChangelogWriter:
         await self.ensure(partition + 1)
         sent = [await self.producer.send_batch(b, self.topic, partition=partition) for b in records.builders()]
         firsts = [int((await fut).offset) for fut in sent]  # every record acknowledged, each batch's first offset
+        if any(first < 0 for first in firsts):  # (a duplicate an idempotent producer's broker refused has none)
+            raise StreamkitError(f"{self.topic}[{partition}]: a record batch was acknowledged without its offset")
         spans = tuple(sorted((first, first + size) for first, size in zip(firsts, records.sizes, strict=True)))
         marker_key = MARKER_PREFIX + records.batch.encode()
         # the marker's start is known only for a non-empty batch before it is sent
@@ -347,7 +360,7 @@ class ChangelogWriter:
         await self.ensure(partition + 1)
         tail, _ = await self.io.read(self.topic, partition, base)
         after = await self.write(partition, (), checkpoint, base=base)
-        if not all(r.key is not None and r.key.startswith(MARKER_PREFIX) for r in tail):
+        if not all(r.key is not None and r.key.startswith(MARKER_PREFIXES) for r in tail):
             return unlogged(checkpoint)
         return checkpoint.replace(extra={**checkpoint.extra, CHANGELOG_POSITION: after})
 

@@ -32,7 +32,7 @@ from assignors.vectorized import key_hash_batch
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import ACKED_HOLE_WAIT, KafkaIO
-from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, named_batch
+from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIXES, Marker, named_batch
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def plan_restore(
     this job's)."""
     markers: dict[int, Marker] = {}
     for r in records:
-        if r.key is not None and r.key.startswith(MARKER_PREFIX):
+        if r.key is not None and r.key.startswith(MARKER_PREFIXES):
             marker = Marker.decode(r.value)
             theirs = str(marker.checkpoint.extra.get(INCARNATION_KEY, ""))
             if not (incarnation and theirs and theirs != incarnation):
@@ -107,7 +107,7 @@ def plan_restore(
     at_span, spans_left = 0, len(spans)
     for r in records:  # (in offset order: the spans are walked along with them)
         key = r.key
-        if key is None or key.startswith(MARKER_PREFIX):
+        if key is None or key.startswith(MARKER_PREFIXES):
             continue
         offset = r.offset
         while at_span < spans_left and spans[at_span][1] <= offset:

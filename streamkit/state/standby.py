@@ -28,7 +28,7 @@ from typing import Any
 
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
-from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, position_of
+from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIXES, Marker, position_of
 from streamkit.state.restore import INCARNATION_KEY
 
 __all__ = ["LineageBroken", "NotInChangelog", "StandbyCopy"]
@@ -89,7 +89,7 @@ class StandbyCopy:
             key = r.key
             if key is None:
                 continue
-            if key.startswith(MARKER_PREFIX):
+            if key.startswith(MARKER_PREFIXES):
                 applied += self._on_marker(r.offset, Marker.decode(r.value))
                 continue
             self._waiting.append(r)

@@ -13,7 +13,15 @@ import pytest
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from stores.base import Checkpoint
-from streamkit.state.changelog import BATCH_HEADER, CHANGELOG_POSITION, MARKER_PREFIX, Marker, change_key
+from streamkit.state.changelog import (
+    BATCH_HEADER,
+    CHANGELOG_POSITION,
+    HEADED_MARKER_PREFIX,
+    MARKER_PREFIX,
+    MARKER_PREFIXES,
+    Marker,
+    change_key,
+)
 from streamkit.state.restore import ChangelogError, keep_own_keys, plan_restore, seed_plan
 
 
@@ -48,7 +56,8 @@ class Partition:
         spans = [(a, b) for a, b in spans if b > a]
         cp = Checkpoint(positions={("in", 0): at}, generation=gen, extra={"p": p})
         marker = Marker(name, base, gen, cp, spans[0][0] if spans else -1, None if self.legacy else tuple(spans))
-        self.records.append(Rec(len(self.records), MARKER_PREFIX + name.encode(), marker.encode()))
+        prefix = HEADED_MARKER_PREFIX if self.legacy else MARKER_PREFIX
+        self.records.append(Rec(len(self.records), prefix + name.encode(), marker.encode()))
         return len(self.records)
 
     def batch(
@@ -148,7 +157,7 @@ def test_markers_of_an_earlier_incarnation_are_not_the_jobs() -> None:
     log = Partition()
     log.batch("old", {b"k1": b"1"}, base=None, gen=1, at=10)
     for r in log.records:
-        if r.key.startswith(MARKER_PREFIX):
+        if r.key.startswith(MARKER_PREFIXES):
             m = Marker.decode(r.value)
             stamped = m.checkpoint.replace(extra={"incarnation": "a"})
             r.value = Marker(m.batch, m.base, m.generation, stamped, m.start, m.spans).encode()

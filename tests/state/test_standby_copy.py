@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from stores.rocksdb import RocksDBStore
+from streamkit.state.changelog import MARKER_PREFIXES
 from streamkit.state.restore import live_changes, plan_restore
 from streamkit.state.standby import LineageBroken, StandbyCopy
 from tests.state.test_restore_plan import Partition
@@ -80,7 +81,7 @@ def test_a_tailing_copy_ends_as_a_restore_of_the_whole_partition(seed: int, tmp_
     log = _history(rng, rng.randrange(5, 60))
     records = log.records
     path = tmp_path / "processor-0"
-    first = next(r.offset for r in records if r.key.startswith(b"\xffsk.marker:")) + 1
+    first = next(r.offset for r in records if r.key.startswith(MARKER_PREFIXES)) + 1
     copy = _copy_from(records[: rng.randrange(first, len(records) + 1)], path)
     breaks = 0
     while copy.read_to < len(records):
