@@ -430,7 +430,8 @@ class PendingChanges(Mapping[bytes, "bytes | None"]):
     ) -> None:
         """:meth:`write_to`, each change also handed to ``tee(prefix + key, value)``
         (``None`` for a delete): one serialisation for a store batch and a changelog both,
-        in one loop (at a million keys a function call more per change is 3% of a record)."""
+        in one loop, with no function of ours between them (at a million keys nearly every
+        record changes a key of its own, so each call per change counts)."""
         vdumps = self._vdumps
         kdumps = None if self._raw_keys else self._kdumps
         for k, v in self._dirty.items():
