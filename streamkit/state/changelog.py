@@ -253,7 +253,7 @@ class Teed(Mapping[bytes, "bytes | None"]):
             yield key, value
 
     def write_to(self, put: Callable[[bytes, bytes, Any], None], delete: Callable[[bytes, Any], None], cf: Any) -> None:
-        self.pending.write_teed(put, delete, cf, self.add, self.prefix)
+        self.pending.write_to(put, delete, cf, self.add, self.prefix)
 
 
 def teed_changes(caches: Mapping[str, Any], add: Callable[[bytes, bytes | None], None]) -> dict[str, Teed]:
