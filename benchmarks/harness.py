@@ -2,7 +2,7 @@
 
     python -m benchmarks.harness [--records N] [--keys K[,K...]] [--partitions P]
         [--contenders raw,streamkit,streamkit-stamped,quix,faust,bytewax,pathway] [--faust-fraction 0.1]
-        [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1]
+        [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1] [--repeat 1]
 
 ``--keys 10000,100000,1000000`` sweeps key counts: one shape after the other on the same
 broker, a report (records/s, CPU per record, peak RSS, ratios) per shape.
@@ -20,7 +20,9 @@ first to last record (steady) and from process start. Prints a table, the ratios
 every contender against every other, and writes everything as JSON under .bench/.
 
 Figures depend on the machine's load: the harness records the load average before each
-contender; compare figures only from quiet runs.
+contender; compare figures only from quiet runs. Even then one run can be 15% off the
+next on a shared 2-core machine: ``--repeat 3`` runs the contender list three times over,
+interleaved, and adds each contender's median and the ratios of the medians.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 from benchmarks.contenders import INPUTS, REQUIRES, VENVS, module_for
 from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
-from benchmarks.report import print_report
+from benchmarks.report import medians, print_medians, print_report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONTENDERS = "raw,streamkit,streamkit-stamped,quix,faust"
@@ -162,8 +164,10 @@ def run_contender(
     timeout: float,
     logdir: Path,
     broker_pid: int | None,
+    run: int = 1,
 ) -> dict[str, Any]:
-    """Run one contender process to completion; its measurements and RESULT."""
+    """Run one contender process to completion; its measurements and RESULT. ``run``: which
+    run of the contender this is in the shape (its logs are named after it from the second)."""
     module = f"benchmarks.contenders.{module_for(name)}"
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     cmd = [
@@ -183,11 +187,12 @@ def run_contender(
         "--session-timeout-ms",
         str(session_timeout_ms),
     ]
-    out_path, err_path = logdir / f"{name}.stdout", logdir / f"{name}.stderr"
+    base = name if run == 1 else f"{name}-{run}"
+    out_path, err_path = logdir / f"{base}.stdout", logdir / f"{base}.stderr"
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": name}
-    usage_path = logdir / f"{name}.rusage.json"
+    usage_path = logdir / f"{base}.rusage.json"
     usage_path.unlink(missing_ok=True)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         launched = time.time()
@@ -336,7 +341,9 @@ def run_shape(
         )
     expected = {size: expected_check(ks, size) for size, _ in inputs}
 
+    runs: dict[str, int] = {}
     for name in runnable:
+        runs[name] = runs.get(name, 0) + 1
         size = max(1, round(spec.records * fractions[name]))
         timeout = args.timeout if args.timeout is not None else 120 + size / 1000
         console.print(f"running {name} on {size:,} records ...")
@@ -350,6 +357,7 @@ def run_shape(
             timeout=timeout,
             logdir=logdir,
             broker_pid=broker_pid,
+            run=runs[name],
         )
         row["fraction"] = fractions[name]
         row["expected_check"] = expected[size]
@@ -395,8 +403,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--timeout", type=float, default=None, help="per-contender timeout in seconds (default 120 + 1 ms per record)"
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the contender list this many times over, interleaved (a,b,a,b): the report adds each "
+        "contender's median and the ratios of the medians",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / ".bench")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
 
     from rich.console import Console
 
@@ -446,17 +463,19 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             rows = [dict(r) for r in skipped]
             ran, prep = run_shape(
-                broker.bootstrap, broker_pid, spec, runnable, fractions, args, run_id, logdir, console
+                broker.bootstrap, broker_pid, spec, runnable * args.repeat, fractions, args, run_id, logdir, console
             )
             rows += ran
             rows.sort(key=lambda r: names.index(r["contender"]))
-            shapes.append({"keys": spec.keys, "results": rows, "preparation": prep})
+            summary = medians(rows)
+            shapes.append({"keys": spec.keys, "results": rows, "preparation": prep, "medians": summary})
             header = (
                 f"{spec.records:,} records, {spec.keys:,} keys, {spec.partitions} partitions, "
                 f"session timeout {args.session_timeout_ms} ms, {os.cpu_count()} CPUs "
                 f"(load at start {report['machine']['load_avg_at_start'][0]:.1f})"
             )
             print_report(rows, header, console)
+            print_medians(summary, console)
 
     report["results"] = shapes[0]["results"] if len(shapes) == 1 else []
     report["shapes"] = shapes

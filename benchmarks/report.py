@@ -1,7 +1,9 @@
-"""The harness's report: one table of figures per contender, then the same-run ratios."""
+"""The harness's report: one table of figures per contender, then the same-run ratios;
+for contenders run more than once, their medians and the ratios of the medians."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 
@@ -82,3 +84,40 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
                 cells.append("-" if r is c or not a or not b else _fmt_ratio(a / b))
             ratios.add_row(r["contender"], *cells)
         console.print(ratios)
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per contender measured more than once (in first-run order): its runs, and the median,
+    lowest and highest of its steady records/s. On a shared 2-core machine one run can be
+    15% off its neighbours; a goal stated as a ratio is judged on the medians."""
+    runs: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("steady_rps") and r["status"] in ("ok", "wrong"):
+            runs.setdefault(r["contender"], []).append(r["steady_rps"])
+    return [
+        {"contender": name, "runs": len(v), "median": statistics.median(v), "low": min(v), "high": max(v)}
+        for name, v in runs.items()
+        if len(v) > 1
+    ]
+
+
+def print_medians(summary: list[dict[str, Any]], console) -> None:
+    """The medians of the repeated contenders, and the ratios of the medians."""
+    from rich.table import Table
+
+    if not summary:
+        return
+    table = Table(
+        title="medians over the repeated runs, records/s steady; ratios of the medians: row / column",
+        title_justify="left",
+    )
+    for col in ("contender", "runs", "median", "low", "high"):
+        table.add_column(col, justify="left" if col == "contender" else "right")
+    for c in summary:
+        table.add_column(f"vs {c['contender']}", justify="right")
+    for r in summary:
+        cells = ["-" if r is c else _fmt_ratio(r["median"] / c["median"]) for c in summary]
+        table.add_row(
+            r["contender"], str(r["runs"]), _fmt_rate(r["median"]), _fmt_rate(r["low"]), _fmt_rate(r["high"]), *cells
+        )
+    console.print(table)
