@@ -20,9 +20,10 @@ first to last record (steady) and from process start. Prints a table, the ratios
 every contender against every other, and writes everything as JSON under .bench/.
 
 Figures depend on the machine's load: the harness records the load average before each
-contender; compare figures only from quiet runs. Even then one run can be 15% off the
-next on a shared 2-core machine: ``--repeat 3`` runs the contender list three times over,
-interleaved, and adds each contender's median and the ratios of the medians.
+contender; compare figures only from quiet runs. Even then, on a shared 2-core machine one
+run of the same code was up to 1.65x faster than the next: ``--repeat 5`` runs the
+contender list five times over, interleaved, and adds each contender's median and the
+ratios of the medians.
 """
 
 from __future__ import annotations
@@ -164,10 +165,10 @@ def run_contender(
     timeout: float,
     logdir: Path,
     broker_pid: int | None,
-    run: int = 1,
+    log_name: str | None = None,
 ) -> dict[str, Any]:
-    """Run one contender process to completion; its measurements and RESULT. ``run``: which
-    run of the contender this is in the shape (its logs are named after it from the second)."""
+    """Run one contender process to completion; its measurements and RESULT. ``log_name``:
+    what its log files are named after (default: the contender)."""
     module = f"benchmarks.contenders.{module_for(name)}"
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     cmd = [
@@ -187,7 +188,7 @@ def run_contender(
         "--session-timeout-ms",
         str(session_timeout_ms),
     ]
-    base = name if run == 1 else f"{name}-{run}"
+    base = log_name or name
     out_path, err_path = logdir / f"{base}.stdout", logdir / f"{base}.stderr"
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
@@ -357,8 +358,9 @@ def run_shape(
             timeout=timeout,
             logdir=logdir,
             broker_pid=broker_pid,
-            run=runs[name],
+            log_name=f"{name}-{spec.keys}keys" + (f"-{runs[name]}" if runs[name] > 1 else ""),
         )
+        row["run"] = runs[name]
         row["fraction"] = fractions[name]
         row["expected_check"] = expected[size]
         compare_check(row, expected[size])

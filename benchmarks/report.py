@@ -19,6 +19,12 @@ def _fmt_ratio(x: float) -> str:
     return f"{x:.2g}x"
 
 
+def _label(row: dict[str, Any]) -> str:
+    """A row's contender, with its run number from its second run on (``--repeat``)."""
+    run = row.get("run", 1)
+    return row["contender"] if run == 1 else f"{row['contender']} #{run}"
+
+
 def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
     from rich.table import Table
 
@@ -40,12 +46,12 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
         table.add_column(col, justify=justify)
     for r in rows:
         if r["status"] == "skipped" and "cpu_s" not in r:
-            table.add_row(r["contender"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
+            table.add_row(_label(r), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
             continue
         result = r.get("result") or {}
         status = r["status"]
         table.add_row(
-            r["contender"],
+            _label(r),
             f"{result.get('records', 0):,}",
             _fmt_rate(r.get("steady_rps")),
             _fmt_rate(r.get("from_start_rps")),
@@ -64,7 +70,7 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
             detail = r.get("reason") or r.get("check")
             if str(r.get("check", "")).startswith("MISMATCH") and r.get("reason"):
                 detail = f"{r['reason']}; {r['check']}"
-            console.print(f"  {r['contender']}: {r['status']}: {detail}")
+            console.print(f"  {_label(r)}: {r['status']}: {detail}")
 
     measured = [r for r in rows if r.get("steady_rps") and r["status"] in ("ok", "wrong")]
     if len(measured) < 2:
@@ -76,23 +82,24 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
         )
         ratios.add_column("")
         for c in measured:
-            ratios.add_column(f"vs {c['contender']}", justify="right")
+            ratios.add_column(f"vs {_label(c)}", justify="right")
         for r in measured:
             cells = []
             for c in measured:
                 a, b = r.get(metric), c.get(metric)
                 cells.append("-" if r is c or not a or not b else _fmt_ratio(a / b))
-            ratios.add_row(r["contender"], *cells)
+            ratios.add_row(_label(r), *cells)
         console.print(ratios)
 
 
 def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per contender measured more than once (in first-run order): its runs, and the median,
-    lowest and highest of its steady records/s. On a shared 2-core machine one run can be
-    15% off its neighbours; a goal stated as a ratio is judged on the medians."""
+    """Per contender measured more than once (in first-run order): its correct runs, and the
+    median, lowest and highest of their steady records/s (a run whose totals were wrong does
+    not count). On a shared 2-core machine one run of the same code was up to 1.65x faster
+    than the next; a goal stated as a ratio is judged on the medians."""
     runs: dict[str, list[float]] = {}
     for r in rows:
-        if r.get("steady_rps") and r["status"] in ("ok", "wrong"):
+        if r.get("steady_rps") and r["status"] == "ok":
             runs.setdefault(r["contender"], []).append(r["steady_rps"])
     return [
         {"contender": name, "runs": len(v), "median": statistics.median(v), "low": min(v), "high": max(v)}

@@ -13,7 +13,7 @@ def _row(name: str, rps: float | None, status: str = "ok") -> dict:
     return {"contender": name, "steady_rps": rps, "status": status}
 
 
-def test_medians_take_each_repeated_contender_in_first_run_order_and_leave_out_single_and_failed_runs() -> None:
+def test_medians_take_each_repeated_contender_in_first_run_order_and_only_its_correct_runs() -> None:
     rows = [
         _row("streamkit", 90.0),
         _row("quix", 17.0),
@@ -22,6 +22,7 @@ def test_medians_take_each_repeated_contender_in_first_run_order_and_leave_out_s
         _row("quix", 15.0),
         _row("streamkit", 80.0),
         _row("quix", None, "failed"),  # measured nothing: not a run
+        _row("quix", 1_000.0, "wrong"),  # its totals were wrong: its speed does not count
         _row("quix", 16.0),
     ]
     assert medians(rows) == [
@@ -30,13 +31,18 @@ def test_medians_take_each_repeated_contender_in_first_run_order_and_leave_out_s
     ]
 
 
-def test_the_medians_table_gives_the_ratio_of_the_medians() -> None:
+def test_the_medians_table_gives_each_row_the_ratio_of_its_median_to_each_columns() -> None:
+    rows = [_row("a", 100.0), _row("b", 20.0), _row("a", 120.0), _row("b", 30.0), _row("a", 200.0), _row("b", 10.0)]
     out = io.StringIO()
-    rows = [_row("a", 100.0), _row("b", 20.0), _row("a", 120.0), _row("b", 24.0)]
     print_medians(medians(rows), Console(file=out, width=200))
-    text = out.getvalue()
-    assert "5.00x" in text  # 110 / 22
-    assert "0.2x" in text
+    cells = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in out.getvalue().splitlines()
+        if line.startswith("│")
+    }
+    # runs, median, low, high, vs a, vs b: 120 / 20 (a mean would give 140 / 20 = 7.00x)
+    assert cells["a"] == ["3", "120", "100", "200", "-", "6.00x"]
+    assert cells["b"] == ["3", "20", "10", "30", "0.17x", "-"]
     out = io.StringIO()
     print_medians([], Console(file=out))
     assert out.getvalue() == ""
