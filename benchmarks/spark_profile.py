@@ -42,13 +42,29 @@ from benchmarks.backfill import _aggregated  # noqa: E402 - after the sys.path l
 from benchmarks.backfill_input import make_input  # noqa: E402
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # (part of the job, the frames (class.method prefixes) that put a sample in it)
-    ("hash aggregation: map lookups", ("org.apache.spark.unsafe.map.BytesToBytesMap.",)),
-    ("shuffle write", ("org.apache.spark.shuffle.sort.", "org.apache.spark.storage.DiskBlockObjectWriter.")),
-    ("shuffle read", ("org.apache.spark.sql.execution.UnsafeRowSerializerInstance", "org.apache.spark.storage.")),
+    # (part of the job, the classes or packages whose frames put a sample in it; a class's
+    # nested classes count as its own)
+    ("hash aggregation: the map (lookups, inserts)", ("org.apache.spark.unsafe.map.BytesToBytesMap",)),
+    (
+        "shuffle write",
+        (
+            "org.apache.spark.shuffle.sort.",
+            "org.apache.spark.storage.DiskBlockObjectWriter",
+            "org.apache.spark.storage.TimeTrackingOutputStream",
+            "org.apache.spark.sql.execution.UnsafeRowSerializerInstance$$anon$1",  # the serialising stream
+        ),
+    ),
+    (
+        "shuffle read",
+        (
+            "org.apache.spark.sql.execution.UnsafeRowSerializerInstance$$anon$2",  # the deserialising stream
+            "org.apache.spark.storage.ShuffleBlockFetcherIterator",
+            "org.apache.spark.shuffle.BlockStoreShuffleReader",
+        ),
+    ),
     ("Parquet scan", ("org.apache.parquet.", "org.apache.spark.sql.execution.datasources.parquet.")),
-    ("hash aggregation: the rest", ("org.apache.spark.sql.execution.UnsafeFixedWidthAggregationMap.",)),
-    ("shuffle checksums", ("org.apache.spark.shuffle.checksum.", "org.apache.spark.sql.catalyst.expressions.XXH64.")),
+    ("hash aggregation: the rest", ("org.apache.spark.sql.execution.UnsafeFixedWidthAggregationMap",)),
+    ("shuffle checksums", ("org.apache.spark.shuffle.checksum.", "org.apache.spark.sql.catalyst.expressions.XXH64")),
     ("hashing keys (the partitioner's, the map's)", ("org.apache.spark.unsafe.hash.",)),
 )
 
@@ -175,28 +191,37 @@ def main(argv: list[str] | None = None) -> None:
     if not small.exists():
         make_input(small, 500_000, 100_000)
 
+    logs = Path(tempfile.mkdtemp(prefix="spark-profile-"))
+    try:
+        recorded = _measure(args, parquet, small, logs)
+        _report(args, logs, recorded)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, parquet: Path, small: Path, logs: Path) -> Path | None:
+    """The runs, Spark's event log written under ``logs``; the last run's recording, if any."""
     from streamkit.spark.session import local_session
 
-    logs = Path(tempfile.mkdtemp(prefix="spark-profile-"))
     conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(logs), "spark.eventLog.compress": "false"}
     conf.update(item.split("=", 1) for item in args.spark_conf)
     spark = local_session(args.cores, shuffle_partitions=args.cores * 2, conf=conf)
     sc = spark.sparkContext
     for _ in range(2):  # warm-up: workers, code generation, JIT
         _timed_noop(_aggregated(spark, small))
-    jfr = _jfr_tool()
     recording = None
     for run in range(1, args.runs + 1):
-        if run == args.runs and jfr:
+        if run == args.runs and _jfr_tool():
             jvm = sc._jvm
             recording = jvm.jdk.jfr.Recording(jvm.jdk.jfr.Configuration.getConfiguration("default"))
             recording.start()
         sc.setJobGroup(f"run-{run}", f"aggregation run {run}")
         secs = _timed_noop(_aggregated(spark, parquet))
         print(f"Spark's read + groupBy of {args.events:,} events, run {run}: {secs:.2f}s", flush=True)
-    recorded = logs / "last-run.jfr"
+    recorded = None
     if recording is not None:
         recording.stop()
+        recorded = logs / "last-run.jfr"
         recording.dump(sc._jvm.java.io.File(str(recorded)).toPath())
         recording.close()
     if args.handover:
@@ -204,32 +229,40 @@ def main(argv: list[str] | None = None) -> None:
         df = spark.read.parquet(str(parquet)).mapInArrow(_count_batches, "rows long")
         print(f"the same events handed to Python as Arrow batches, counted: {_timed_noop(df):.2f}s", flush=True)
     spark.stop()
+    return recorded
 
+
+def _report(args: argparse.Namespace, logs: Path, recorded: Path | None) -> None:
     lines = (line for path in sorted(logs.rglob("events_*")) if path.is_file() for line in path.open())
+    stages = stage_summaries(lines, f"run-{args.runs}")
     print(f"\nstages of run {args.runs} (Spark's event log; CPU summed over tasks on {args.cores} cores):")
-    for s in stage_summaries(lines, f"run-{args.runs}"):
+    if not stages:
+        print(f"  none found: no events_* file of Spark's event log under {logs} holds that run's stages")
+    for s in stages:
         print(
             f"  stage {s['stage']}: {s['tasks']} tasks, CPU {s['cpu_s']:.2f}s (GC {s['gc_s']:.2f}s), shuffle rows "
             f"written {s['shuffle_rows_written']:,} ({s['shuffle_bytes_written'] / 1e6:,.0f} MB), read "
             f"{s['shuffle_rows_read']:,}; time in aggregation build {s['agg_build_s']:.2f}s"
         )
-    if not jfr:
+    jfr = _jfr_tool()
+    if recorded is None or jfr is None:
         print("no profile: the JDK's jfr tool was not found (JAVA_HOME/bin/jfr or on PATH)")
-    else:
-        out = subprocess.run(
-            [jfr, "print", "--json", "--events", "jdk.ExecutionSample", str(recorded)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        n, shares, top = profile_summary(sample_stacks(json.loads(out)))
-        print(f"\nJava Flight Recorder, run {args.runs}: {n:,} samples")
-        for name, share in shares:
-            print(f"  {share:6.1%}  {name}")
-        print("  top frames by self time:")
-        for frame, share in top:
-            print(f"  {share:6.1%}  {frame}")
-    shutil.rmtree(logs, ignore_errors=True)
+        return
+    printed = subprocess.run(
+        [jfr, "print", "--json", "--stack-depth", "64", "--events", "jdk.ExecutionSample", str(recorded)],
+        capture_output=True,
+        text=True,
+    )
+    if printed.returncode != 0:
+        print(f"no profile: jfr print failed: {printed.stderr.strip()}")
+        return
+    n, shares, top = profile_summary(sample_stacks(json.loads(printed.stdout)))
+    print(f"\nJava Flight Recorder, run {args.runs}: {n:,} samples (64 frames deep at most)")
+    for name, share in shares:
+        print(f"  {share:6.1%}  {name}")
+    print("  top frames by self time:")
+    for frame, share in top:
+        print(f"  {share:6.1%}  {frame}")
 
 
 if __name__ == "__main__":

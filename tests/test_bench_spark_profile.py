@@ -90,23 +90,33 @@ def test_each_sample_goes_to_the_part_of_its_innermost_known_frame_and_self_time
         _frame("org.apache.spark.sql.execution.datasources.parquet.VectorizedRleValuesReader", "readGroup"),
         _frame("org.apache.spark.shuffle.sort.BypassMergeSortShuffleWriter", "write"),
     ]
+    serialise = [  # the shuffle's serialising stream (a nested class), not its reading one
+        _frame("net.jpountz.lz4.LZ4BlockOutputStream", "write"),
+        _frame("org.apache.spark.storage.TimeTrackingOutputStream", "write"),
+        _frame("org.apache.spark.sql.execution.UnsafeRowSerializerInstance$$anon$1", "writeValue"),
+    ]
+    deserialise = [_frame("org.apache.spark.sql.execution.UnsafeRowSerializerInstance$$anon$2$$anon$3", "next")]
+    append = [_frame("org.apache.spark.unsafe.map.BytesToBytesMap$Location", "append")]  # a nested class's frame
     idle = [_frame("java.lang.Thread", "sleep")]
     recording = {
         "recording": {
-            "events": [{"values": {"stackTrace": {"frames": s}}} for s in (lookup, lookup, insert, write, scan, idle)]
+            "events": [
+                {"values": {"stackTrace": {"frames": s}}}
+                for s in (lookup, lookup, insert, write, scan, idle, serialise, deserialise, append, write)
+            ]
             + [{"values": {"stackTrace": None}}]  # a sample without a stack is no sample
         }
     }
     n, parts, top = profile_summary(sample_stacks(recording), top=2)
-    assert n == 6
-    sixth = 1 / 6
+    assert n == 10
     assert parts == [
-        ("hash aggregation: map lookups", 2 * sixth),
-        ("shuffle write", sixth),
-        ("Parquet scan", sixth),
-        ("hash aggregation: the rest", sixth),
-        ("other", sixth),
+        ("hash aggregation: the map (lookups, inserts)", 0.3),
+        ("shuffle write", 0.3),
+        ("shuffle read", 0.1),
+        ("Parquet scan", 0.1),
+        ("hash aggregation: the rest", 0.1),
+        ("other", 0.1),
     ]
-    assert top[0] == ("org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals", 2 * sixth)
-    assert len(top) == 2 and top[1][1] == sixth
+    assert top[0] == ("org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals", 0.2)
+    assert top[1] == ("java.io.BufferedOutputStream.write", 0.2)
     assert profile_summary([]) == (0, [], [])
