@@ -52,7 +52,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.backfill_baselines import baseline, baseline_replay  # noqa: E402 - after the sys.path line
-from benchmarks.backfill_input import PARTITIONS, TOPIC, make_app, make_input  # noqa: E402
+from benchmarks.backfill_input import (  # noqa: E402
+    PARTITIONS,
+    TOPIC,
+    WARMUP_EVENTS,
+    WARMUP_KEYS,
+    cached_input,
+    make_app,
+)
 
 # --------------------------------------------------------------------------- spark
 
@@ -226,11 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--spark-conf takes KEY=VALUE, not {bad[0]!r}")
 
     work: Path = args.workdir
-    work.mkdir(parents=True, exist_ok=True)
-    parquet = work / f"events-{args.events}-{args.keys}.parquet"
-    if not parquet.exists():
-        print(f"generating {parquet} ...", flush=True)
-        make_input(parquet, args.events, args.keys)
+    parquet = cached_input(work, args.events, args.keys)
     p = args.processors
     print(
         f"input: {args.events:,} events, {args.keys:,} keys, {PARTITIONS} partitions; {p} processors; "
@@ -270,9 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     # per-row paths, where 20,000 left the first timed run 1.4x the next ones) pays them;
     # reported next to the JVM start.
     tw = time.perf_counter()
-    small = work / "warmup-500000-100000.parquet"
-    if not small.exists():
-        make_input(small, 500_000, 100_000)
+    small = cached_input(work, WARMUP_EVENTS, WARMUP_KEYS)
     for fused in (False, None):
         d, app = fresh("warmup")
         spark_state(spark, small, app, d, fused)

@@ -35,6 +35,19 @@ def make_app(name: str, state_dir: str, processors: int) -> Any:
 
 # --------------------------------------------------------------------------- input
 
+WARMUP_EVENTS, WARMUP_KEYS = 500_000, 100_000  # a small input of the same shape, for Spark's first queries
+
+
+def cached_input(workdir: Path, events: int, keys: int) -> Path:
+    """The Parquet file of ``events`` into ``keys`` under ``workdir``, generated on first use
+    and kept: every benchmark of the backfill reads the same files."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"events-{events}-{keys}.parquet"
+    if not path.exists():
+        print(f"generating {path} ...", flush=True)
+        make_input(path, events, keys)
+    return path
+
 
 def make_input(path: Path, events: int, keys: int, seed: int = 7) -> None:
     import pyarrow as pa

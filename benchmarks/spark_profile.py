@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.backfill import _aggregated  # noqa: E402 - after the sys.path line
-from benchmarks.backfill_input import make_input  # noqa: E402
+from benchmarks.backfill_input import WARMUP_EVENTS, WARMUP_KEYS, cached_input  # noqa: E402
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (part of the job, the classes or packages whose frames put a sample in it; a class's
@@ -182,14 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if bad := [item for item in args.spark_conf if "=" not in item]:
         ap.error(f"--spark-conf takes KEY=VALUE, not {bad[0]!r}")
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    parquet = args.workdir / f"events-{args.events}-{args.keys}.parquet"
-    if not parquet.exists():
-        print(f"generating {parquet} ...", flush=True)
-        make_input(parquet, args.events, args.keys)
-    small = args.workdir / "warmup-500000-100000.parquet"
-    if not small.exists():
-        make_input(small, 500_000, 100_000)
+    parquet = cached_input(args.workdir, args.events, args.keys)
+    small = cached_input(args.workdir, WARMUP_EVENTS, WARMUP_KEYS)
 
     logs = Path(tempfile.mkdtemp(prefix="spark-profile-"))
     try:
