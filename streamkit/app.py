@@ -84,13 +84,27 @@ class App:
         return connection_settings(self.settings, broker, self._token_provider)
 
     # -- declarations --------------------------------------------------------------------
-    def topic(self, name: str, key_serde: Any = "str", value_serde: Any = "json", *, strays: str = "forward") -> Topic:
+    def topic(
+        self,
+        name: str,
+        key_serde: Any = "str",
+        value_serde: Any = "json",
+        *,
+        strays: str = "forward",
+        timestamp: str | Callable[[Any, Any, int], Any] | None = None,
+    ) -> Topic:
         """Declare a topic (input or output) with the serdes of its keys and values.
 
         ``strays``: as an input, what to do with records a plain Kafka producer put where
         the topic's layout does not place their keys: ``"forward"`` them through the
-        layout-aware producer (the default) or ``"dead-letter"`` them (reason ``misplaced``)."""
-        topic = Topic.declare(name, key_serde, value_serde, strays=strays)
+        layout-aware producer (the default) or ``"dead-letter"`` them (reason ``misplaced``).
+
+        ``timestamp``: as an input, where a record's time comes from (windows, stream time,
+        ``ctx.timestamp``): None, its Kafka timestamp (by default the time its producer sent
+        it); a field name of its value (``timestamp="ts"``); or ``fn(key, value,
+        kafka_timestamp_ms)``. Milliseconds since the epoch, an ISO-8601 text or a datetime;
+        a record whose time cannot be read is a dead letter with reason ``timestamp``."""
+        topic = Topic.declare(name, key_serde, value_serde, strays=strays, timestamp=timestamp)
         existing = self.topics.get(name)
         if existing is not None and existing != topic:
             raise ValueError(f"topic {name!r} is declared twice with different serdes or settings")
@@ -309,6 +323,26 @@ class App:
             return fn
 
         return register
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, members: int = 1, *, log_level: str = "INFO") -> None:
+        """Run a worker of this app in this process until SIGTERM or Ctrl-C, as
+        ``streamkit worker MODULE:APP`` does, so that ``python app.py`` runs it::
+
+            if __name__ == "__main__":
+                app.run()
+
+        The broker is the app's (``App(broker=...)`` or ``STREAMKIT_BROKER``); a bad
+        setting or no broker stops it with one line naming what was wrong."""
+        # Imported when called: the App holds declarations and does not import the runtime.
+        from importlib import import_module
+
+        from streamkit.errors import StreamkitError
+
+        try:
+            import_module("streamkit.cli.worker").run_app(self, members, log_level=log_level)
+        except StreamkitError as exc:
+            raise SystemExit(f"error: {exc}") from None
 
     # -- derived facts ------------------------------------------------------------------
     @property

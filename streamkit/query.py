@@ -24,7 +24,12 @@ __all__ = ["Client", "QueryError", "query_url"]
 
 
 class QueryError(StreamkitError):
-    """A query was refused (unknown table, bad key) or still unanswered after its retries."""
+    """A query was refused (unknown table, bad key) or still unanswered after its retries;
+    ``status``: the worker's HTTP status (0: no worker answered)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Client:
@@ -59,9 +64,9 @@ class Client:
             if answer.status == 200:
                 return answer.body
             if answer.status != 503 or attempt == self.retries:
-                raise QueryError(f"{answer.status}: {answer.body.get('error', answer.body)}")
+                raise QueryError(str(answer.body.get("error", answer.body)), answer.status)
             await asyncio.sleep(answer.retry_after or 0.5)
-        raise QueryError(f"{url}: no answer after {self.retries} retries ({answer})")
+        raise QueryError(f"{url}: no answer after {self.retries} retries ({answer})", 503)
 
 
 async def query_url(io: KafkaIO, app_name: str) -> str:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import typer
 
+from streamkit.errors import StreamkitError
+
 __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "hoist_connection_options", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
@@ -38,7 +40,7 @@ app = typer.Typer(
 )
 
 
-class CliError(Exception):
+class CliError(StreamkitError):
     """An error to show the user as one line (no traceback)."""
 
 
@@ -150,14 +152,28 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # one readable line, not a traceback
         if os.environ.get("STREAMKIT_DEBUG") == "1":
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        from streamkit.errors import BrokerUnreachableError, ConfigError
-
-        plain = isinstance(exc, (CliError, BrokerUnreachableError, ConfigError))
-        if not plain and not type(exc).__module__.startswith("streamkit.broker"):
-            message = f"{type(exc).__name__}: {message}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         sys.exit(1)
+
+
+def error_line(exc: BaseException) -> str:
+    """What went wrong, in words, as one line: streamkit's own errors say it themselves;
+    a file the command could not read or a value it could not take is named plainly; only
+    something unexpected names its Python type, with how to see where it came from."""
+    text = str(exc).strip()
+    message = text.splitlines()[0] if text else ""
+    if isinstance(exc, StreamkitError) or type(exc).__module__.startswith("streamkit.broker"):
+        return message or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"no such file: {exc.filename}"
+    if isinstance(exc, PermissionError) and exc.filename:
+        return f"not allowed to read or write {exc.filename}"
+    if isinstance(exc, (ValueError, TypeError)) and message:
+        return message
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return f"the connection failed: {message or 'timed out'}"
+    kind = type(exc).__name__
+    return f"unexpected {kind}{': ' + message if message else ''} (STREAMKIT_DEBUG=1 shows where)"
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from streamkit.app import App
 from streamkit.loader import load_app
 
 
@@ -47,13 +48,22 @@ def worker(
             "worker --processors is now --members (group members in this process); the job's processor "
             "count is App(processors=...) and changes with streamkit scale"
         )
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # `kill -USR1`: where it is stuck
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     for name, port in (("METRICS_PORT", metrics_port), ("QUERY_PORT", query_port)):
         if port is not None:  # the app's settings read it
             os.environ[f"STREAMKIT_{name}"] = str(port)
-    app = load_app(app_spec)
+    run_app(load_app(app_spec), members, broker=broker, embedded=embedded, log_level=log_level)
+
+
+def run_app(
+    app: App, members: int = 1, *, broker: str | None = None, embedded: bool = False, log_level: str = "INFO"
+) -> None:
+    """Run ``app``'s worker in this process until SIGTERM/SIGINT: ``streamkit worker``,
+    and ``App.run()`` for ``python app.py``."""
+    from streamkit.cli import CliError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # `kill -USR1`: where it is stuck
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     bootstrap = app.connection(broker)
     if bootstrap is None and not embedded:
         raise CliError(

@@ -106,6 +106,9 @@ class Admitted:
     next_position: int
     consumed: int
     """Records taken off the answer (applied, reported or skipped as late)."""
+    untimed: list[tuple[Any, str]] = field(default_factory=list)
+    """Records whose time the topic's ``timestamp=`` could not read, and why: dead letters
+    (``streamkit.runtime.restamp``)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from aiokafka import TopicPartition
 from streamkit.joins.merge import Lagging, TimeMerge
 from streamkit.runtime.admission import Admitted
 from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.restamp import restamp
 from streamkit.runtime.routes import Route
 
 __all__ = ["HELD_PER_TOPIC", "HeldBack", "apply_merged", "consumer_lagging", "merged_inputs", "release_merged"]
@@ -39,7 +40,8 @@ async def apply_merged(
 ) -> None:
     """Apply one partition batch: what the merge orders is held for it (unless nothing
     could come before it: ``TimeMerge.passes``); the rest (and the reports of late records
-    and strays) goes to the handlers now."""
+    and strays) goes to the handlers now. Records get their topic's time first."""
+    restamp(route, admitted)
     if (
         (admitted.rebuild or admitted.deliver)
         and merge.merges(route)

@@ -7,7 +7,8 @@ value as of the last record it applied (read-your-processing), with the processo
 input positions. A worker that does not host it forwards the query to the one whose
 latest heartbeat says it does; when no live worker does (a rebalance or a handover
 under way), or the forwarded-to worker does not either, the answer is 503 with a retry
-hint: never a copy a retired owner kept.
+hint: never a copy a retired owner kept. A key whose processor runs on a worker that
+answers no queries (started without a query port) is refused at once (502), saying so.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class QueryAnswers:
         if forwarded:
             return busy
         for status in await self._live():
+            if pid in status.processors and status.worker != self.worker and not status.query_url:
+                return Answer(502, {"error": f"processor {pid} of key {key_text!r} runs on worker {status.worker}, "
+                                    "which answers no queries: start every worker with --query-port "
+                                    "(or STREAMKIT_QUERY_PORT)"})  # fmt: skip
             if pid in status.processors and status.query_url and status.worker != self.worker:
                 quoted = urllib.parse.quote(key_text, safe="")
                 path = f"/tables/{urllib.parse.quote(table)}/{quoted}" + ("/windows" if windows else "")

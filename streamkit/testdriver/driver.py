@@ -45,6 +45,7 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.restamp import restamp
 from streamkit.runtime.routes import Route
 from streamkit.testdriver.capture import (
     CaptureProducer,
@@ -296,6 +297,7 @@ class TestDriver:
                 keep, _ = skip_applied([r.offset for r in records], ahead)
                 deliver = [records[i] for i in keep]
             admitted = Admitted([], deliver, [], [], records[-1].offset + 1, len(records))
+            restamp(route, admitted)
             await self._dispatcher.apply(route, admitted)
             route.position = admitted.next_position
             route.proc.uncommitted += admitted.consumed

@@ -25,8 +25,13 @@ from typing import Any, NamedTuple
 from streamkit.errors import StreamkitError
 
 DEFAULT_RETENTION = 24 * 3600.0
-"""Seconds a window is kept after its end (and, by default, accepts late records): a day,
-as Kafka Streams' defaults were."""
+"""Seconds a window is kept after its end for reads (queries, ``table.windows(key)``): a day."""
+
+DEFAULT_GRACE = 0.0
+"""Seconds a window accepts records after its end, unless told: none, as quixstreams'
+default and Kafka Streams' ``ofSizeWithNoGrace``. A window's final value then comes as soon
+as a record of a later time arrives; input that comes out of time order needs a grace
+(a record later than it is a dead letter with reason ``late``, or goes to ``@app.on_late``)."""
 
 STREAM_TIME_KEY = "stream_time"
 """Where a store's checkpoint holds its processor's stream time (``Checkpoint.extra``)."""
@@ -68,7 +73,7 @@ def _ms(seconds: float) -> int:
 class _TimeKind:
     """What every kind has: ``grace`` and ``retention`` (seconds)."""
 
-    grace: float = DEFAULT_RETENTION
+    grace: float = DEFAULT_GRACE
     retention: float = DEFAULT_RETENTION
 
     def _check(self, name: str) -> None:
@@ -103,7 +108,7 @@ class Tumbling(_TimeKind):
 
     size: float = 0.0
 
-    def __init__(self, size: float, grace: float = DEFAULT_RETENTION, retention: float = DEFAULT_RETENTION) -> None:
+    def __init__(self, size: float, grace: float = DEFAULT_GRACE, retention: float = DEFAULT_RETENTION) -> None:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "grace", grace)
         object.__setattr__(self, "retention", retention)
@@ -147,7 +152,7 @@ class Hopping(Tumbling):
     advance: float = 0.0
 
     def __init__(
-        self, size: float, advance: float, grace: float = DEFAULT_RETENTION, retention: float = DEFAULT_RETENTION
+        self, size: float, advance: float, grace: float = DEFAULT_GRACE, retention: float = DEFAULT_RETENTION
     ) -> None:
         object.__setattr__(self, "advance", advance)
         if advance <= 0 or advance > size:
@@ -183,7 +188,7 @@ class Session(_TimeKind):
     def __init__(
         self,
         gap: float,
-        grace: float = 0.0,
+        grace: float = DEFAULT_GRACE,
         retention: float = DEFAULT_RETENTION,
         merge: Callable[[Any, Any], Any] = operator.add,
     ) -> None:
@@ -233,7 +238,7 @@ class Sliding(_TimeKind):
     def __init__(
         self,
         size: float,
-        grace: float = DEFAULT_RETENTION,
+        grace: float = DEFAULT_GRACE,
         retention: float = DEFAULT_RETENTION,
         reduce: Callable[[Any, Any], Any] = operator.add,
     ) -> None:
