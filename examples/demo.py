@@ -26,8 +26,8 @@ from examples.order_producer import expected_totals, produce
 from stores.rocksdb import RocksDBStore
 from stores.serde import StrSerde
 from streamkit.broker import EmbeddedBroker
-from streamkit.windows import WindowKeySerde
 from streamkit.testing import create_topic, read_topic
+from streamkit.windows import WindowKeySerde
 
 ORDERS, CUSTOMERS, SEED, START_MS = 20_000, 200, 7, 1_767_225_600_000
 ROOT = Path(__file__).resolve().parents[1]

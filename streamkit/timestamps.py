@@ -17,10 +17,10 @@ decode keeps its Kafka time and becomes the usual decode dead letter.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["TimestampError", "extractor", "to_millis"]
+__all__ = ["MAX_MILLIS", "TimestampError", "extractor", "to_millis"]
 
 Extract = Callable[[Any, Any, int], int]
 """(key, value, Kafka timestamp ms) -> the record's time in ms; raises TimestampError."""
@@ -30,26 +30,29 @@ class TimestampError(ValueError):
     """A record's time could not be read from it."""
 
 
+MAX_MILLIS = 253_402_300_799_999
+"""The last millisecond of the year 9999: the latest time a datetime holds."""
+
+
 def to_millis(raw: Any, where: str) -> int:
-    """``raw`` (ms since the epoch, an ISO-8601 text or a datetime) as ms since the epoch."""
-    if isinstance(raw, bool):
-        raise TimestampError(f"{where} is {raw!r}, not a time")
-    if isinstance(raw, int | float):
-        if raw != raw or raw < 0:
-            raise TimestampError(f"{where} is {raw!r}: milliseconds since the epoch must be >= 0")
+    """``raw`` (ms since the epoch, an ISO-8601 text or a datetime; without an offset it is
+    UTC) as ms since the epoch; ``where`` names it in the error."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if not 0 <= raw <= MAX_MILLIS:  # (NaN is not in range either)
+            raise TimestampError(f"{where} is {raw!r}: milliseconds since the epoch must be 0 to {MAX_MILLIS}")
         return int(raw)
     if isinstance(raw, str):
         try:
             raw = datetime.fromisoformat(raw)
         except ValueError:
-            raise TimestampError(
-                f"{where} is {raw!r}: neither milliseconds since the epoch nor an ISO-8601 time"
-            ) from None
-    if isinstance(raw, datetime):
-        if raw.tzinfo is None:
-            raw = raw.replace(tzinfo=UTC)
-        return int(raw.timestamp() * 1000)
-    raise TimestampError(f"{where} is {raw!r} ({type(raw).__name__}): not a time")
+            pass
+    if not isinstance(raw, datetime):
+        raise TimestampError(f"{where} is {raw!r}: neither milliseconds since the epoch nor an ISO-8601 time")
+    when = raw if raw.tzinfo is not None else raw.replace(tzinfo=UTC)
+    ms = (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    if ms < 0:
+        raise TimestampError(f"{where} is {str(raw)!r}: before 1970, which a Kafka timestamp cannot be")
+    return ms
 
 
 def extractor(topic: str, spec: str | Callable[[Any, Any, int], Any]) -> Extract:

@@ -1,7 +1,12 @@
 """`streamkit produce TOPIC [FILE]`: send JSON lines through streamkit's producer, so that
 each record lands where the topic's layout places its key (a plain Kafka producer's
 default partitioner knows nothing of layouts: it spreads keys over reserved partitions
-too, and over the wrong ones after an expansion)."""
+too, and over the wrong ones after an expansion).
+
+Each record needs a key (``--key-field`` or ``--key-separator``) unless ``--no-key`` says
+so: keyless records are placed round robin, and an app that reads the topic with its
+default key serde dead-letters every one of them. ``--timestamp-field`` sets each
+record's Kafka timestamp from a field of it (else the producer's clock at sending)."""
 
 from __future__ import annotations
 
@@ -20,9 +25,12 @@ def _lines(source: IO[str]) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
-def parse_line(line: str, key_field: str | None, separator: str | None) -> tuple[str | None, Any]:
-    """One input line -> (key, value). ``separator``: ``KEY<sep>JSON``; ``key_field``: the
-    key is that field of the JSON object (as text); neither: no key."""
+def parse_line(
+    line: str, key_field: str | None, separator: str | None, timestamp_field: str | None = None
+) -> tuple[str | None, Any, int | None]:
+    """One input line -> (key, value, timestamp ms or None). ``separator``: ``KEY<sep>JSON``;
+    ``key_field``: the key is that field of the JSON object (text as it is, anything else
+    as JSON); neither: no key. ``timestamp_field``: see :func:`timestamp_ms`."""
     import orjson
 
     key: str | None = None
@@ -36,10 +44,28 @@ def parse_line(line: str, key_field: str | None, separator: str | None) -> tuple
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     if key_field is not None:
-        if not isinstance(value, dict) or value.get(key_field) is None:
-            raise ValueError(f"no field {key_field!r} to take the key from")
-        key = str(value[key_field])
-    return key, value
+        found = _field(value, key_field, "key")
+        key = found if isinstance(found, str) else orjson.dumps(found).decode()
+    ts = timestamp_ms(_field(value, timestamp_field, "timestamp"), timestamp_field) if timestamp_field else None
+    return key, value, ts
+
+
+def _field(value: Any, name: str, what: str) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object: no field {name!r} to take the {what} from")
+    found = value.get(name)
+    if found is None:
+        why = "is null" if name in value else "is missing"
+        raise ValueError(f"field {name!r} {why}: no {what} to take from it")
+    return found
+
+
+def timestamp_ms(raw: Any, name: str) -> int:
+    """A record's timestamp from its field ``name`` (``streamkit.timestamps.to_millis``: ms
+    since the epoch, or an ISO-8601 text, UTC without an offset)."""
+    from streamkit.timestamps import to_millis
+
+    return to_millis(raw, f"field {name!r}")
 
 
 def produce(
@@ -47,25 +73,46 @@ def produce(
     file: Path | None = typer.Argument(None, help="JSON lines (default: standard input)"),
     key_field: str | None = typer.Option(None, "--key-field", "-k", help="take each record's key from this field"),
     separator: str | None = typer.Option(None, "--key-separator", help="lines are KEY<SEP>JSON"),
+    no_key: bool = typer.Option(
+        False, "--no-key", help="write records without a key on purpose (round robin; keyed apps dead-letter them)"
+    ),
+    timestamp_field: str | None = typer.Option(
+        None,
+        "--timestamp-field",
+        "-t",
+        help="take each record's timestamp from this field: milliseconds since the epoch, or an ISO-8601 time "
+        "(UTC without an offset); else the time of sending",
+    ),
     broker: str | None = typer.Option(
         None, "--broker", "-b", envvar="STREAMKIT_BROKER", help="bootstrap address (else STREAMKIT_BROKER)"
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Send JSON lines to TOPIC through the layout-aware producer, with a progress bar."""
+    """Send JSON lines to TOPIC through the layout-aware producer, with a progress bar.
+
+    Each record needs a key: --key-field (or --key-separator), or --no-key to write keyless records on purpose."""
     from streamkit.cli import CliError
     from streamkit.cli.topics import _broker
 
-    connection = _broker(broker)
     if key_field is not None and separator is not None:
         raise CliError("give --key-field or --key-separator, not both")
+    if no_key and (key_field is not None or separator is not None):
+        raise CliError("give --no-key or a key (--key-field, --key-separator), not both")
+    if not no_key and key_field is None and separator is None:
+        raise CliError(
+            "the records would have no key (an app dead-letters keyless records): give --key-field FIELD to take it "
+            "from a field (or --key-separator), or --no-key to write keyless records on purpose"
+        )
+    connection = _broker(broker)
     where = str(file) if file is not None else "<stdin>"
     if file is not None and not file.is_file():
         raise CliError(f"{where}: no such file")
     total = sum(1 for _ in _lines(file.open())) if file is not None else None
     source = file.open() if file is not None else sys.stdin
     try:
-        sent, parts = asyncio.run(_send(connection, topic, source, where, key_field, separator, total, progress))
+        sent, parts = asyncio.run(
+            _send(connection, topic, source, where, (key_field, separator, timestamp_field), total, progress)
+        )
     finally:
         if file is not None:
             source.close()
@@ -78,8 +125,7 @@ async def _send(
     topic: str,
     source: IO[str],
     where: str,
-    key_field: str | None,
-    separator: str | None,
+    fields: tuple[str | None, str | None, str | None],
     total: int | None,
     progress: bool,
 ) -> tuple[int, dict[int, int]]:
@@ -104,11 +150,11 @@ async def _send(
             task = bar.add_task("send", total=total)
             for number, line in _lines(source):
                 try:
-                    key, value = parse_line(line, key_field, separator)
+                    key, value, ts = parse_line(line, *fields)
                 except ValueError as exc:
                     await producer.flush()
-                    raise CliError(f"{where}:{number}: {exc}; the {sent:,} records before it were sent") from None
-                deliveries.append(await producer.send(topic, key, value))
+                    raise CliError(f"{where}:{number}: {exc}; {_before(sent)}") from None
+                deliveries.append(await producer.send(topic, key, value, timestamp_ms=ts))
                 sent += 1
                 if sent % 10_000 == 0:  # count what was acknowledged so far: memory stays bounded
                     await _count(deliveries, parts)
@@ -117,6 +163,12 @@ async def _send(
             await _count(deliveries, parts)
             bar.update(task, completed=sent)
     return sent, parts
+
+
+def _before(sent: int) -> str:
+    if sent == 0:
+        return "nothing was sent"
+    return f"the {sent:,} records before it were sent" if sent > 1 else "the record before it was sent"
 
 
 async def _count(deliveries: list[Any], parts: dict[int, int]) -> None:

@@ -8,6 +8,7 @@
     streamkit topics resume T
     streamkit topics ordered-delivery T on|off
     streamkit topics check T
+    streamkit topics list [--all] [--json]
 
 Expansion grows the physical topic with CreatePartitions when the reserved capacity
 is not enough and the broker supports it; otherwise it says what to do.  Errors are
@@ -234,6 +235,66 @@ def check(topic: str = typer.Argument(...), broker: str | None = BrokerOpt) -> N
         raise typer.Exit(2)
     if sum(rep.unforwarded.values()):
         raise typer.Exit(1)
+
+
+@app.command("list")
+def list_topics(
+    all_: bool = typer.Option(False, "--all", "-a", help="also internal topics (names starting with __)"),
+    as_json: bool = typer.Option(
+        False, "--json", help="a JSON list: topic, partitions, active and epoch (null without a layout), internal"
+    ),
+    broker: str | None = BrokerOpt,
+) -> None:
+    """List the broker's topics with their partitions (and active ones, where a layout says).
+
+    PARTITIONS: what the broker has. ACTIVE: those producers write to, by the topic's streamkit layout.
+
+    (The rest are reserved capacity, or draining after a shrink. '-': the topic has no layout.)"""
+    bootstrap = _broker(broker)
+    rows = _run(lambda: _topic_rows(bootstrap))
+    shown = [r for r in rows if all_ or not r["internal"]]
+    if as_json:
+        import orjson
+
+        typer.echo(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
+        return
+    hidden = len(rows) - len(shown)
+    note = f" ({hidden} internal hidden: --all shows them)" if hidden else ""
+    if not shown:
+        typer.echo(f"no topics{note}")
+        return
+    width = max(len("TOPIC"), *(len(r["topic"]) for r in shown))
+    typer.echo(f"{'TOPIC':<{width}}  PARTITIONS  ACTIVE")
+    for r in shown:
+        active = "-" if r["active"] is None else r["active"]
+        typer.echo(f"{r['topic']:<{width}}  {r['partitions']:>10}  {active:>6}")
+    typer.echo(f"{len(shown)} topic{'s' if len(shown) != 1 else ''}{note}")
+
+
+async def _topic_rows(bootstrap: Any) -> list[dict[str, Any]]:
+    """Every topic the broker names, by name, with its layout's active count where it has one.
+    The layout registry is read only if it exists: listing must not create it."""
+    from streamkit.kafkaio import KafkaIO
+    from streamkit.layout.registry import LAYOUTS_TOPIC, LayoutRegistry
+
+    async with KafkaIO(bootstrap, client_id="streamkit-topics") as io:
+        meta = await io.client.fetch_all_metadata()
+        names = sorted(meta.topics())
+        layouts = {}
+        if LAYOUTS_TOPIC in names:
+            async with LayoutRegistry(bootstrap, client_id="streamkit-topics", io=io, create_topic=False) as registry:
+                await registry.refresh()
+                layouts = registry.layouts
+    return [
+        {
+            "topic": name,
+            "partitions": len(meta.partitions_for_topic(name) or ()),
+            "active": lay.active if (lay := layouts.get(name)) is not None else None,
+            "epoch": lay.epoch if lay is not None else None,
+            "internal": name.startswith("__") or name in meta.internal_topics,
+        }
+        for name in names
+    ]
 
 
 @app.command()

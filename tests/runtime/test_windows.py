@@ -76,7 +76,8 @@ def test_key_concurrent_handlers_see_their_own_records_time(broker: str, tmp_pat
     its own record, not of whichever record the member read last."""
     app, topic = make_app(broker, tmp_path, partitions=1)
     source = app.topic(topic)
-    per_minute = app.table("per_minute", default=int, window=Tumbling(60, grace=300))  # shuffled times: 4 min out of order
+    # the records' times are shuffled over 4 minutes: a grace keeps every minute open
+    per_minute = app.table("per_minute", default=int, window=Tumbling(60, grace=300))
     handled: list[int] = []
 
     @app.processor(source, concurrency=8)
