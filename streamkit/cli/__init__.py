@@ -22,7 +22,7 @@ import typer
 
 from streamkit.errors import StreamkitError
 
-__all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "hoist_connection_options", "main"]
+__all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "error_line", "hoist_connection_options", "main"]
 
 # Sub-command modules under streamkit/cli/, registered in this order.
 COMMANDS: list[str] = [
@@ -58,6 +58,13 @@ _SECURITY = "Connection (for every command; the same as the STREAMKIT_* variable
 @app.callback()
 def _root(
     _version_: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
+    broker: str | None = typer.Option(
+        None,
+        "--broker",
+        "-b",
+        help="bootstrap address for the command that follows (as STREAMKIT_BROKER; the command's own --broker wins)",
+        rich_help_panel=_SECURITY,
+    ),
     client_config: Path | None = typer.Option(
         None,
         "--client-config",
@@ -88,6 +95,7 @@ def _root(
 ) -> None:
     """streamkit command line."""
     given = {
+        "broker": broker,
         "client_config": client_config,
         "security_protocol": security_protocol,
         "ssl_cafile": ssl_cafile,
