@@ -25,6 +25,12 @@ from aiokafka import ConsumerRecord
 from streamkit.broker import resolve_broker
 from streamkit.testing import Record, create_topic, produce_json, read_topic, unique_topic_name
 
+# pytest-xdist's worker processes run with COLUMNS=80 and LINES=24 set, which every CLI a
+# test starts would take for its terminal's size (`status` lays its tables out for 80
+# columns then). A test that wants a width sets COLUMNS itself.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[str]:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from streamkit.kafkaio import KafkaIO
     from streamkit.layout.model import TopicLayout
     from streamkit.runtime.jobmeta import JobLayout
+    from streamkit.runtime.status import WorkerStatus
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,23 @@ def scale(
     app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
     processors: int = typer.Option(..., "--processors", "-p", min=1, help="the job's new processor count"),
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="return when every handover is done"),
-    timeout: float = typer.Option(600.0, "--timeout", help="seconds to wait for the handovers"),
+    wait: bool = typer.Option(
+        True,
+        "--wait/--no-wait",
+        help="return once the job has settled: every processor of the new count active on a live worker, the "
+        "retired ones gone (--no-wait: once the change is published)",
+    ),
+    timeout: float = typer.Option(
+        600.0, "--timeout", metavar="SECONDS", help="exit 1 if the job has not settled by then, saying what has not"
+    ),
 ) -> None:
     """Change a running job's processor count: new processors rebuild their keys' state
-    from the input while the running ones go on, then take the keys over."""
+    from the input while the running ones go on, then take the keys over.
+
+    Waits until the job has settled at the new count (what `status` then shows); Ctrl-C
+    or --timeout stop the waiting, not the change: run the same command again to wait on.
+    The count never goes below the job's initial one.
+    """
     app = load_app(app_spec)
     bootstrap = app.connection(broker)
     if bootstrap is None:
@@ -78,48 +91,61 @@ def scale(
 
 async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool, timeout: float) -> None:
     from streamkit.kafkaio import KafkaIO
-    from streamkit.layout.registry import LayoutRegistry
-    from streamkit.runtime.jobmeta import JobLayout, publish_job, read_job
+    from streamkit.runtime.jobmeta import read_job
 
     console = Console()
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
         if job is None:
             raise CliError(f"job {app.name!r} has never run: start its workers first (streamkit worker {spec})")
-        if job.target is not None and job.target != job.p:
-            raise CliError(f"job {app.name!r} is already scaling from {job.p} to {job.target} processors; wait for it")
         if n < job.p0:
             raise CliError(
                 f"cannot scale {app.name} to {n} processors: below its initial count {job.p0} "
                 "(keys are placed by linear hashing over it)"
             )
-        if n == job.p:
+        if job.target is not None and job.target != job.p:
+            if job.target != n or not wait:
+                raise CliError(
+                    f"job {app.name!r} is already scaling from {job.p} to {job.target} processors; wait for it "
+                    f"(streamkit scale {spec} --processors {job.target} waits on it)"
+                )
+            console.print(f"job {app.name} is scaling {job.p} -> {n} processors already; waiting for it")
+        elif n == job.p:
             console.print(f"job {app.name} has {n} processors already")
-            return
-        registry = LayoutRegistry(bootstrap, client_id="streamkit-scale", io=io)
-        await registry.start()
-        try:
-            await registry.refresh()
-            topics: dict[str, tuple[int, int]] = {}
-            shapes = {}
-            for topic, physical in (await io.partition_counts(app.input_topics)).items():
-                layout = registry.get(topic)
-                topics[topic] = (layout.n0, layout.active) if layout is not None else (physical, physical)
-                shapes[topic] = (layout, physical)
-        finally:
-            await registry.stop()
-        await _check_changelog_room(io, app, n)
-        for move in plan_moves(job.p0, job.p, n, topics):
-            console.print(move.describe())
-        for path_taken in await _check_history(io, app, job.p0, job.p, n, shapes, job.incarnation):
-            console.print(path_taken)
-        change = JobLayout(
-            app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics), job.incarnation
-        )
-        started = await publish_job(io, change)
-        console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
+        else:
+            await _start(io, app, bootstrap, job, n, console)
         if wait:
             await _follow(io, app.name, n, timeout, console)
+
+
+async def _start(io: KafkaIO, app: App, bootstrap: Connection, job: JobLayout, n: int, console: Console) -> None:
+    """Check that the change can be made (changelog room, input history), say what moves,
+    and publish it."""
+    from streamkit.layout.registry import LayoutRegistry
+    from streamkit.runtime.jobmeta import JobLayout, publish_job
+
+    registry = LayoutRegistry(bootstrap, client_id="streamkit-scale", io=io)
+    await registry.start()
+    try:
+        await registry.refresh()
+        topics: dict[str, tuple[int, int]] = {}
+        shapes = {}
+        for topic, physical in (await io.partition_counts(app.input_topics)).items():
+            layout = registry.get(topic)
+            topics[topic] = (layout.n0, layout.active) if layout is not None else (physical, physical)
+            shapes[topic] = (layout, physical)
+    finally:
+        await registry.stop()
+    await _check_changelog_room(io, app, n)
+    for move in plan_moves(job.p0, job.p, n, topics):
+        console.print(move.describe())
+    for path_taken in await _check_history(io, app, job.p0, job.p, n, shapes, job.incarnation):
+        console.print(path_taken)
+    change = JobLayout(
+        app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics), job.incarnation
+    )
+    started = await publish_job(io, change)
+    console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
 
 
 async def _check_changelog_room(io: KafkaIO, app: App, n: int) -> None:
@@ -227,13 +253,20 @@ async def _staging_start(
 
 
 async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: Console) -> None:
-    """Show each bootstrap (a joining processor's, or a shrink's receiving one's) until
-    the job has ``n`` processors."""
-    from streamkit.errors import TopicNotFoundError
+    """Show each bootstrap (a joining processor's, or a shrink's receiving one's), then the
+    group placing the processors, until the job has settled at ``n`` processors
+    (``status_view.unsettled``: what `status` says); one line saying what has not, at
+    ``timeout``."""
+    from streamkit.cli.status_view import Heartbeats, unsettled
     from streamkit.runtime.jobmeta import read_job
-    from streamkit.runtime.status import read_statuses
 
+    beats = Heartbeats(app_name)  # read on from look to look
     deadline = time.monotonic() + timeout
+    job = await read_job(io, app_name)
+    assert job is not None
+    if job.p == n and not unsettled(job, await beats.read_more(io)):  # nothing to follow
+        console.print(f"job {app_name}: {n} processors, each active on a live worker (epoch {job.epoch})")
+        return
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -241,38 +274,62 @@ async def _follow(io: KafkaIO, app_name: str, n: int, timeout: float, console: C
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
-        tasks: dict[int, TaskID] = {}  # per job epoch of a step: the step's bootstrap
+    progress = Progress(*columns, console=console, transient=False)  # started with its first bar
+    tasks: dict[int, TaskID] = {}  # per job epoch of a step: the step's bootstrap
+    settling: TaskID | None = None
+    try:
         while True:
             job = await read_job(io, app_name)
             assert job is not None
-            step = job.bootstrap
-            try:
-                statuses = await read_statuses(io, app_name)
-            except TopicNotFoundError:
-                statuses = []
-            for s in statuses:
-                if not s.alive or s.stale:
-                    continue
-                lag = s.joining.get(step.pid) if step is not None else None
-                if step is None or lag is None:
-                    continue
-                task = tasks.get(job.epoch)
-                if task is None:
-                    what = "joins" if not step.staging else f"receives processor {job.p - 1}'s keys"
-                    task = tasks[job.epoch] = progress.add_task(f"processor {step.pid} {what}", total=None, detail="")
-                done, total = lag.get("t2", 0), lag.get("t1", 0)
-                detail = f"replayed {lag.get('replayed', 0):,}, {lag.get('lag', 0):,} behind the owner"
-                progress.update(task, completed=done, total=max(total, 1), detail=detail)
-            for epoch, task in tasks.items():
-                if epoch < job.epoch:
-                    progress.update(task, completed=1, total=1, detail="handed over")
-            if job.p == n:
+            _same_change(app_name, job, n)
+            statuses = await beats.read_more(io)
+            _show_bootstraps(progress, tasks, job, statuses)
+            reasons = unsettled(job, statuses)
+            if job.p == n and not reasons:
                 break
+            if job.p == n:  # the last step is done: the group places the processors on workers
+                if settling is None:
+                    progress.start()
+                    settling = progress.add_task("every processor on a live worker", total=None, detail="")
+                progress.update(settling, detail=reasons[0])
             if time.monotonic() > deadline:
-                raise CliError(f"job {app_name} has {job.p} of {n} processors after {timeout:.0f} s; still scaling")
-            await asyncio.sleep(0.5)
-    console.print(f"job {app_name}: {n} processors (epoch {job.epoch})")
+                more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+                raise CliError(f"job {app_name} has not settled after {timeout:g} s: {'; '.join(reasons[:3])}{more}")
+            await asyncio.sleep(0.5)  # the workers beat every 2 s, and at each change
+        if settling is not None:
+            progress.update(settling, completed=1, total=1, detail="settled")
+    finally:
+        progress.stop()
+    console.print(f"job {app_name}: {n} processors, each active on a live worker (epoch {job.epoch})")
+
+
+def _same_change(app_name: str, job: JobLayout, n: int) -> None:
+    """Refuse to wait on: another change made the job aim at another count."""
+    aim = job.target if job.target is not None else job.p
+    if aim != n:
+        raise CliError(f"job {app_name} now aims at {aim} processors, not {n}: another `streamkit scale` changed it")
+
+
+def _show_bootstraps(
+    progress: Progress, tasks: dict[int, TaskID], job: JobLayout, statuses: list[WorkerStatus]
+) -> None:
+    """A bar per step's bootstrap (per job epoch), from its host's heartbeat."""
+    step = job.bootstrap
+    for s in statuses:
+        lag = s.joining.get(step.pid) if step is not None else None
+        if step is None or lag is None or not s.alive or s.stale:
+            continue
+        task = tasks.get(job.epoch)
+        if task is None:
+            what = "joins" if not step.staging else f"receives processor {job.p - 1}'s keys"
+            progress.start()
+            task = tasks[job.epoch] = progress.add_task(f"processor {step.pid} {what}", total=None, detail="")
+        done, total = lag.get("t2", 0), lag.get("t1", 0)
+        detail = f"replayed {lag.get('replayed', 0):,}, {lag.get('lag', 0):,} behind the owner"
+        progress.update(task, completed=done, total=max(total, 1), detail=detail)
+    for epoch, task in tasks.items():
+        if epoch < job.epoch:
+            progress.update(task, completed=1, total=1, detail="handed over")
 
 
 def register(cli: typer.Typer) -> None:

@@ -1,35 +1,50 @@
-"""`streamkit status MODULE:APP`: workers, processors, partitions, lag, dead letters."""
+"""`streamkit status MODULE:APP`: workers, processors, partitions, lag, dead letters, as
+tables that read at 80 columns (or, with ``--json``, the dashboard's JSON document)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from streamkit.cli import CliError
-from streamkit.cli.status_view import StatusView, caught_up, gather, processor_rows, rate_and_eta, view
+from streamkit.cli.status_view import (
+    DeadLetterCounts,
+    Heartbeats,
+    StatusView,
+    caught_up,
+    gather,
+    rate_and_eta,
+    view,
+)
 from streamkit.loader import load_app
-from streamkit.runtime.jobmeta import JobLayout
-from streamkit.runtime.status import WorkerStatus
+from streamkit.runtime.status import STALE_AFTER
 
-__all__ = ["dead_letters_table", "processors_table", "rate_and_eta", "register", "status", "stray_counts"]
+__all__ = [
+    "WIDE",
+    "dead_letters_table",
+    "folded_partitions",
+    "legend",
+    "partitions_table",
+    "processors_table",
+    "rate_and_eta",
+    "register",
+    "status",
+    "stray_counts",
+    "workers_table",
+]
 
-
-def processors_table(job: JobLayout | None, statuses: list[WorkerStatus]) -> Table:
-    """Every processor of the job and its state (``status_view.processor_rows``)."""
-    table = Table(title="processors" + (f" (job epoch {job.epoch}, p0 {job.p0})" if job else ""))
-    for col in ("processor", "state", "worker", "detail"):
-        table.add_column(col)
-    for row in processor_rows(job, statuses, time.time()):
-        state = row["state"] if row["hosted"] else f"{row['state']} (no live worker)"
-        table.add_row(str(row["processor"]), state, row["worker"], row["detail"])
-    if job is not None and job.target is not None and job.target != job.p:
-        table.caption = f"scaling {job.p} -> {job.target} processors"
-    return table
+WIDE = 120
+"""From this many columns on, the partitions table has a column for everything; below,
+topic and partition share one, and the columns with nothing to show are left out."""
 
 
 def stray_counts(forwarded: int, dead: int, waiting: int = 0) -> str:
@@ -44,24 +59,109 @@ def stray_counts(forwarded: int, dead: int, waiting: int = 0) -> str:
 
 
 def workers_table(shown: StatusView) -> Table:
+    """One row per worker (``fitted`` keeps the names whole)."""
     workers = Table(title=f"app {shown.app}: workers")
-    for col in ("worker", "state", "processors", "handled", "dead letters", "failing run", "last error"):
-        workers.add_column(col)
+    workers.add_column("worker", overflow="fold")
+    workers.add_column("state")
+    workers.add_column("processors")
+    for col in ("handled", "dead letters", "failures in a row"):
+        workers.add_column(col, justify="right")
     for w in shown.workers:
         fail = f"[bold red]{w['failing_run']} FAILING[/]" if w["failing"] else str(w["failing_run"])
-        workers.add_row(w["worker"], w["state"], ", ".join(map(str, w["processors"])) or "-", str(w["handled"]),
-                        str(w["dead_letters"]), fail, w["last_error"])  # fmt: skip
+        processors = ", ".join(map(str, w["processors"])) or "-"
+        workers.add_row(escape(w["worker"]), w["state"], processors, f"{w['handled']:,}", str(w["dead_letters"]), fail)
     return workers
+
+
+def processors_table(shown: StatusView) -> Table:
+    """Every processor of the job and its state (``status_view.processor_rows``)."""
+    title = "processors" + (f" (initial count {shown.p0}, job epoch {shown.job_epoch})" if shown.p0 else "")
+    table = Table(title=title)
+    table.add_column("processor")
+    table.add_column("state")
+    table.add_column("worker", overflow="fold")
+    table.add_column("detail")
+    for row in shown.processors:
+        state = row["state"] if row["hosted"] else f"{row['state']} (no live worker)"
+        table.add_row(str(row["processor"]), state, escape(row["worker"]), row["detail"])
+    if shown.scaling:
+        table.caption = f"scaling {shown.scaling} processors"
+    return table
+
+
+def last_errors(shown: StatusView) -> list[str]:
+    """Each worker's last error (a record dead-lettered), one paragraph each, under the
+    workers table (markup escaped)."""
+    return [f"last error on {escape(w['worker'])}: {escape(w['last_error'])}" for w in shown.workers if w["last_error"]]
+
+
+def fitted(table: Table, width: int) -> RenderableType:
+    """``table`` with its columns' widths set so that it fits ``width`` without cutting a
+    word (rich, left alone, shrinks the widest column first and cuts headers and names):
+    each column at least its longest word, the room left shared out as each would like
+    more. Narrower than the longest words: each row as a paragraph (``stacked``)."""
+    natural, least = [], []
+    for col in table.columns:
+        texts = [_plain(col.header), *(_plain(c) for c in col.cells)]
+        natural.append(max(map(len, texts)))
+        words = [len(t) if col.no_wrap else max(map(len, t.split()), default=0) for t in texts]
+        least.append(max(words))
+    if sum(natural) + _overhead(table) <= width:
+        return table
+    room = width - _overhead(table) - sum(least)
+    if room < 0:
+        table.pad_edge = False  # two columns more, before giving up on the table
+        room = width - _overhead(table) - sum(least)
+    if room < 0:
+        return stacked(table)
+    wants = [n - m for n, m in zip(natural, least, strict=True)]
+    for col, m, want in zip(table.columns, least, wants, strict=True):
+        col.width = m + room * want // max(sum(wants), 1)
+    return table
+
+
+def _overhead(table: Table) -> int:
+    """The columns the table's borders and cell padding take."""
+    n = len(table.columns)
+    _, right, _, left = table.padding
+    borders = 0 if table.box is None else n - 1 + (2 if table.show_edge else 0)
+    return n * (left + right) - (0 if table.pad_edge else left + right) + borders
+
+
+def _styled(cell: RenderableType) -> Text:
+    """A table cell as text (a string's markup applied; anything else: empty)."""
+    return cell if isinstance(cell, Text) else Text.from_markup(cell) if isinstance(cell, str) else Text()
+
+
+def _plain(cell: RenderableType) -> str:
+    return _styled(cell).plain
+
+
+def stacked(table: Table) -> Group:
+    """The table as paragraphs: its title, then per row the first cell, then each other
+    cell after its column's name (for terminals too narrow for the table)."""
+    columns = [[_styled(c) for c in col.cells] for col in table.columns]
+    lines = [Text(_plain(table.title), style="italic")] if table.title else []
+    for i in range(len(columns[0]) if columns else 0):
+        line = Text.assemble(columns[0][i], style="bold")
+        for col, cells in zip(table.columns[1:], columns[1:], strict=True):
+            if cells[i].plain not in ("", "-"):
+                line.append(f"  {_plain(col.header)}: ", style="dim")
+                line.append_text(cells[i])
+        lines.append(line)
+    if table.caption:
+        lines.append(Text(_plain(table.caption), style="italic"))
+    return Group(*lines)
 
 
 def global_tables_table(shown: StatusView) -> Table:
     """Each running worker's copy of each global table: keys held, records behind its topic."""
     table = Table(title="global tables (a copy on every worker)")
     for col in ("table", "worker", "keys", "lag", "left out"):
-        table.add_column(col, justify="right" if col in ("keys", "lag") else "left")
+        table.add_column(col, justify="right" if col in ("keys", "lag") else "left", overflow="fold")
     for g in shown.global_tables:
         left_out = ", ".join(f"{n} {reason}" for reason, n in sorted(g.get("skipped", {}).items())) or "-"
-        table.add_row(g["table"], g["worker"], str(g["keys"]), str(g["lag"]), left_out)
+        table.add_row(g["table"], escape(g["worker"]), str(g["keys"]), str(g["lag"]), left_out)
     return table
 
 
@@ -74,70 +174,113 @@ def standbys_table(shown: StatusView, replicas: int) -> Table:
         caption = f"fewer standbys than standby_replicas={replicas}: processors {short}"
     table = Table(title="standbys (warm copies kept from the changelog)", caption=caption)
     for col in ("processor", "worker", "changelog lag", "state"):
-        table.add_column(col, justify="right" if col in ("processor", "changelog lag") else "left")
+        table.add_column(col, justify="right" if col in ("processor", "changelog lag") else "left", overflow="fold")
     for row in shown.standbys:
-        table.add_row(str(row["processor"]), row["worker"], str(row["lag"]), row["state"])
+        table.add_row(str(row["processor"]), escape(row["worker"]), str(row["lag"]), row["state"])
     return table
 
 
-def partitions_table(shown: StatusView) -> Table:
-    parts = Table(title=f"partitions (consumer group {shown.group})")
-    cols = ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark", "lag",
-            "strays")  # fmt: skip
-    for col in cols:
-        parts.add_column(
-            col, justify="left" if col in ("topic", "mode", "keys", "strays") else "right", no_wrap=col == "keys"
-        )
-    for p in shown.partitions:
-        parts.add_row(
-            p["topic"],
-            str(p["partition"]),
-            p["mode"],
-            ", ".join(map(str, p["processors"])) or "-",
-            p["keys"],
-            "-" if p["committed"] is None else str(p["committed"]),
-            str(p["ic_ranges"]),
-            str(p["high_watermark"]),
-            str(p["lag"]),
-            stray_counts(p["strays_forwarded"], p["strays_dead"], p["strays_waiting"]),
-        )
-    return parts
+def _folds(row: Mapping[str, Any]) -> bool:
+    """A drained or reserved partition with nothing to show: no record left, no stray."""
+    strays = row["strays_forwarded"] or row["strays_waiting"] or row["strays_dead"]
+    return row["state"] in ("drained", "reserved") and row["lag"] <= 0 and not strays
 
 
-def status(
-    app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
-    broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
-    wait: float | None = typer.Option(
-        None,
-        "--wait-caught-up",
-        metavar="SECONDS",
-        help="first wait until every active partition is committed up to its high watermark (exit 1 after SECONDS)",
-    ),
-) -> None:
-    """Show the job: workers and their processors, per-partition progress and lag, dead letters."""
-    console = Console(width=None if Console().is_terminal else 200)
-    app = load_app(app_spec)
-    bootstrap = app.connection(broker)
-    if bootstrap is None:
-        raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    found = asyncio.run(gather(app, bootstrap))
-    deadline = time.monotonic() + (wait or 0)
-    while wait is not None and not caught_up(found.offsets, found.shapes):
-        if time.monotonic() > deadline:
-            lag = sum(max(0, hw - (com or 0)) for com, hw in found.offsets.values())
-            raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
-        time.sleep(0.5)
-        found = asyncio.run(gather(app, bootstrap))
-    shown = view(app, found)
-    console.print(workers_table(shown))
-    console.print(processors_table(found.job, found.statuses))
-    console.print(partitions_table(shown))
-    if shown.global_tables:
-        console.print(global_tables_table(shown))
-    if shown.standbys or app.settings.standby_replicas:
-        console.print(standbys_table(shown, app.settings.standby_replicas))
-    console.print(dead_letters_table(shown.dead_letters, app.dead_letter_topic))
-    console.print(f"as of {time.strftime('%H:%M:%S')}")
+def folded_partitions(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per kind of folded partition (``_folds``), e.g. "8 drained partitions (all
+    consumed): orders/4-11"."""
+    lines = []
+    for state, why in (("drained", "all consumed"), ("reserved", "capacity not yet in use, nothing left to read")):
+        parts = [(r["topic"], r["partition"]) for r in rows if r["state"] == state and _folds(r)]
+        if parts:
+            s = "" if len(parts) == 1 else "s"
+            lines.append(f"{len(parts)} {state} partition{s} ({why}): {_spans(parts)}")
+    return lines
+
+
+def _spans(parts: list[tuple[str, int]]) -> str:
+    """("orders", 4), ..., ("orders", 11), ("orders", 13) -> "orders/4-11, 13"."""
+    out = []
+    for topic in sorted({t for t, _ in parts}):
+        numbers = sorted(p for t, p in parts if t == topic)
+        runs: list[list[int]] = []
+        for p in numbers:
+            if runs and p == runs[-1][1] + 1:
+                runs[-1][1] = p
+            else:
+                runs.append([p, p])
+        out.append(f"{topic}/" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs))
+    return "; ".join(out)
+
+
+PARTITION_COLUMNS = ("topic", "partition", "mode", "processor", "keys", "committed", "IC ranges", "high watermark",
+                     "lag", "strays")  # fmt: skip
+"""The partitions table's columns, wide; narrow, "partition" is "topic/partition"."""
+
+
+def partitions_table(shown: StatusView, width: int = 200, show_all: bool = False) -> tuple[Table, list[str]]:
+    """The input partitions (drained and reserved ones with nothing to show folded, unless
+    ``show_all``), and what the rows of the columns left out for ``width`` have
+    (``WIDE``), e.g. "IC ranges 0"."""
+    rows = [p for p in shown.partitions if show_all or not _folds(p)]
+    wide = width >= WIDE
+    shown_keys = any(p["keys"] not in ("all", "") for p in rows)
+    shown_ic = any(p["ic_ranges"] for p in rows)
+    shown_strays = any(p["strays_forwarded"] or p["strays_waiting"] or p["strays_dead"] for p in rows)
+    shows = {"topic": wide, "keys": wide or shown_keys, "IC ranges": wide or shown_ic, "strays": wide or shown_strays}
+    cols = [c for c in PARTITION_COLUMNS if shows.get(c, True)]
+    table = Table(title=f"partitions (consumer group {shown.group})")
+    for name in cols:
+        right = name in ("processor", "committed", "IC ranges", "high watermark", "lag") or (
+            wide and name == "partition"
+        )
+        table.add_column(name, justify="right" if right else "left", no_wrap=name == "keys", overflow="fold")
+    for p in rows:
+        cells = {
+            "topic": p["topic"],
+            "partition": str(p["partition"]) if wide else f"{p['topic']}/{p['partition']}",
+            "mode": p["mode"],
+            "processor": ", ".join(map(str, p["processors"])) or "-",
+            "keys": p["keys"],
+            "committed": "-" if p["committed"] is None else str(p["committed"]),
+            "IC ranges": str(p["ic_ranges"]),
+            "high watermark": str(p["high_watermark"]),
+            "lag": str(p["lag"]),
+            "strays": stray_counts(p["strays_forwarded"], p["strays_dead"], p["strays_waiting"]),
+        }
+        table.add_row(*(cells[name] for name in cols))
+    left_out = [said for said, there in (("keys all", shown_keys), ("IC ranges 0", shown_ic), ("strays none",
+                shown_strays)) if not wide and not there]  # fmt: skip
+    return table, left_out
+
+
+def legend(shown: StatusView, columns: list[str], failure_alarm_after: int) -> Table:
+    """What the tables' labels mean: those shown only (``columns``: the partitions table's)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    items = [
+        ("handled", "records a worker handled since it started"),
+        ("failures in a row", f"records that failed one after another (FAILING from {failure_alarm_after} on)"),
+        ("initial count", "the processor count keys are placed over: `scale` never goes below it"),
+        ("job epoch", "grows by one as a scale change starts and at each of its steps"),
+    ]
+    if any(not p["hosted"] for p in shown.processors):
+        items.append(("no live worker", f"no running worker reported hosting it in the last {STALE_AFTER:g} s"))
+    items += [
+        ("mode", "ReadWrite: read and written; ReadOnly: draining after a shrink; None: reserved or drained"),
+        ("committed", "the group's position in the partition (the next offset it reads)"),
+        ("high watermark", "the offset after the partition's last record; lag: the records in between"),
+    ]
+    if "keys" in columns:
+        items.append(("keys", "all: its processor's alone; shared: processors split it by key hash (h%m=r)"))
+    if "IC ranges" in columns:
+        items.append(("IC ranges", "runs of records applied out of order above the committed offset"))
+    if "strays" in columns:
+        items.append(("strays", "records a plain producer put where the layout does not place their key"))
+    for label, meaning in items:
+        grid.add_row(label, meaning)
+    return grid
 
 
 def dead_letters_table(reasons: Mapping[str, int], topic: str) -> Table:
@@ -152,6 +295,86 @@ def dead_letters_table(reasons: Mapping[str, int], topic: str) -> Table:
     if not reasons:
         dl.add_row("-", "0")
     return dl
+
+
+def draw(console: Console, shown: StatusView, show_all: bool, failure_alarm_after: int, replicas: int) -> None:
+    """Every table of ``shown`` fitted to the console, the folded partitions and the
+    left-out columns said in words, then the legend."""
+    width = console.width
+    console.print(fitted(workers_table(shown), width))
+    for line in last_errors(shown):
+        console.print(line)
+    console.print(fitted(processors_table(shown), width))
+    if shown.unsettled and not shown.scaling:
+        console.print("not settled: " + escape("; ".join(shown.unsettled)))
+    parts, left_out = partitions_table(shown, width, show_all)
+    columns = [_plain(c.header) for c in parts.columns]
+    console.print(fitted(parts, width))
+    folded = [] if show_all else folded_partitions(shown.partitions)
+    for line in folded:
+        console.print(f"+ {line}")
+    if folded:
+        console.print("  (--all lists them)", style="dim")
+    if left_out:
+        console.print(f"every row has {', '.join(left_out)} (columns left out)", style="dim")
+    if shown.global_tables:
+        console.print(fitted(global_tables_table(shown), width))
+    if shown.standbys or replicas:
+        console.print(fitted(standbys_table(shown, replicas), width))
+    console.print(dead_letters_table(shown.dead_letters, shown.dead_letter_topic))
+    console.print(legend(shown, columns, failure_alarm_after), style="dim")
+    console.print(f"as of {time.strftime('%H:%M:%S', time.localtime(shown.at))}")
+
+
+def status(
+    app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
+    broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
+    wait: float | None = typer.Option(
+        None,
+        "--wait-caught-up",
+        metavar="SECONDS",
+        help="first wait until every active partition is committed up to its high watermark (exit 1 after SECONDS)",
+    ),
+    show_all: bool = typer.Option(
+        False, "--all", "-a", help="every partition: drained and reserved ones with nothing to show too"
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="print one JSON document instead (the dashboard's /api/status): app, group, dead_letter_topic, at, "
+        "job_epoch, p0, processor_count, target, scaling, unsettled, workers, processors, partitions (all of "
+        "them), dead_letters, global_tables, standbys, standbys_short",
+    ),
+) -> None:
+    """Show the job: workers and their processors, per-partition progress and lag, dead letters.
+
+    Fits an 80-column terminal: drained and reserved partitions with nothing to show fold
+    into one line each (--all lists them), columns with nothing to show are left out below
+    120 columns, and a legend under the tables says what their labels mean.
+    """
+    app = load_app(app_spec)
+    bootstrap = app.connection(broker)
+    if bootstrap is None:
+        raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
+    dead, beats = DeadLetterCounts(), Heartbeats(app.name)  # read on from look to look
+    found = asyncio.run(gather(app, bootstrap, dead, beats))
+    deadline = time.monotonic() + (wait or 0)
+    while wait is not None and not caught_up(found.offsets, found.shapes):
+        if time.monotonic() > deadline:
+            lag = sum(max(0, hw - (com or 0)) for com, hw in found.offsets.values())
+            raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
+        time.sleep(0.5)
+        found = asyncio.run(gather(app, bootstrap, dead, beats))
+    shown = view(app, found)
+    if as_json:
+        import orjson
+
+        typer.echo(orjson.dumps(shown.as_dict(), option=orjson.OPT_INDENT_2).decode())
+        return
+    # a terminal's width, or $COLUMNS; into a pipe or file without COLUMNS: wide, rows not cut
+    console = Console(width=None if Console().is_terminal or os.environ.get("COLUMNS", "").isdigit() else 200)
+    settings = app.settings
+    draw(console, shown, show_all, settings.failure_alarm_after, settings.standby_replicas)
 
 
 def register(cli: typer.Typer) -> None:

@@ -1,7 +1,8 @@
 """What `status` and the dashboard show of a job, as plain data: gathered from the
 cluster (the job record, layouts, committed offsets and high watermarks, the workers'
 heartbeats, the dead letters), then turned into rows (``view``). `status` draws the rows
-as tables; the dashboard serves them as JSON."""
+as tables or prints them as JSON (``--json``); the dashboard serves the same JSON; `scale
+--wait` waits on ``unsettled``."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ from typing import Any
 from assignors.placement import processors_for_partition
 from streamkit.app import App
 from streamkit.connection import Connection
-from streamkit.errors import TopicNotFoundError
 from streamkit.kafkaio import KafkaIO
+from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.jobmeta import JobLayout, read_job
-from streamkit.runtime.status import WorkerStatus, read_statuses
+from streamkit.runtime.status import STATUS_TOPIC, WorkerStatus, decode_status
 
 __all__ = [
     "DeadLetterCounts",
     "Gathered",
+    "Heartbeats",
     "StatusView",
     "bootstrap_detail",
     "caught_up",
@@ -31,9 +33,13 @@ __all__ = [
     "key_ranges",
     "processor_rows",
     "rate_and_eta",
+    "unsettled",
     "view",
     "waiting_strays",
 ]
+
+LAST_ERROR_CHARS = 200
+"""A worker's last error is shown up to this many characters (its first line)."""
 
 
 @dataclass
@@ -52,6 +58,28 @@ class Gathered:
     """Per input partition: its layout mode ("plain" on a topic without a layout)."""
     misplaced: Counter[str]
     """Strays dead-lettered, per "topic/partition" they lay in."""
+    ever_active: dict[str, int] = field(default_factory=dict)
+    """Per input topic with a layout: the highest active partition count it ever had (a
+    partition below it that nobody reads now is a drained one, above it a reserved one)."""
+
+
+@dataclass
+class Heartbeats:
+    """The newest heartbeat of each worker of ``app``, read on from where the last look
+    ended (the status topic holds every app's heartbeats since long ago)."""
+
+    app: str
+    latest: dict[str, WorkerStatus] = field(default_factory=dict)
+    _next: dict[int, int] = field(default_factory=dict)
+
+    async def read_more(self, io: KafkaIO) -> list[WorkerStatus]:
+        """Every worker's newest heartbeat (none: no worker ever ran), by worker name."""
+        for partition in range((await io.partition_count(STATUS_TOPIC)) or 0):
+            records, self._next[partition] = await io.read(STATUS_TOPIC, partition, self._next.get(partition, 0))
+            for rec in records:
+                if (status := decode_status(rec.value, self.app)) is not None:
+                    self.latest[status.worker] = status
+        return sorted(self.latest.values(), key=lambda s: s.worker)
 
 
 @dataclass
@@ -80,10 +108,14 @@ class DeadLetterCounts:
                     self.misplaced[where.decode()] += 1
 
 
-async def gather(app: App, bootstrap: Connection, dead: DeadLetterCounts | None = None) -> Gathered:
-    """One look at the cluster; ``dead``: the dead letters counted by earlier looks."""
+async def gather(
+    app: App, bootstrap: Connection, dead: DeadLetterCounts | None = None, beats: Heartbeats | None = None
+) -> Gathered:
+    """One look at the cluster; ``dead``, ``beats``: the dead letters and heartbeats read
+    by earlier looks (read on from there)."""
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     dead = DeadLetterCounts() if dead is None else dead
+    beats = Heartbeats(app.name) if beats is None else beats
     modes: dict[tuple[str, int], str] = {}
     async with KafkaIO(bootstrap) as io:
         job = await read_job(io, app.name)
@@ -98,6 +130,7 @@ async def gather(app: App, bootstrap: Connection, dead: DeadLetterCounts | None 
                 for p in range(n):
                     modes[(t, p)] = lay.mode(p).label if lay is not None else "plain"
             active = {t: lay.active if (lay := registry.get(t)) is not None else n for t, n in counts.items()}
+            ever = {t: _ever_active(lay) for t in counts if (lay := registry.get(t)) is not None}
         finally:
             await registry.stop()
         for topic, n in sorted(counts.items()):
@@ -105,31 +138,64 @@ async def gather(app: App, bootstrap: Connection, dead: DeadLetterCounts | None 
             hws = await io.high_watermarks(topic, range(n))
             for p in range(n):
                 offsets[(topic, p)] = (committed.get(p), hws[p])
-        try:
-            statuses = await read_statuses(io, app.name)
-        except TopicNotFoundError:  # no worker ever ran
-            statuses = []
+        statuses = await beats.read_more(io)
         await dead.read_more(io, app.dead_letter_topic)
     shapes = {t: (initial[t], active[t]) for t in counts}
-    return Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced))
+    return Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced), ever)
+
+
+def _ever_active(layout: TopicLayout) -> int:
+    """The highest active partition count of the layout's history (partitions activate and
+    drain from the top: every partition below it was read and written once)."""
+    return max([layout.n0, layout.active, *(max(s.old_active, s.new_active) for s in layout.seals)])
 
 
 @dataclass
 class StatusView:
-    """The rows of `status`'s tables (every value a str, int or float: JSON as it is)."""
+    """The job as `status` shows it: the document `status --json` prints and the dashboard
+    serves at ``/api/status`` (``as_dict()``). Its top-level keys, stable (new ones may be
+    added; none is renamed or dropped):
+
+    - ``app``, ``group``, ``dead_letter_topic``: the app's name, consumer group, dead-letter topic.
+    - ``at``: when the look was taken (Unix time, seconds).
+    - ``job_epoch``, ``p0``, ``processor_count``, ``target``: the job record: its epoch (one
+      more at every change of the record), initial processor count (keys are placed over it; the
+      floor of `scale`), active processor count, and the count a scale change aims at
+      (null: none under way; all four null: the job never ran).
+    - ``scaling``: ``"2 -> 3"`` while the processor count changes, else null.
+    - ``unsettled``: what keeps the job from being settled, in words (``unsettled``); an
+      empty list: every processor active on exactly one live worker, none retired left.
+    - ``workers``: per worker that ever beat: ``worker``, ``state`` (running, stopped, STALE:
+      no heartbeat for 15 s), ``processors``, ``handled``, ``dead_letters``, ``failing_run``
+      (records failed in a row), ``failing`` (at the app's failure_alarm_after), ``last_error``.
+    - ``processors``: per processor (``processor_rows``): ``processor``, ``state`` (active,
+      bootstrapping, receiving, restoring, retiring), ``hosted`` (a live worker has it),
+      ``worker``, ``detail``, ``progress`` (``{"done", "left"}`` or null).
+    - ``partitions``: per input partition, drained and reserved ones too: ``topic``,
+      ``partition``, ``mode`` (ReadWrite, ReadOnly, None, plain), ``state`` (active,
+      draining, drained, reserved), ``processors``, ``keys``, ``committed`` (null: none
+      yet), ``ic_ranges``, ``high_watermark``, ``lag``, ``strays_forwarded``,
+      ``strays_waiting``, ``strays_dead``.
+    - ``dead_letters``: records per reason.
+    - ``global_tables``, ``standbys``: per running worker's copy; ``standbys_short``: per
+      processor (a string key) with fewer standbys than asked for, how many it has.
+    """
 
     app: str
     group: str
     dead_letter_topic: str
     at: float
+    job_epoch: int | None = None
+    p0: int | None = None
+    processor_count: int | None = None
+    target: int | None = None
+    scaling: str | None = None
+    """"2 -> 3" while the job changes its processor count."""
+    unsettled: list[str] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     processors: list[dict[str, Any]] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)
-    job_epoch: int | None = None
-    p0: int | None = None
-    scaling: str | None = None
-    """"2 -> 3" while the job changes its processor count."""
     global_tables: list[dict[str, Any]] = field(default_factory=list)
     """Per running worker and global table: its copy's keys, lag and records left out."""
     standbys: list[dict[str, Any]] = field(default_factory=list)
@@ -138,7 +204,10 @@ class StatusView:
     """Per processor with fewer standbys than ``standby_replicas``: how many it has."""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The document, JSON as it is (the keys of ``standbys_short`` as strings)."""
+        out = asdict(self)
+        out["standbys_short"] = {str(pid): n for pid, n in self.standbys_short.items()}
+        return out
 
 
 def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
@@ -148,19 +217,10 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
         app.name, app.group_id, app.dead_letter_topic, now, dead_letters=dict(sorted(found.reasons.items()))
     )
     if job is not None:
-        out.job_epoch, out.p0 = job.epoch, job.p0
+        out.job_epoch, out.p0, out.processor_count = job.epoch, job.p0, job.p
         if job.target is not None and job.target != job.p:
-            out.scaling = f"{job.p} -> {job.target}"
-    owners: dict[tuple[str, int], set[int]] = {}
-    ic: Counter[str] = Counter()
-    forwarded: Counter[str] = Counter()
-    for s in found.statuses:
-        forwarded.update(s.strays_forwarded)  # every worker's last word, stopped ones too
-        if s.alive and not s.stale:
-            ic.update(s.ic_ranges)
-            for pid, hosted in s.processors.items():
-                for t, p in hosted:
-                    owners.setdefault((t, p), set()).add(pid)
+            out.scaling, out.target = f"{job.p} -> {job.target}", job.target
+    out.unsettled = unsettled(job, found.statuses)
     for s in found.statuses:
         out.workers.append(
             {
@@ -171,7 +231,7 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
                 "dead_letters": sum(s.dead_letters.values()),
                 "failing_run": s.consecutive_failures,
                 "failing": s.consecutive_failures >= app.settings.failure_alarm_after,
-                "last_error": (s.last_error or "")[:60],
+                "last_error": (s.last_error or "").strip().split("\n")[0][:LAST_ERROR_CHARS],
             }
         )
     out.processors = processor_rows(job, found.statuses, now)
@@ -185,16 +245,36 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
     if job is not None and app.settings.standby_replicas:
         kept = Counter(row["processor"] for row in out.standbys)
         out.standbys_short = {pid: kept[pid] for pid in range(job.p) if kept[pid] < app.settings.standby_replicas}
+    out.partitions = partition_rows(found)
+    return out
+
+
+def partition_rows(found: Gathered) -> list[dict[str, Any]]:
+    """Every input partition: its mode and state, the processors the live workers host it
+    in, its keys' owners, committed offset, high watermark, lag, IC ranges and strays."""
+    owners: dict[tuple[str, int], set[int]] = {}
+    ic: Counter[str] = Counter()
+    forwarded: Counter[str] = Counter()
+    for s in found.statuses:
+        forwarded.update(s.strays_forwarded)  # every worker's last word, stopped ones too
+        if s.alive and not s.stale:
+            ic.update(s.ic_ranges)
+            for pid, hosted in s.processors.items():
+                for t, p in hosted:
+                    owners.setdefault((t, p), set()).add(pid)
+    rows = []
     for (topic, partition), (com, hw) in found.offsets.items():
         where = f"{topic}/{partition}"
         mode = found.modes.get((topic, partition), "?")
-        out.partitions.append(
+        ever = found.ever_active.get(topic, found.shapes.get(topic, (0, 0))[1])
+        rows.append(
             {
                 "topic": topic,
                 "partition": partition,
                 "mode": mode,
+                "state": PARTITION_STATES.get(mode, "drained" if partition < ever else "reserved"),
                 "processors": sorted(owners.get((topic, partition), ())),
-                "keys": key_ranges(job, found.shapes.get(topic), partition),
+                "keys": key_ranges(found.job, found.shapes.get(topic), partition),
                 "committed": com,
                 "ic_ranges": ic[where],
                 "high_watermark": hw,
@@ -204,6 +284,42 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
                 "strays_dead": found.misplaced[where],
             }
         )
+    return rows
+
+
+PARTITION_STATES = {"ReadWrite": "active", "plain": "active", "ReadOnly": "draining"}
+"""A partition's state by its mode; one of mode None is drained (read once) or reserved."""
+
+
+def unsettled(job: JobLayout | None, statuses: list[WorkerStatus]) -> list[str]:
+    """What keeps the job from being settled, in words (empty: settled): a scale step under
+    way, a processor no live worker hosts, one still bootstrapping or restoring, one two
+    live workers claim (moving), one beyond the processor count still hosted (retired)."""
+    if job is None:
+        return ["the job has never run"]
+    out = []
+    step = job.bootstrap
+    live = [s for s in statuses if s.alive and not s.stale]
+    if step is not None:
+        doing = "receives the retiring processor's keys" if step.staging else "bootstraps"
+        lags = [f", {lag['lag']:,} records behind" for s in live if "lag" in (lag := s.joining.get(step.pid, {}))]
+        how = lags[0] if lags else ", on no live worker yet"
+        out.append(f"scaling {job.p} -> {job.target} processors (processor {step.pid} {doing}{how})")
+    for pid in range(job.hosted):
+        if step is not None and pid == step.pid:
+            continue
+        busy = [f"bootstrapping on {s.worker}" for s in live if pid in s.joining]
+        busy += [f"restoring on {s.worker}" for s in live if pid in s.restoring]
+        hosts = [s.worker for s in live if pid in s.processors]
+        if busy:
+            out.append(f"processor {pid} is {busy[0]}")
+        elif not hosts:
+            out.append(f"processor {pid} has no live worker")
+        elif len(hosts) > 1:
+            out.append(f"processor {pid} is claimed by {len(hosts)} workers ({', '.join(hosts)}): moving")
+    for s in live:
+        for pid in sorted({*s.processors, *s.joining, *s.restoring} - set(range(job.hosted))):
+            out.append(f"retired processor {pid} is still on {s.worker}")
     return out
 
 
