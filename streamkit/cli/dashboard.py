@@ -21,7 +21,7 @@ def dashboard(
 ) -> None:
     """Serve a live dashboard of the job (open the printed address in a browser)."""
     from streamkit.cli import CliError
-    from streamkit.cli.status_view import DeadLetterCounts, gather, view
+    from streamkit.cli.status_view import DeadLetterCounts, Heartbeats, gather, view
     from streamkit.ops.dashboard import serve_dashboard
 
     app = load_app(app_spec)
@@ -29,11 +29,11 @@ def dashboard(
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
 
-    dead = DeadLetterCounts()  # read on from look to look
+    dead, beats = DeadLetterCounts(), Heartbeats(app.name)  # read on from look to look, not from the start
 
     async def snapshot() -> dict[str, object]:
         assert bootstrap is not None
-        return view(app, await gather(app, bootstrap, dead)).as_dict()
+        return view(app, await gather(app, bootstrap, dead, beats)).as_dict()
 
     async def run() -> None:
         try:
