@@ -85,10 +85,10 @@ class Replayer:
         for name in names:
             if not app.handlers.get(name):
                 raise ReplayError(f"app {app.name!r} has no handler for topic {name!r}")
-            if app.handlers[name][0].topic.timestamp is not None:
+            if app.handlers[name][0].topic.timestamp is not None:  # (backfill_replay refuses it before Spark runs)
                 raise ReplayError(
-                    f"topic {name!r} of app {app.name!r} takes its records' time from them (timestamp=): a backfill "
-                    "orders and windows a history by its Kafka timestamps, so it cannot build these stores yet"
+                    f"topic {name!r} of app {app.name!r} takes its records' time from them (timestamp=): a replay "
+                    "orders and windows a history by its timestamp column, so it cannot build these stores yet"
                 )
         self.app = app
         self.topic = names[0]

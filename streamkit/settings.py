@@ -13,7 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STREAMKIT_", extra="forbid")
 
-    broker: str | None = Field(None, description="bootstrap address; None starts the embedded broker")
+    broker: str | None = Field(
+        None, description="bootstrap address (host:port); None: the client properties file's, else none (refused)"
+    )
     client_config: Path | None = Field(
         None, description="a Kafka client properties file: bootstrap.servers, security.protocol, ssl.*, sasl.*"
     )
@@ -24,8 +26,10 @@ class Settings(BaseSettings):
     ssl_key_password: SecretStr | None = Field(None, description="the client key's password, if it is encrypted")
     ssl_check_hostname: bool | None = Field(None, description="check the broker's name in its certificate")
     sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
-    sasl_username: str | None = Field(None)
-    sasl_password: SecretStr | None = Field(None)
+    sasl_username: str | None = Field(None, description="the SASL login's user name")
+    sasl_password: SecretStr | None = Field(
+        None, description="the SASL login's password (from the environment or the properties file, never the CLI)"
+    )
     state_dir: Path = Field(Path(".streamkit"), description="where processor stores live")
     processors: int | None = Field(
         None, ge=1, description="the job's initial processor count; None: the first input topic's partitions"
@@ -132,11 +136,15 @@ class Settings(BaseSettings):
         "and its output producer (at least 0.1 s for the producer); a consumer also learns of a change from a record "
         "stamped with a newer epoch",
     )
-    session_timeout_ms: int = Field(10_000, ge=1000)
-    heartbeat_interval_ms: int = Field(1_000, ge=100)
-    max_poll_interval_ms: int = Field(300_000, ge=1000)
-    fetch_max_bytes: int = Field(64 * 1024 * 1024)
-    max_partition_fetch_bytes: int = Field(16 * 1024 * 1024)
+    session_timeout_ms: int = Field(
+        10_000, ge=1000, description="how long the group waits for a silent worker before it moves its processors"
+    )
+    heartbeat_interval_ms: int = Field(1_000, ge=100, description="how often a group member tells the group it lives")
+    max_poll_interval_ms: int = Field(
+        300_000, ge=1000, description="the longest a member may go between fetches before the group drops it"
+    )
+    fetch_max_bytes: int = Field(64 * 1024 * 1024, description="bytes one fetch may bring, over all partitions")
+    max_partition_fetch_bytes: int = Field(16 * 1024 * 1024, description="bytes one fetch may bring from one partition")
     dead_letter_topic: str | None = Field(None, description="default: '<app>-dead-letters'")
     failure_alarm_after: int = Field(
         100, ge=1, description="consecutive handler failures after which the worker logs loudly"

@@ -176,7 +176,7 @@ def error_line(exc: BaseException) -> str:
         return f"no such file: {exc.filename}"
     if isinstance(exc, PermissionError) and exc.filename:
         return f"not allowed to read or write {exc.filename}"
-    if isinstance(exc, (ValueError, TypeError)) and message:
+    if isinstance(exc, ValueError) and message:  # a value the command could not take (a TypeError is a bug)
         return message
     if isinstance(exc, ConnectionError | TimeoutError):
         return f"the connection failed: {message or 'timed out'}"

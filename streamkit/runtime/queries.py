@@ -85,18 +85,19 @@ class QueryAnswers:
                       RETRY_AFTER)  # fmt: skip
         if forwarded:
             return busy
-        for status in await self._live():
-            if pid in status.processors and status.worker != self.worker and not status.query_url:
-                return Answer(502, {"error": f"processor {pid} of key {key_text!r} runs on worker {status.worker}, "
-                                    "which answers no queries: start every worker with --query-port "
-                                    "(or STREAMKIT_QUERY_PORT)"})  # fmt: skip
-            if pid in status.processors and status.query_url and status.worker != self.worker:
+        claimants = [s for s in await self._live() if pid in s.processors and s.worker != self.worker]
+        for status in claimants:
+            if status.query_url:
                 quoted = urllib.parse.quote(key_text, safe="")
                 path = f"/tables/{urllib.parse.quote(table)}/{quoted}" + ("/windows" if windows else "")
                 try:
                     return await ask(status.query_url + path, forwarded=True)
                 except Exception:  # noqa: BLE001 - that worker is gone or busy: the client asks again
                     return busy
+        if claimants:  # hosted, but by workers that serve no queries: asking again will not help
+            names = ", ".join(sorted(s.worker for s in claimants))
+            why = "answers no queries: start every worker with --query-port (or STREAMKIT_QUERY_PORT)"
+            return Answer(502, {"error": f"processor {pid} of key {key_text!r} runs on worker {names}, which {why}"})
         return busy
 
     async def _live(self) -> list[WorkerStatus]:

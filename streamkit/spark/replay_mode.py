@@ -257,6 +257,12 @@ def _replayed_topics(
     """The topics whose history the replay runs: ``topic`` alone, or, with ``topic_col``,
     every input of the app, merged in time order."""
     inputs = app.input_topics
+    timed = sorted(t for t in inputs if app.handlers[t] and app.handlers[t][0].topic.timestamp is not None)
+    if timed:
+        raise ConfigError(
+            f"app {app.name!r} takes its records' time from them on topic(s) {timed} (timestamp=): a replay "
+            "orders and windows a history by its timestamp column, so it cannot build these stores yet"
+        )
     if topic_col is not None:
         if topic is not None:
             raise ConfigError("give topic (a history of one topic) or topic_col (a column naming each row's topic)")

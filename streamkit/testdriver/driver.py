@@ -64,7 +64,7 @@ T = TypeVar("T")
 class InputRecord:
     """One input record as the worker's code reads a fetched one."""
 
-    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "headers", "kafka_timestamp")
 
     def __init__(
         self,
@@ -78,6 +78,8 @@ class InputRecord:
     ) -> None:
         self.topic, self.partition, self.offset, self.timestamp = topic, partition, offset, timestamp
         self.key, self.value, self.headers = key, value, headers
+        self.kafka_timestamp: int | None = None
+        """The timestamp as written, once a topic's ``timestamp=`` has replaced it."""
 
 
 class TestDriver:

@@ -38,4 +38,4 @@ def test_errors_are_said_in_words() -> None:
     assert unexpected.startswith("unexpected KeyError") and "STREAMKIT_DEBUG=1" in unexpected
     missing = streamkit("produce", "t", "no-such-file.jsonl", "--key-field", "k", "--broker", "127.0.0.1:1")
     assert missing.returncode != 0 and missing.stderr.startswith("error: ")
-    assert "Error" not in missing.stderr, missing.stderr
+    assert "Error" not in missing.stderr and "no-such-file.jsonl" in missing.stderr, missing.stderr

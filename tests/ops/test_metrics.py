@@ -76,7 +76,7 @@ def test_prometheus_scrapes_a_running_worker(
         worker = job.start_worker(STREAMKIT_METRICS_PORT=str(metrics), STREAMKIT_MAX_BATCH_RECORDS="100")
         produce_json(broker, topic, [*records, ("bad", b"{not json")])
         wait_drained(job, capacity=2)
-        # every metric of the README's table is served (its HELP line, with or without samples)
+        # every metric of the operating guide's table is served (its HELP line, with or without samples)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as answer:
             text = answer.read().decode()
         served = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
@@ -128,5 +128,5 @@ def test_prometheus_scrapes_a_running_worker(
 
 
 def test_the_readme_lists_every_metric() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs/guides/operating.md").read_text()
     assert [name for name in METRICS if f"| `{name}` |" not in readme] == []

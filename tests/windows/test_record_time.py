@@ -79,3 +79,22 @@ def test_field_values_that_are_no_time_are_named() -> None:
 def test_windows_default_to_no_grace() -> None:
     assert Tumbling(60).grace == 0 and streamkit.Hopping(60, 10).grace == 0 and streamkit.Sliding(60).grace == 0
     assert Tumbling(60).retention == 24 * 3600  # kept a day for reads
+
+
+def test_an_undecodable_record_moves_no_stream_time_and_a_restart_reads_the_same_times() -> None:
+    # The driver's clock (the records' Kafka time) is an hour on: a record whose value does
+    # not decode must not carry that time into stream time and close minute 1.
+    with TestDriver(views_app("ts"), start_time=3600) as driver:
+        driver.send("page-views", "cy", {"ts": MINUTE})
+        driver.send("page-views", "cy", b"{not json")
+        driver.send("page-views", "cy", {"ts": MINUTE + 1_000})
+        assert [d.reason for d in driver.dead_letters()] == ["value-decode"]
+        assert driver.table("per_minute") == {("cy", MINUTE): 2}
+
+    def delayed(user: str, view: dict[str, Any], kafka_ms: int) -> int:
+        return kafka_ms - view["delay_ms"]  # from the Kafka time: must be the one written, every time
+
+    with TestDriver(views_app(delayed), start_time=100) as driver:
+        driver.send("page-views", "dan", {"delay_ms": 1_000})
+        driver.restart()  # the record is applied again: with the same time
+        assert [r.value for r in driver.output("seen-at")] == [99_000, 99_000]
