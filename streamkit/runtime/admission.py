@@ -106,9 +106,10 @@ class Admitted:
     next_position: int
     consumed: int
     """Records taken off the answer (applied, reported or skipped as late)."""
-    untimed: list[tuple[Any, str]] = field(default_factory=list)
-    """Records whose time the topic's ``timestamp=`` could not read, and why: dead letters
-    (``streamkit.runtime.restamp``)."""
+    rejected: list[tuple[Any, str, str]] = field(default_factory=list)
+    """Records that cannot be applied, as (record, reason, why): dead letters. Stamped with
+    a layout epoch the registry never reached (``unknown-epoch``), or whose time the
+    topic's ``timestamp=`` could not read (``timestamp``, ``streamkit.runtime.restamp``)."""
 
 
 @dataclass
@@ -156,6 +157,9 @@ class Admission:
         """(topic, partition, seconds gated) of every gate that opened."""
         self.stray_copies_dropped = 0
         """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
+        self.unknown_epochs: dict[str, set[int]] = {}
+        """Per topic, layout epochs records were stamped with that the registry did not reach
+        when asked (``streamkit.runtime.epochs``): such records are dead letters, not a stop."""
         self.strays_forwarded_before = 0
         """Strays not forwarded because their copies exist (``Route.forwarded``)."""
 
@@ -209,7 +213,7 @@ class Admission:
         checked = records
         rule = route.strays
         quiet = rule is not None and _plain_and_in_place(rule, records)  # steps 4 and 6 in one pass
-        records, stop_at, late = self._gate_and_check(tp, route, records, epochs=not quiet)
+        records, stop_at, late, rejected = self._gate_and_check(tp, route, records, epochs=not quiet)
         ahead = route.proc.ahead.get(route.position_key)
         if ahead and records:  # gap amending: applied before a restart, beyond the stable offset
             keep, amended = skip_applied([r.offset for r in records], ahead)
@@ -232,6 +236,8 @@ class Admission:
                 late = [(r, report) for r, report in late if id(r) in kept]
         if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
+        if rejected and rejected[0][0].offset < route.rebuild_until:
+            rejected = [r for r in rejected if r[0].offset >= route.rebuild_until]
         if strays and strays[0].offset < route.rebuild_until:  # forwarded when first handled
             strays = [r for r in strays if r.offset >= route.rebuild_until]
         if strays and route.forwarded:  # copies exist: a sweep that died before its checkpoint sent them
@@ -248,7 +254,7 @@ class Admission:
             if route.limit is not None and stop_at >= route.limit:
                 self.consumer.pause(tp)
                 self.gated = True
-        return Admitted(rebuild, records, late, strays, next_pos, len(checked))
+        return Admitted(rebuild, records, late, strays, next_pos, len(checked), rejected)
 
     def _take_strays(self, tp: TopicPartition, route: Route, records: list[Any]) -> tuple[list[Any], list[Any]]:
         """(records to apply, strays): step 6. Records stamped by streamkit's producer pass
@@ -332,9 +338,10 @@ class Admission:
 
     def _gate_and_check(
         self, tp: TopicPartition, route: Route, records: list[Any], *, epochs: bool = True
-    ) -> tuple[list[Any], int | None, list[tuple[Any, dict[str, Any]]]]:
-        """(records to deliver, offset to stop and seek back to or None, late-record reports);
-        ``epochs=False``: the records carry no stamp, so only the gate is applied."""
+    ) -> tuple[list[Any], int | None, list[tuple[Any, dict[str, Any]]], list[tuple[Any, str, str]]]:
+        """(records to deliver, offset to stop and seek back to or None, late-record reports,
+        records of an epoch the registry never reached); ``epochs=False``: the records carry
+        no stamp, so only the gate is applied."""
         stop_at = None
         limit = route.limit
         if limit is not None and records[-1].offset >= limit:
@@ -344,7 +351,7 @@ class Admission:
             records = [r for r in records if r.offset < limit]
         eb = route.epoch_bytes
         if eb is None or not records or not epochs:
-            return records, stop_at, []
+            return records, stop_at, [], []
         current = route.stamps_current
         h0 = records[0].headers  # shared by the records of its batch: one identity test each
         odd = [r for r in records if (h := r.headers) is not h0 and h and h[0][1] not in current]
@@ -356,11 +363,13 @@ class Admission:
             current.update(v for r in odd if (v := r.headers[0][1])[TAG_BYTES:] == eb)
             odd = [r for r in odd if r.headers[0][1] not in current]
         if not odd:
-            return records, stop_at, []
+            return records, stop_at, [], []
         layout = route.layout
         assert layout is not None
         deliver: list[Any] = []
         late: list[tuple[Any, dict[str, Any]]] = []
+        rejected: list[tuple[Any, str, str]] = []
+        unknown = self.unknown_epochs.get(tp.topic, ())
         for r in records:
             if (h := r.headers) and h[0][0] == COPY_HEADER:  # a copy for compaction: its original is elsewhere
                 self.copies_skipped += 1
@@ -368,9 +377,12 @@ class Admission:
             epoch = record_epoch(r.headers)
             if epoch is None or epoch == layout.epoch:
                 deliver.append(r)
+            elif epoch > layout.epoch and epoch in unknown:  # the registry did not get there when asked
+                why = f"{tp.topic}[{tp.partition}]@{r.offset}: stamped with layout epoch {epoch}, which the "
+                rejected.append((r, "unknown-epoch", why + f"layout registry has not reached (it has {layout.epoch})"))
             elif epoch > layout.epoch:  # our layout is stale: stop here, re-read, re-gate
                 route.stale_epoch = epoch
-                return deliver, r.offset, late
+                return deliver, r.offset, late, rejected
             else:
                 verdict = classify_record(
                     layout, tp.partition, r.offset, epoch, key_hash(r.key) if r.key is not None else None
@@ -394,7 +406,7 @@ class Admission:
                     )
                 else:
                     deliver.append(r)
-        return deliver, stop_at, late
+        return deliver, stop_at, late, rejected
 
     # -- gates ----------------------------------------------------------------------------
     def regate(

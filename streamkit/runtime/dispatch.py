@@ -131,8 +131,8 @@ class Dispatcher:
             self.applied[route.position_key[0]] += len(admitted.rebuild) + len(admitted.deliver)
         for rec, report in admitted.late:
             await self.output.dead_letter(rec, "ordering-violation", orjson.dumps(report).decode())
-        for rec, why in admitted.untimed:
-            await self.output.dead_letter(rec, "timestamp", why)
+        for rec, reason, why in admitted.rejected:
+            await self.output.dead_letter(rec, reason, why)
         if admitted.strays:
             policy = route.handlers[0].topic.strays
             for rec in admitted.strays:

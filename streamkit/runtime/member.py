@@ -28,6 +28,7 @@ from streamkit.runtime import checkpointing, collector
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.catchup import CatchUp, Stamp, shape_of
 from streamkit.runtime.dispatch import Dispatcher, by_processor
+from streamkit.runtime.epochs import catch_up_epochs
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.merging import HeldBack, apply_merged, consumer_lagging, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
@@ -624,10 +625,7 @@ class GroupMember:
             if route.scheduler is not None and route.scheduler.queued:
                 await self.dispatcher.run_queued(route)
         await self.dispatcher.send_output()
-        stale = self.admission.take_stale_epochs()
-        if stale:
-            for topic, epoch in stale.items():
-                await self.services.registry.ensure_at_least(topic, epoch)
+        if await catch_up_epochs(self.admission, self.services.registry):
             await self._regate()
 
     async def _checkpoint(self) -> None:

@@ -50,6 +50,7 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
+from streamkit.runtime.epochs import catch_up_epochs
 from streamkit.runtime.merging import apply_merged, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
@@ -309,8 +310,7 @@ async def rebuild(
         if merge.held:
             async with guard:
                 await release_merged(merge, dispatcher, short)
-        for topic, epoch in admission.take_stale_epochs().items():
-            await registry.ensure_at_least(topic, epoch)
+        await catch_up_epochs(admission, registry)
         due = checkpoint_interval is not None and time.monotonic() - last_checkpoint >= checkpoint_interval
         if since_checkpoint >= checkpoint_every or (due and since_checkpoint):
             async with guard:

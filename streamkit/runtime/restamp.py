@@ -18,7 +18,7 @@ def restamp(route: Route, admitted: Admitted) -> None:
     """Set each record's ``timestamp`` to the time read from it, keeping the Kafka one in
     ``kafka_timestamp`` (what the topic's function is given, however often a record
     passes: the test driver's restart hands the same records over again). A record whose
-    time cannot be read leaves the batch for ``admitted.untimed`` (delivered ones only: a
+    time cannot be read leaves the batch for ``admitted.rejected`` (delivered ones only: a
     rebuilt record was reported when the group first handled it). One whose key or value
     does not decode gets time -1, which moves no stream time (its Kafka time, the wall
     clock, would close every window), and the handlers' decode dead-letters it."""
@@ -45,7 +45,7 @@ def restamp(route: Route, admitted: Admitted) -> None:
                 rec.timestamp = extract(key, value, kafka_ms)
             except TimestampError as exc:
                 if name == "deliver":
-                    admitted.untimed.append((rec, str(exc)))
+                    admitted.rejected.append((rec, "timestamp", str(exc)))
                 continue
             kept.append(rec)
         if len(kept) != len(records):
