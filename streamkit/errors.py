@@ -34,3 +34,8 @@ class ReplayError(StreamkitError):
 class HistoryTruncatedError(StreamkitError):
     """The input history a rebuild needs is no longer in the topic (retention, deleted
     records): rebuilding from what is left would build incomplete state."""
+
+
+class AssignmentError(StreamkitError):
+    """A worker could not take (or give up) the partitions the group assigned it: its
+    state directory, a store or a restore failed. It stops rather than stay alive and idle."""

@@ -5,20 +5,25 @@
 
 Any worker answers for every key (it forwards to the one hosting the key's processor).
 A 503 (a rebalance or a handover under way) is asked again after its ``Retry-After``,
-``retries`` times at most.
+``retries`` times at most. ``token``: the workers' ``query_token`` (sent as
+``Authorization: Bearer``); ``cafile``: the CA bundle (PEM) an ``https`` worker's
+certificate is checked against (None: the system's trusted CAs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientError
+from aiohttp import ClientConnectorCertificateError, ClientError, ClientSSLError
+from pydantic import SecretStr
 
-from streamkit.errors import StreamkitError
+from streamkit.errors import ConfigError, StreamkitError
 from streamkit.kafkaio import KafkaIO
-from streamkit.ops.queries import ask
+from streamkit.ops.queries import ask, client_tls
 
 __all__ = ["Client", "QueryError", "query_url"]
 
@@ -33,8 +38,23 @@ class QueryError(StreamkitError):
 
 
 class Client:
-    def __init__(self, url: str, *, retries: int = 10, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        retries: int = 10,
+        timeout: float = 5.0,
+        token: str | SecretStr | None = None,
+        cafile: str | Path | None = None,
+    ) -> None:
         self.url, self.retries, self.timeout = url.rstrip("/"), retries, timeout
+        self._token = token.get_secret_value() if isinstance(token, SecretStr) else token
+        self._tls: ssl.SSLContext | None = None
+        if self.url.startswith("https:"):
+            try:
+                self._tls = client_tls(str(cafile) if cafile is not None else None)
+            except ConfigError as exc:
+                raise QueryError(str(exc)) from None
 
     async def __aenter__(self) -> Client:
         return self
@@ -58,7 +78,13 @@ class Client:
         answer: object = None
         for attempt in range(self.retries + 1):
             try:
-                answer = await ask(url, self.timeout)
+                answer = await ask(url, self.timeout, token=self._token, ssl_context=self._tls)
+            except ClientConnectorCertificateError as exc:  # before OSError: it is one too
+                why = getattr(exc.certificate_error, "verify_message", None) or exc.certificate_error
+                raise QueryError(f"{self.url}: its TLS certificate is not trusted: {why}") from None
+            except ClientSSLError as exc:
+                why = getattr(exc.os_error, "reason", None) or exc.os_error.strerror or "handshake failed"
+                raise QueryError(f"{self.url}: TLS failed: {why}") from None
             except (OSError, TimeoutError, ClientError) as exc:  # the worker is not reachable (now)
                 raise QueryError(f"{self.url} did not answer: {exc or type(exc).__name__}") from None
             if answer.status == 200:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -65,20 +65,51 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=65535,
-        description="answer queries of state by key (GET /tables/TABLE/KEY) on this port (all interfaces; None: "
+        description="answer queries of state by key (GET /tables/TABLE/KEY) on this port, at query_bind (None: "
         "off); `streamkit worker --query-port`",
+    )
+    query_bind: str = Field(
+        "127.0.0.1",
+        description="the address the queries are served at: 127.0.0.1 (this machine only; workers on other machines "
+        "cannot forward to this one), 0.0.0.0 or :: (every interface) or one of this machine's addresses; "
+        "`streamkit worker --query-bind`",
+    )
+    query_token: SecretStr | None = Field(
+        None,
+        description="when set, every query (forwarded ones between workers included) must carry "
+        "the header `Authorization: Bearer TOKEN` (others get 401); every worker of the job needs the same token, "
+        "and `streamkit query` sends it",
+    )
+    query_tls_certfile: str | None = Field(
+        None, description="serve queries over HTTPS with this certificate (PEM; with query_tls_keyfile)"
+    )
+    query_tls_keyfile: str | None = Field(
+        None,
+        validate_default=True,
+        description="the key (PEM) of query_tls_certfile: serve queries over HTTPS (with query_tls_certfile)",
+    )
+    query_tls_cafile: str | None = Field(
+        None,
+        description="CA bundle (PEM) that other workers' query certificates are checked against when forwarding, "
+        "and by `streamkit query` (None: the system's trusted CAs)",
     )
     query_host: str | None = Field(
         None,
-        description="the host name other workers and clients reach this worker's queries at (None: this machine's "
-        "host name)",
+        description="the host name other workers and clients reach this worker's queries at (None: query_bind when "
+        "it is one address, else this machine's host name); with TLS, a name its certificate holds",
     )
     metrics_port: int | None = Field(
         None,
         ge=1,
         le=65535,
-        description="serve the worker's Prometheus metrics on this port (all interfaces; None: off); "
+        description="serve the worker's Prometheus metrics on this port, at metrics_bind (None: off); "
         "`streamkit worker --metrics-port`",
+    )
+    metrics_bind: str = Field(
+        "127.0.0.1",
+        description="the address the metrics are served at: 127.0.0.1 (this machine only), 0.0.0.0 or :: (every "
+        "interface: for a Prometheus on another machine) or one of this machine's addresses; "
+        "`streamkit worker --metrics-bind`",
     )
     close_on: Literal["stream", "wall"] = Field(
         "stream",
@@ -137,14 +168,26 @@ class Settings(BaseSettings):
         "stamped with a newer epoch",
     )
     session_timeout_ms: int = Field(
-        10_000, ge=1000, description="how long the group waits for a silent worker before it moves its processors"
+        10_000,
+        ge=1000,
+        le=1_800_000,
+        description="how long the group waits for a silent worker before it moves its processors (at most 30 min, "
+        "the longest a Kafka broker accepts by default: group.max.session.timeout.ms)",
     )
-    heartbeat_interval_ms: int = Field(1_000, ge=100, description="how often a group member tells the group it lives")
+    heartbeat_interval_ms: int = Field(
+        1_000, ge=100, description="how often a group member tells the group it lives (below session_timeout_ms)"
+    )
     max_poll_interval_ms: int = Field(
         300_000, ge=1000, description="the longest a member may go between fetches before the group drops it"
     )
-    fetch_max_bytes: int = Field(64 * 1024 * 1024, description="bytes one fetch may bring, over all partitions")
-    max_partition_fetch_bytes: int = Field(16 * 1024 * 1024, description="bytes one fetch may bring from one partition")
+    fetch_max_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="bytes one fetch may bring, over all partitions (at least 1 KiB)"
+    )
+    max_partition_fetch_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="bytes one fetch may bring from one partition (at least 1 KiB, at most fetch_max_bytes)",
+    )
     dead_letter_topic: str | None = Field(None, description="default: '<app>-dead-letters'")
     failure_alarm_after: int = Field(
         100, ge=1, description="consecutive handler failures after which the worker logs loudly"
@@ -180,6 +223,36 @@ class Settings(BaseSettings):
     bootstrap_rate: float | None = Field(
         None, gt=0, description="records/s at most that a joining processor replays (None: as fast as it can)"
     )
+
+    @field_validator("query_tls_certfile", "query_tls_keyfile", "query_tls_cafile")
+    @classmethod
+    def _readable(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """A TLS file that cannot be read is refused at start, not at the first query."""
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if info.field_name == "query_tls_keyfile" and "query_tls_certfile" in info.data:
+            if (info.data["query_tls_certfile"] is None) != (path is None):
+                raise ValueError("HTTPS for queries needs both query_tls_certfile and query_tls_keyfile (or neither)")
+        return path
+
+    @model_validator(mode="after")
+    def _servable(self) -> Settings:
+        """Refuse what the group or the fetches cannot work with, naming both settings."""
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below session_timeout_ms "
+                f"({self.session_timeout_ms}): a member would miss its session between two heartbeats"
+            )
+        if self.max_partition_fetch_bytes > self.fetch_max_bytes:
+            raise ValueError(
+                f"max_partition_fetch_bytes ({self.max_partition_fetch_bytes}) must be at most fetch_max_bytes "
+                f"({self.fetch_max_bytes})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _latency_preset(self) -> Settings:

@@ -24,3 +24,28 @@ def test_an_unknown_latency_is_refused_in_one_line(monkeypatch: pytest.MonkeyPat
         load_settings("a", {})
     assert "environment variable STREAMKIT_LATENCY: latency='fast'" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"STREAMKIT_FETCH_MAX_BYTES": "0"},
+            "STREAMKIT_FETCH_MAX_BYTES: fetch_max_bytes='0': Input should be greater than or equal to 1024",
+        ),
+        (
+            {"STREAMKIT_SESSION_TIMEOUT_MS": "2000000000"},
+            "session_timeout_ms='2000000000': Input should be less than or equal to 1800000",
+        ),
+        ({"STREAMKIT_SESSION_TIMEOUT_MS": "5000", "STREAMKIT_HEARTBEAT_INTERVAL_MS": "5000"}, "must be below"),
+        ({"STREAMKIT_FETCH_MAX_BYTES": "100000", "STREAMKIT_MAX_PARTITION_FETCH_BYTES": "200000"}, "at most"),
+    ],
+)
+def test_settings_the_runtime_cannot_serve_are_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {})
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)

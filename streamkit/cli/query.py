@@ -3,7 +3,9 @@ running job's table.
 
 Asks any live worker that answers queries (``--query-port``); it forwards to the worker
 hosting the key's processor. Prints the answer as JSON (value, processor, worker, the
-processor's input positions)."""
+processor's input positions). Sends the app's ``query_token`` (STREAMKIT_QUERY_TOKEN);
+an ``https`` worker's certificate is checked against ``--cafile`` (else the app's
+``query_tls_cafile``, else the system's trusted CAs)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ def query(
     broker: str | None = typer.Option(
         None, "--broker", "-b", help="bootstrap address (else the app's broker or STREAMKIT_BROKER)"
     ),
+    cafile: str | None = typer.Option(
+        None,
+        "--cafile",
+        help="CA bundle (PEM) for https workers' certificates (else the app's query_tls_cafile, "
+        "STREAMKIT_QUERY_TLS_CAFILE)",
+    ),
 ) -> None:
     """Print a key's value in a running job's table, from the processor that owns it."""
     from streamkit.cli import CliError
@@ -41,7 +49,9 @@ def query(
             assert bootstrap is not None
             async with KafkaIO(bootstrap) as io:
                 where = await query_url(io, app.name)
-        async with Client(where) as client:
+        settings = app.settings
+        trust = cafile or settings.query_tls_cafile
+        async with Client(where, token=settings.query_token, cafile=trust) as client:
             return await (client.windows(table, key) if windows else client.get(table, key))
 
     typer.echo(json.dumps(asyncio.run(run()), indent=1))

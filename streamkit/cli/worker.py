@@ -35,6 +35,18 @@ def worker(
         max=65535,
         help="answer queries of state by key on this port (STREAMKIT_QUERY_PORT)",
     ),
+    metrics_bind: str | None = typer.Option(
+        None,
+        "--metrics-bind",
+        help="the address metrics are served at (STREAMKIT_METRICS_BIND; default 127.0.0.1: this machine only; "
+        "0.0.0.0: every interface)",
+    ),
+    query_bind: str | None = typer.Option(
+        None,
+        "--query-bind",
+        help="the address queries are served at (STREAMKIT_QUERY_BIND; default 127.0.0.1: this machine only; "
+        "0.0.0.0: every interface)",
+    ),
 ) -> None:
     """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out); SIGUSR1
     prints every thread's stack to stderr.
@@ -51,6 +63,9 @@ def worker(
     for name, port in (("METRICS_PORT", metrics_port), ("QUERY_PORT", query_port)):
         if port is not None:  # the app's settings read it
             os.environ[f"STREAMKIT_{name}"] = str(port)
+    for name, bind in (("METRICS_BIND", metrics_bind), ("QUERY_BIND", query_bind)):
+        if bind is not None:
+            os.environ[f"STREAMKIT_{name}"] = bind
     run_app(load_app(app_spec), members, broker=broker, embedded=embedded, log_level=log_level)
 
 

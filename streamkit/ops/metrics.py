@@ -261,17 +261,21 @@ class WorkerCollector(Collector):
 
 
 def serve(
-    view: Callable[[], Coroutine[Any, Any, WorkerView]], port: int, loop: asyncio.AbstractEventLoop
+    view: Callable[[], Coroutine[Any, Any, WorkerView]],
+    port: int,
+    loop: asyncio.AbstractEventLoop,
+    host: str = "127.0.0.1",
 ) -> Callable[[], None]:
-    """Serve the worker's metrics on ``port`` (all interfaces) from a thread of its own;
-    each scrape asks ``loop`` for a view (at most 5 s). Returns what stops the server."""
+    """Serve the worker's metrics on ``host:port`` (``metrics_bind``: this machine only
+    unless told otherwise) from a thread of its own; each scrape asks ``loop`` for a view
+    (at most 5 s). Returns what stops the server."""
 
     def on_loop() -> WorkerView:
         return asyncio.run_coroutine_threadsafe(view(), loop).result(timeout=5.0)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(on_loop))
-    server, thread = start_http_server(port, registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=registry)
 
     def stop() -> None:
         server.shutdown()

@@ -8,10 +8,16 @@ worker whose heartbeat says it hosts the processor. A key whose processor no liv
 hosts right now (a rebalance, a handover) gets 503 with ``Retry-After``. The runtime
 decides all of that (``Lookup``); this module only speaks HTTP, and never imports the
 runtime (an import contract).
+
+Served at ``127.0.0.1`` unless told otherwise (``query_bind``). With a token, every
+request (forwarded ones included) must carry ``Authorization: Bearer TOKEN`` (else 401,
+compared in constant time); with a certificate and key, over HTTPS.
 """
 
 from __future__ import annotations
 
+import hmac
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +25,19 @@ from typing import Any
 import orjson
 from aiohttp import ClientSession, ClientTimeout, web
 
-__all__ = ["FORWARDED_HEADER", "Answer", "Lookup", "ask", "serve_app", "serve_queries"]
+from streamkit.errors import ConfigError
+
+__all__ = [
+    "FORWARDED_HEADER",
+    "Answer",
+    "Lookup",
+    "advertised_url",
+    "ask",
+    "client_tls",
+    "serve_app",
+    "serve_queries",
+    "server_tls",
+]
 
 FORWARDED_HEADER = "X-Streamkit-Forwarded"
 """Set on a request one worker forwards to another: that one answers or says 503, never
@@ -39,13 +57,15 @@ Lookup = Callable[[str, str, bool, bool], Awaitable[Answer]]
 (``windows``: every window of the key in a windowed table)."""
 
 
-async def serve_app(app: web.Application, port: int, host: str) -> Callable[[], Awaitable[None]]:
-    """Serve ``app`` on ``host:port``; returns what stops it (nothing is left open when
-    the port cannot be had)."""
+async def serve_app(
+    app: web.Application, port: int, host: str, ssl_context: ssl.SSLContext | None = None
+) -> Callable[[], Awaitable[None]]:
+    """Serve ``app`` on ``host:port`` (over HTTPS with ``ssl_context``); returns what stops
+    it (nothing is left open when the port cannot be had)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -59,12 +79,58 @@ def _response(answer: Answer) -> web.Response:
     )
 
 
-async def ask(url: str, timeout: float = 5.0, *, forwarded: bool = False) -> Answer:
+def server_tls(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """The context queries are served over HTTPS with; a certificate and key that do not
+    load are one line (``ConfigError``)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"query_tls_certfile {certfile} with query_tls_keyfile {keyfile} does not load: {why}"
+        ) from None
+    return ctx
+
+
+def client_tls(cafile: str | None) -> ssl.SSLContext:
+    """The context a worker's HTTPS query certificate is checked with: against ``cafile``
+    (PEM), else the system's trusted CAs."""
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"CA bundle {cafile} does not load: {why}") from None
+
+
+def advertised_url(port: int, bind: str, host: str | None, hostname: str, tls: bool) -> str:
+    """The query URL a worker tells the others (heartbeats) and clients: at ``host`` if
+    given, else at the bound address when it is one address, else at ``hostname`` (the
+    machine's name); ``https`` with TLS."""
+    if host is None:
+        host = hostname if bind in ("", "0.0.0.0", "::") else bind
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+async def ask(
+    url: str,
+    timeout: float = 5.0,
+    *,
+    forwarded: bool = False,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Answer:
     """Ask a worker (``url``: its query URL for the key); ``forwarded``: by another worker
-    (it answers or says 503, and does not forward again)."""
+    (it answers or says 503, and does not forward again); ``token``: sent as the bearer
+    token; ``ssl_context``: what an https URL's certificate is checked with (None: the
+    system's trusted CAs)."""
     headers = {FORWARDED_HEADER: "1"} if forwarded else {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     async with ClientSession(timeout=ClientTimeout(total=timeout)) as session:
-        async with session.get(url, headers=headers) as reply:
+        async with session.get(url, headers=headers, ssl=ssl_context if ssl_context is not None else True) as reply:
             raw = await reply.read()
             try:
                 body = orjson.loads(raw)
@@ -74,9 +140,34 @@ async def ask(url: str, timeout: float = 5.0, *, forwarded: bool = False) -> Ans
             return Answer(reply.status, body, float(retry) if retry else None)
 
 
-async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Callable[[], Awaitable[None]]:
+async def serve_queries(
+    lookup: Lookup,
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Callable[[], Awaitable[None]]:
     """Serve ``GET /tables/{table}/{key}`` and ``GET /tables/{table}/{key}/windows`` on
-    ``port``; returns what stops the server."""
+    ``host:port`` (``token``: every request must carry it as its bearer token;
+    ``ssl_context``: over HTTPS); returns what stops the server."""
+    expected = f"Bearer {token}".encode() if token is not None else None
+
+    @web.middleware
+    async def authorized(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if expected is not None:
+            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+            if not hmac.compare_digest(given, expected):
+                why = "a wrong query token" if given else "no query token (Authorization: Bearer TOKEN)"
+                return web.Response(
+                    status=401,
+                    body=orjson.dumps({"error": f"unauthorized: the request carries {why}"}),
+                    content_type="application/json",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await handler(request)
 
     async def answer(request: web.Request, windows: bool) -> web.Response:
         forwarded = request.headers.get(FORWARDED_HEADER) == "1"
@@ -88,7 +179,7 @@ async def serve_queries(lookup: Lookup, port: int, host: str = "0.0.0.0") -> Cal
     async def windows(request: web.Request) -> web.Response:
         return await answer(request, True)
 
-    app = web.Application()
+    app = web.Application(middlewares=[authorized])
     app.router.add_get("/tables/{table}/{key}", value)
     app.router.add_get("/tables/{table}/{key}/windows", windows)
-    return await serve_app(app, port, host)
+    return await serve_app(app, port, host, ssl_context)

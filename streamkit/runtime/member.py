@@ -19,7 +19,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from assignors.group import MemberInfo, StreamkitAssignor, TopicShape, place_job
 from streamkit.app import App
-from streamkit.errors import HistoryTruncatedError
+from streamkit.errors import AssignmentError, HistoryTruncatedError
 from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import fetch as lean_fetch
 from streamkit.layout.model import TopicLayout
@@ -58,14 +58,30 @@ WALL_TICK_SECONDS = 0.5
 
 
 class _Listener(ConsumerRebalanceListener):
+    """The member's side of a rebalance. The client only logs what its listener raises and
+    goes on, which would leave a worker alive that hosts or applies nothing: an error here
+    is the member's ``fatal``, which its loop raises (the worker stops with one line)."""
+
     def __init__(self, member: GroupMember) -> None:
         self.member = member
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.member.release_all()
+        try:
+            await self.member.release_all()
+        except Exception as exc:
+            self._fail("giving up its partitions", exc)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.member.take_assignment()
+        try:
+            await self.member.take_assignment()
+        except Exception as exc:
+            self._fail("taking its partitions", exc)
+
+    def _fail(self, doing: str, exc: Exception) -> None:
+        log.exception("%s: %s failed", self.member.name, doing)
+        if self.member.fatal is None:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.member.fatal = AssignmentError(f"{self.member.name}: {doing} failed, so it stops: {why}")
 
 
 class GroupMember:

@@ -23,7 +23,7 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.app import App
 from streamkit.kafkaio import KafkaIO
-from streamkit.ops.queries import Answer, ask
+from streamkit.ops.queries import Answer, ask, client_tls
 from streamkit.runtime.jobmeta import JobWatcher
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.processor import ProcessorState
@@ -50,6 +50,11 @@ class QueryAnswers:
         """Per partition of the status topic, the next offset to read."""
         self._read_at = 0.0
         self._reading = asyncio.Lock()
+        settings = app.settings
+        self._token = settings.query_token.get_secret_value() if settings.query_token else None
+        """Sent with a forwarded query (every worker of the job has the same one)."""
+        self._tls = client_tls(settings.query_tls_cafile)
+        """What another worker's HTTPS query certificate is checked with."""
 
     async def __call__(self, table: str, key_text: str, forwarded: bool, windows: bool = False) -> Answer:
         t = self.app.tables.get(table)
@@ -91,7 +96,7 @@ class QueryAnswers:
                 quoted = urllib.parse.quote(key_text, safe="")
                 path = f"/tables/{urllib.parse.quote(table)}/{quoted}" + ("/windows" if windows else "")
                 try:
-                    return await ask(status.query_url + path, forwarded=True)
+                    return await ask(status.query_url + path, forwarded=True, token=self._token, ssl_context=self._tls)
                 except Exception:  # noqa: BLE001 - that worker is gone or busy: the client asks again
                     return busy
         if claimants:  # hosted, but by workers that serve no queries: asking again will not help

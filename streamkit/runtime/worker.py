@@ -29,7 +29,7 @@ from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, TableView, WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
-from streamkit.ops.queries import serve_queries
+from streamkit.ops.queries import advertised_url, serve_queries, server_tls
 from streamkit.producer import Producer
 from streamkit.runtime.adoption import ADOPTION_WAIT, LayoutAdoptions
 from streamkit.runtime.collector import fewer_collections
@@ -261,13 +261,18 @@ class Worker:
     async def _serve(self, services: Services) -> None:
         """The queries and metrics servers the settings ask for."""
         if (port := self.app.settings.query_port) is not None:
+            s = self.app.settings
             answers = QueryAnswers(self.app, lambda: self.members, services.jobs, services.io, self.client_id)
-            self._stop_queries = await serve_queries(answers, port)
-            self.query_url = f"http://{self.app.settings.query_host or socket.gethostname()}:{port}"
-            log.info("queries of state by key at %s", self.query_url)
+            cert, key = s.query_tls_certfile, s.query_tls_keyfile  # both or neither (the settings say so)
+            tls = server_tls(cert, key) if cert and key else None
+            token = s.query_token.get_secret_value() if s.query_token else None
+            self._stop_queries = await serve_queries(answers, port, s.query_bind, token=token, ssl_context=tls)
+            self.query_url = advertised_url(port, s.query_bind, s.query_host, socket.gethostname(), tls is not None)
+            log.info("queries of state by key at %s (bound to %s)", self.query_url, s.query_bind)
         if (port := self.app.settings.metrics_port) is not None:
-            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop())
-            log.info("metrics on port %d (Prometheus)", port)
+            bind = self.app.settings.metrics_bind
+            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop(), bind)
+            log.info("metrics on %s port %d (Prometheus)", bind, port)
 
     async def metrics_view(self) -> WorkerView:
         """What a metrics scrape shows (``streamkit.ops.metrics``), read on the loop."""
