@@ -77,7 +77,7 @@ class Heartbeats:
         for partition in range((await io.partition_count(STATUS_TOPIC)) or 0):
             records, self._next[partition] = await io.read(STATUS_TOPIC, partition, self._next.get(partition, 0))
             for rec in records:
-                if (status := decode_status(rec.value, self.app)) is not None:
+                if (status := decode_status(rec.value, self.app, rec=rec)) is not None:
                     self.latest[status.worker] = status
         return sorted(self.latest.values(), key=lambda s: s.worker)
 

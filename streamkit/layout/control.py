@@ -18,11 +18,23 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from streamkit.internal_records import (
+    INT,
+    NUMBER,
+    STR,
+    Shape,
+    decode_guarded,
+    int_keyed,
+    load_object,
+    optional,
+    required,
+)
 from streamkit.kafkaio import FetchedRecord, KafkaIO
 from streamkit.layout.registry import ACKS_TOPIC, ACKS_TOPIC_CONFIGS
 
@@ -32,6 +44,7 @@ __all__ = [
     "LIVE_HORIZON_MS",
     "AckLog",
     "control_record",
+    "decode_control",
     "ensure_acks_topic",
     "heartbeat_fields",
     "heartbeat_ts",
@@ -73,6 +86,32 @@ def live_window_ms(lease_ms: int) -> int:
 
 def heartbeat_ts(d: dict[str, Any]) -> int:
     return max(int(d.get("ts", 0)), int(d.get("_ts", 0)))
+
+
+_CONTROL_FIELDS: dict[str, Shape] = {
+    "ts": NUMBER,
+    "lease_ms": INT,
+    "client_id": STR,
+    "host": STR,
+    "pid": INT,
+    "topic": STR,
+    "epoch": INT,
+    "change_id": STR,
+    "ends": int_keyed(INT),
+}
+
+
+def decode_control(value: bytes | None) -> dict[str, Any]:
+    """A control record as :func:`control_record` wrote it (Malformed, or a JSON error, for
+    anything else). A record of a type this version does not know is well-formed."""
+    d = load_object(value)
+    required(d, "type", STR)
+    required(d, "producer", STR)
+    for name, shape in _CONTROL_FIELDS.items():
+        optional(d, name, shape)
+    if d["type"] == "ack":
+        required(d, "topic", STR)
+    return d
 
 
 class AckLog:
@@ -117,19 +156,16 @@ class AckLog:
     def _apply(self, recs: Iterable[FetchedRecord]) -> None:
         for r in recs:
             self.pos = r.offset + 1
-            try:
-                d = orjson.loads(r.value or b"")
-            except orjson.JSONDecodeError:
+            d = decode_guarded(r, partial(decode_control, r.value))
+            if d is None:  # malformed: skipped
                 continue
-            kind = d.get("type")
-            pid = d.get("producer")
-            if not isinstance(pid, str):
-                continue
+            kind = d["type"]
+            pid = d["producer"]
             if kind in ("hb", "bye"):
                 d["_ts"] = r.timestamp
                 self.last[pid] = d
             elif kind == "ack":
-                change = (d.get("topic"), int(d.get("epoch", -1)), d.get("change_id", ""))
+                change: tuple[str, int, str] = (d["topic"], int(d.get("epoch", -1)), str(d.get("change_id", "")))
                 self.acks.add((pid, *change))
                 ends = self.ends.setdefault(change, {})
                 for p, end in (d.get("ends") or {}).items():

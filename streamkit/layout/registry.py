@@ -39,14 +39,30 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
 from streamkit.connection import Connection, as_connection
+from streamkit.internal_records import (
+    BOOL,
+    INT,
+    OBJECT,
+    OPT_INT,
+    STR,
+    Malformed,
+    Shape,
+    decode_guarded,
+    list_of,
+    obj,
+    optional,
+    required,
+    row_of,
+)
 from streamkit.kafkaio import FetchedRecord, KafkaIO, KafkaIOError
-from streamkit.layout.model import LayoutError, TopicLayout
+from streamkit.layout.model import ChangeKind, LayoutError, TopicLayout
 
 __all__ = [
     "ACKS_TOPIC",
@@ -54,6 +70,7 @@ __all__ = [
     "ConcurrentChangeError",
     "LayoutNotFoundError",
     "LayoutRegistry",
+    "MalformedLayoutRecordError",
     "Refusal",
     "StaleLayoutError",
     "accepts",
@@ -75,6 +92,10 @@ class StaleLayoutError(LayoutError):
 
 class ConcurrentChangeError(LayoutError):
     """Another change of the same topic won the race in the registry log."""
+
+
+class MalformedLayoutRecordError(LayoutError, Malformed):
+    """A registry record streamkit did not write (not a layout record, or a malformed layout)."""
 
 
 class LayoutNotFoundError(LayoutError):
@@ -112,11 +133,45 @@ def encode_layout_record(layout: TopicLayout, *, by: str) -> tuple[bytes, bytes]
     return layout.topic.encode(), orjson.dumps(value)
 
 
-def decode_layout_record(value: bytes) -> tuple[TopicLayout, dict[str, Any]]:
-    d = orjson.loads(value)
+_OFFSETS = list_of(row_of(INT, INT))
+_SEAL_FIELDS: dict[str, Shape] = {
+    "epoch": INT,
+    "kind": STR,
+    "old_active": INT,
+    "new_active": INT,
+    "partitions": list_of(INT),
+    "announce_offsets": _OFFSETS,
+    "drain_deadline_ms": OPT_INT,
+    "fenced": list_of(STR),
+    "change_id": STR,
+    "ts_ms": INT,
+}
+_SEAL_REQUIRED = ("epoch", "kind", "old_active", "new_active")
+
+
+def decode_layout_record(value: bytes | None) -> tuple[TopicLayout, dict[str, Any]]:
+    """A registry record as :func:`encode_layout_record` wrote it; LayoutError (or a JSON
+    error) for anything else: every field the layout is made of is checked here."""
+    d = orjson.loads(value or b"")
     if not isinstance(d, dict) or "layout" not in d:
-        raise LayoutError("not a layout record")
-    return TopicLayout.from_dict(d["layout"]), d
+        raise MalformedLayoutRecordError("not a layout record")
+    try:
+        lay = obj(d["layout"], "layout")
+        required(lay, "topic", STR)
+        for name in ("n0", "active", "physical", "epoch"):
+            required(lay, name, INT)
+        required(lay, "modes", list_of(INT))
+        optional(lay, "ordered_delivery", BOOL)
+        for i, seal in enumerate(optional(lay, "seals", list_of(OBJECT), [])):
+            for name, shape in _SEAL_FIELDS.items():
+                (required if name in _SEAL_REQUIRED else optional)(seal, name, shape)
+            if seal.get("seal_offsets") is not None:
+                optional(seal, "seal_offsets", _OFFSETS)
+            if seal["kind"] not in {k.value for k in ChangeKind}:
+                raise Malformed(f"seals[{i}].kind {seal['kind']!r} is not a change kind")
+        return TopicLayout.from_dict(lay), d
+    except Malformed as exc:
+        raise MalformedLayoutRecordError(f"layout: {exc}") from None
 
 
 Listener = Callable[[TopicLayout, TopicLayout | None], Awaitable[None] | None]
@@ -244,12 +299,15 @@ class LayoutRegistry:
 
     def _apply(self, rec: FetchedRecord) -> tuple[TopicLayout, TopicLayout | None] | None:
         topic = rec.key.decode("utf-8", "replace") if rec.key else "?"
-        try:
-            layout, env = decode_layout_record(rec.value or b"")
-        except (LayoutError, orjson.JSONDecodeError, ValueError) as exc:
-            self.refusals.append(Refusal(topic, rec.offset, None, None, f"malformed: {exc}"))
+
+        def refuse(why: str) -> None:
+            self.refusals.append(Refusal(topic, rec.offset, None, None, f"malformed: {why}"))
+
+        decoded = decode_guarded(rec, partial(decode_layout_record, rec.value), on_skip=refuse)
+        if decoded is None:  # skipped: the layouts held (of this record's topic too) stay
             self._decide(rec.offset, False)
             return None
+        layout, env = decoded
         cur = self._layouts.get(layout.topic)
         ok, reason = accepts(cur, layout)
         if not ok:

@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
+from assignors.linear_hashing import partition_for_key
 from assignors.murmur2 import key_hash, key_hash_cached
 from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_FETCHES, HOLE_CONFIRM_SECONDS
@@ -150,6 +152,8 @@ class Admission:
         """Records skipped because a checkpoint's IC ranges say they were applied."""
         self.copies_skipped = 0
         """Copies for compaction skipped (records a streamkit producer wrote to a partition the key left)."""
+        self.copies_skipped_by: Counter[TopicPartition] = Counter()
+        """The same, per partition."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
         self.gate_wait_seconds = Durations()
@@ -371,8 +375,9 @@ class Admission:
         rejected: list[tuple[Any, str, str]] = []
         unknown = self.unknown_epochs.get(tp.topic, ())
         for r in records:
-            if (h := r.headers) and h[0][0] == COPY_HEADER:  # a copy for compaction: its original is elsewhere
-                self.copies_skipped += 1
+            if (h := r.headers) and h[0][0] == COPY_HEADER and _genuine_copy(tp.partition, layout, r):
+                self.copies_skipped += 1  # a copy for compaction: its original is where its key is placed
+                self.copies_skipped_by[tp] += 1
                 continue
             epoch = record_epoch(r.headers)
             if epoch is None or epoch == layout.epoch:
@@ -519,6 +524,21 @@ class Admission:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
             self.gate_wait_seconds.observe(waited)
+
+
+def _genuine_copy(partition: int, layout: TopicLayout, record: Any) -> bool:
+    """Whether a record whose first header marks it a copy for compaction is one: a copy
+    names the partition its key is placed in (its original's), which is not the one it
+    lies in. A record that claims to be a copy but is not (a header copied by a mirror, or
+    forged) is input like any other, never skipped."""
+    if record.key is None:
+        return False
+    named = record.headers[0][1]
+    if not named.isdigit() or int(named) == partition:
+        return False
+    epoch = record_epoch(record.headers)
+    active = layout.active_at(epoch) if epoch is not None and epoch <= layout.epoch else layout.active
+    return int(named) == partition_for_key(record.key, layout.n0, active)
 
 
 def _plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -35,6 +36,17 @@ from aiokafka import AIOKafkaProducer
 
 from assignors.linear_hashing import lh_params
 from streamkit.errors import JobMismatchError, StreamkitError, TopicNotFoundError
+from streamkit.internal_records import (
+    INT,
+    OPT_INT,
+    STR,
+    Malformed,
+    decode_guarded,
+    list_of,
+    load_object,
+    optional,
+    required,
+)
 from streamkit.kafkaio import FetchedRecord, KafkaIO
 
 JOBS_TOPIC = "__streamkit_jobs"
@@ -95,14 +107,17 @@ class JobLayout:
         return orjson.dumps(body)
 
     @classmethod
-    def from_json(cls, app: str, data: bytes) -> JobLayout:
-        d = orjson.loads(data)
-        p0 = int(d["processors"])
-        topics = tuple(d.get("topics", ()))
-        return cls(
-            app, p0, int(d.get("p", p0)), int(d.get("epoch", 1)), d.get("target"), str(d.get("by", "")), topics,
-            str(d.get("incarnation", "")),
-        )  # fmt: skip
+    def from_json(cls, app: str, data: bytes | None) -> JobLayout:
+        """The record ``to_json`` wrote (Malformed, or a JSON error, for anything else)."""
+        d = load_object(data)
+        p0 = required(d, "processors", INT)
+        p, epoch = optional(d, "p", INT, p0), optional(d, "epoch", INT, 1)
+        target = optional(d, "target", OPT_INT)
+        if p0 < 1 or p < 1 or epoch < 1 or (target is not None and target < 1):
+            raise Malformed("processors, p, epoch or target is not positive")
+        topics = tuple(optional(d, "topics", list_of(STR), ()))
+        by, incarnation = optional(d, "by", STR, ""), optional(d, "incarnation", STR, "")
+        return cls(app, p0, p, epoch, target, by, topics, incarnation)
 
     def stepped(self, by: str) -> JobLayout:
         """The next epoch: one step towards the target (a joining processor is active, or a
@@ -130,13 +145,19 @@ def newest_jobs(records: Iterable[FetchedRecord]) -> dict[str, JobLayout]:
     newest: dict[str, JobLayout] = {}
     for rec in records:
         if rec.key and not rec.value:  # a reset: the job starts over
-            newest.pop(rec.key.decode(), None)
+            newest.pop(rec.key.decode("utf-8", "replace"), None)
         elif rec.key and rec.value:
-            name = rec.key.decode()
-            job = JobLayout.from_json(name, rec.value)
+            job = decode_guarded(rec, partial(_decode_job, rec.key, rec.value))
+            if job is None:  # malformed: skipped, what the well-formed records say stands
+                continue
+            name = job.app
             if name not in newest or job.epoch > newest[name].epoch:
                 newest[name] = job
     return newest
+
+
+def _decode_job(key: bytes, value: bytes) -> JobLayout:
+    return JobLayout.from_json(key.decode(), value)
 
 
 async def read_jobs(io: KafkaIO) -> dict[str, JobLayout]:

@@ -40,11 +40,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from streamkit.internal_records import (
+    INT,
+    OBJECT,
+    OPT_INT,
+    STR,
+    Malformed,
+    decode_guarded,
+    list_of,
+    load_object,
+    optional,
+    required,
+    row_of,
+    rows,
+)
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime import icranges
 
@@ -109,7 +124,9 @@ class ProgressLog:
         key = self.group.encode()
         for rec in recs:
             if rec.key == key and rec.value:
-                self._apply(orjson.loads(rec.value))
+                d = decode_guarded(rec, partial(decode_progress, rec.value))
+                if d is not None:  # a malformed record is skipped: it changes nothing
+                    self._apply(d)
         self._offset = max(self._offset, end)
 
     def _apply(self, d: Mapping[str, Any]) -> None:
@@ -275,6 +292,32 @@ class ProgressLog:
             body["copies_after"] = [[t, p, sorted(ends[t].items())] for t, p in bounded]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)
+
+
+def decode_progress(value: bytes | None) -> dict[str, Any]:
+    """One record of the progress log, checked to have the shape :meth:`ProgressLog.record`
+    (or :func:`forget_progress`) writes: Malformed (or a JSON error) if not, so that applying
+    it cannot fail half way."""
+    d = load_object(value)
+    if "reset" in d and (reset := d["reset"]) is not False:
+        if reset is not True:
+            raise Malformed("reset is not true or false")
+        return d
+    required(d, "gen", INT)
+    required(d, "member", STR)
+    optional(d, "epochs", OBJECT)
+    required(d, "parts", list_of(row_of(STR, INT, OPT_INT)))
+    rows(d, "shares", STR, INT, INT, OPT_INT, list_of(INT))
+    for topic, part, pid, base, text in rows(d, "ic", STR, INT, INT, INT, STR):
+        try:
+            icranges.decode(base, text)
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder says, it is not IC ranges
+            raise Malformed(f"ic of {topic}[{part}] (processor {pid}) is not IC ranges: {exc}") from None
+    rows(d, "swept", STR, INT)
+    rows(d, "sweep_ends", STR, INT, INT, INT)
+    rows(d, "st", STR, INT, INT)
+    rows(d, "copies_after", STR, INT, list_of(row_of(INT, INT)))
+    return d
 
 
 async def forget_progress(io: KafkaIO, group: str) -> None:

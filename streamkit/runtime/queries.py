@@ -124,7 +124,7 @@ class QueryAnswers:
                 start = await self.io.first_offset_at_or_after(STATUS_TOPIC, partition, since, end)
             records, self._next[partition] = await self.io.read(STATUS_TOPIC, partition, start)
             for rec in records:
-                if (status := decode_status(rec.value, self.app.name)) is not None:
+                if (status := decode_status(rec.value, self.app.name, rec=rec)) is not None:
                     self._seen[status.worker] = status
 
 

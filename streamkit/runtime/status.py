@@ -13,11 +13,29 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
 
-from streamkit.kafkaio import KafkaIO
+from streamkit.internal_records import (
+    BOOL,
+    INT,
+    NUMBER,
+    OBJECT,
+    OPT_STR,
+    STR,
+    Shape,
+    decode_guarded,
+    int_keyed,
+    list_of,
+    load_object,
+    optional,
+    required,
+    row_of,
+    str_keyed,
+)
+from streamkit.kafkaio import FetchedRecord, KafkaIO
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.state.changelog import position_of
@@ -152,23 +170,59 @@ async def read_statuses(io: KafkaIO, app_name: str) -> list[WorkerStatus]:
     """The newest heartbeat of each worker of ``app_name``."""
     latest: dict[str, WorkerStatus] = {}
     for rec in await io.read_topic(STATUS_TOPIC):
-        status = decode_status(rec.value, app_name)
+        status = decode_status(rec.value, app_name, rec=rec)
         if status is not None:
             latest[status.worker] = status
     return sorted(latest.values(), key=lambda s: s.worker)
 
 
-def decode_status(value: bytes | None, app_name: str) -> WorkerStatus | None:
-    """One heartbeat record's status, if it is of ``app_name``."""
+def decode_status(value: bytes | None, app_name: str, *, rec: FetchedRecord | None = None) -> WorkerStatus | None:
+    """One heartbeat record's status, if it is of ``app_name`` (None also for a malformed
+    record: skipped, counted and logged, as ``rec``'s topic[partition]@offset if given)."""
     if not value:
         return None
-    d: dict[str, Any] = orjson.loads(value)
-    if d.get("app") != app_name:
-        return None
-    d["processors"] = {int(k): [tuple(x) for x in v] for k, v in d["processors"].items()}
-    d["joining"] = {int(k): v for k, v in d.get("joining", {}).items()}
-    d["changelog"] = {int(k): v for k, v in d.get("changelog", {}).items()}
-    d["restoring"] = {int(k): v for k, v in d.get("restoring", {}).items()}
-    d["standbys"] = {int(k): v for k, v in d.get("standbys", {}).items()}
-    known = WorkerStatus.__dataclass_fields__
-    return WorkerStatus(**{k: v for k, v in d.items() if k in known})
+    at = rec if rec is not None else FetchedRecord(STATUS_TOPIC, -1, -1, -1, None, value, ())
+    status = decode_guarded(at, partial(parse_status, value))
+    return status if status is not None and status.app == app_name else None
+
+
+_OBJECTS = str_keyed(OBJECT)
+_STATUS_FIELDS: dict[str, Shape] = {
+    "app": STR,
+    "worker": STR,
+    "pid": INT,
+    "host": STR,
+    "at": NUMBER,
+    "alive": BOOL,
+    "processors": int_keyed(list_of(row_of(STR, INT))),
+    "handled": INT,
+    "dead_letters": str_keyed(INT),
+    "consecutive_failures": INT,
+    "last_error": OPT_STR,
+    "joining": int_keyed(OBJECT),
+    "ic_ranges": str_keyed(INT),
+    "strays_forwarded": str_keyed(INT),
+    "changelog": int_keyed(list_of(INT)),
+    "query_url": OPT_STR,
+    "restoring": int_keyed(OBJECT),
+    "global_tables": _OBJECTS,
+    "standbys": int_keyed(OBJECT),
+}
+_STATUS_REQUIRED = ("app", "worker", "pid", "host", "at", "alive", "processors")
+
+
+def parse_status(value: bytes | None) -> WorkerStatus:
+    """A heartbeat record as ``WorkerStatus.encode`` wrote it (Malformed, or a JSON error, for
+    anything else; fields this version does not know are left out)."""
+    d = load_object(value)
+    for name, shape in _STATUS_FIELDS.items():
+        if name in _STATUS_REQUIRED:
+            required(d, name, shape)
+        else:
+            optional(d, name, shape)
+    known = {k: v for k, v in d.items() if k in WorkerStatus.__dataclass_fields__}
+    for name in ("processors", "joining", "changelog", "restoring", "standbys"):
+        if name in known:
+            known[name] = {int(k): v for k, v in known[name].items()}
+    known["processors"] = {k: [(t, p) for t, p in v] for k, v in known["processors"].items()}
+    return WorkerStatus(**known)
