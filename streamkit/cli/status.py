@@ -37,6 +37,7 @@ __all__ = [
     "processors_table",
     "rate_and_eta",
     "register",
+    "skipped_line",
     "status",
     "stray_counts",
     "workers_table",
@@ -87,6 +88,29 @@ def processors_table(shown: StatusView) -> Table:
     if shown.scaling:
         table.caption = f"scaling {shown.scaling} processors"
     return table
+
+
+SKIPPED_PARTITIONS_NAMED = 3
+"""The skipped-on-purpose line names up to this many partitions per kind (more: how many)."""
+
+
+def skipped_line(shown: StatusView) -> str | None:
+    """What the workers skipped on purpose, in one line (None: nothing), e.g. "skipped on
+    purpose: 2 malformed (__streamkit_progress 2), 5 copies (orders/0 3, orders/1 2)"."""
+    parts = []
+    labels = (("malformed", "malformed", "malformed"), ("copies", "copy", "copies"),
+              ("duplicate_strays", "duplicate stray", "duplicate strays"))  # fmt: skip
+    for kind, one, many in labels:
+        counts = {where: n for where, n in shown.skipped.get(kind, {}).items() if n}
+        if not counts:
+            continue
+        if kind == "malformed" or len(counts) <= SKIPPED_PARTITIONS_NAMED:
+            where = ", ".join(f"{escape(w)} {n:,}" for w, n in sorted(counts.items()))
+        else:
+            where = f"in {len(counts)} partitions"
+        n = sum(counts.values())
+        parts.append(f"{n:,} {one if n == 1 else many} ({where})")
+    return "skipped on purpose: " + ", ".join(parts) if parts else None
 
 
 def last_errors(shown: StatusView) -> list[str]:
@@ -278,6 +302,15 @@ def legend(shown: StatusView, columns: list[str], failure_alarm_after: int) -> T
         items.append(("IC ranges", "runs of records applied out of order above the committed offset"))
     if "strays" in columns:
         items.append(("strays", "records a plain producer put where the layout does not place their key"))
+    if skipped_line(shown) is not None:
+        items.append(
+            (
+                "skipped on purpose",
+                "not lost: malformed = records in streamkit's internal topics it did not write (logged once "
+                "each); copies = copies for compaction (the originals are applied); duplicate strays = second "
+                "copies of forwarded strays",
+            )
+        )
     for label, meaning in items:
         grid.add_row(label, meaning)
     return grid
@@ -322,6 +355,8 @@ def draw(console: Console, shown: StatusView, show_all: bool, failure_alarm_afte
     if shown.standbys or replicas:
         console.print(fitted(standbys_table(shown, replicas), width))
     console.print(dead_letters_table(shown.dead_letters, shown.dead_letter_topic))
+    if (said := skipped_line(shown)) is not None:
+        console.print(said)
     console.print(legend(shown, columns, failure_alarm_after), style="dim")
     console.print(f"as of {time.strftime('%H:%M:%S', time.localtime(shown.at))}")
 
@@ -343,7 +378,8 @@ def status(
         "--json",
         help="print one JSON document instead (the dashboard's /api/status): app, group, dead_letter_topic, at, "
         "job_epoch, p0, processor_count, target, scaling, unsettled, workers, processors, partitions (all of "
-        "them), dead_letters, global_tables, standbys, standbys_short",
+        "them), dead_letters, global_tables, standbys, standbys_short, skipped (records skipped on purpose: "
+        "malformed per internal topic, copies and duplicate_strays per topic/partition)",
     ),
 ) -> None:
     """Show the job: workers and their processors, per-partition progress and lag, dead letters.

@@ -20,7 +20,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.jobmeta import JobLayout, read_job
-from streamkit.runtime.status import STATUS_TOPIC, WorkerStatus, decode_status
+from streamkit.runtime.status import SKIPPED_KINDS, STATUS_TOPIC, WorkerStatus, decode_status
 
 __all__ = [
     "DeadLetterCounts",
@@ -33,6 +33,7 @@ __all__ = [
     "key_ranges",
     "processor_rows",
     "rate_and_eta",
+    "skipped",
     "unsettled",
     "view",
     "waiting_strays",
@@ -179,6 +180,11 @@ class StatusView:
     - ``dead_letters``: records per reason.
     - ``global_tables``, ``standbys``: per running worker's copy; ``standbys_short``: per
       processor (a string key) with fewer standbys than asked for, how many it has.
+    - ``skipped``: records the workers skipped on purpose since they started (``skipped``),
+      from every worker's last heartbeat: ``malformed`` (records of an internal topic that
+      did not decode, per topic: the most any worker skipped, as every worker reads the same
+      records), ``copies`` (copies for compaction) and ``duplicate_strays`` (second copies of
+      forwarded strays), both per "topic/partition", summed over the workers.
     """
 
     app: str
@@ -202,6 +208,8 @@ class StatusView:
     """Per standby copy on a running worker: processor, worker, changelog position, lag, state."""
     standbys_short: dict[int, int] = field(default_factory=dict)
     """Per processor with fewer standbys than ``standby_replicas``: how many it has."""
+    skipped: dict[str, dict[str, int]] = field(default_factory=lambda: {kind: {} for kind in SKIPPED_KINDS})
+    """Records skipped on purpose, per kind (``malformed``, ``copies``, ``duplicate_strays``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The document, JSON as it is (the keys of ``standbys_short`` as strings)."""
@@ -246,7 +254,23 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
         kept = Counter(row["processor"] for row in out.standbys)
         out.standbys_short = {pid: kept[pid] for pid in range(job.p) if kept[pid] < app.settings.standby_replicas}
     out.partitions = partition_rows(found)
+    out.skipped = skipped(found.statuses)
     return out
+
+
+def skipped(statuses: list[WorkerStatus]) -> dict[str, dict[str, int]]:
+    """What the workers skipped on purpose, from each one's last heartbeat (stopped ones
+    too): malformed records per internal topic, the most any worker skipped (each worker
+    reads the same records); copies and duplicate strays per "topic/partition", summed."""
+    out: dict[str, dict[str, int]] = {kind: {} for kind in SKIPPED_KINDS}
+    for s in statuses:
+        for kind, counts in s.skipped.items():
+            if kind not in out:
+                continue  # a kind a newer worker counts: not shown by this version
+            into = out[kind]
+            for where, n in counts.items():
+                into[where] = max(into.get(where, 0), n) if kind == "malformed" else into.get(where, 0) + n
+    return {kind: dict(sorted(counts.items())) for kind, counts in out.items()}
 
 
 def partition_rows(found: Gathered) -> list[dict[str, Any]]:

@@ -129,6 +129,9 @@ class WorkerView:
     """Records the time-ordered merge holds now (every processor of the worker)."""
     merge_lag_cuts: int = 0
     """Times the merge passed over a topic said to lag that brought nothing for a while."""
+    skipped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Records skipped on purpose, per kind: "malformed" per internal topic, "copies" and
+    "duplicate_strays" per "topic/partition" (the heartbeat's ``skipped``)."""
 
 
 METRICS: dict[str, str] = {
@@ -137,6 +140,9 @@ METRICS: dict[str, str] = {
     "streamkit_records_sent_total": "records the handlers sent, per output topic",
     "streamkit_dead_letters_total": "records sent to the dead-letter topic, per reason",
     "streamkit_strays_forwarded_total": "strays forwarded to where the layout places their key, per partition",
+    "streamkit_records_skipped_total": "records skipped on purpose: malformed (a record of an internal topic "
+    "that did not decode, per topic), copy (a copy for compaction, per partition), duplicate-stray (a second copy "
+    "of a forwarded stray, per partition)",
     "streamkit_partition_position": "the next offset a processor applies, per partition",
     "streamkit_partition_high_watermark": "the partition's high watermark as the consumer last saw it",
     "streamkit_partition_lag": "records between a processor's position and the high watermark",
@@ -192,6 +198,7 @@ class WorkerCollector(Collector):
             for what, n in sorted(counts.items()):
                 fam.add_metric([*base, what], n)
             yield fam
+        yield self._skipped(v, base, labels)
         part_labels = [*labels, "topic", "partition", "processor"]
         position = _fam(GaugeMetricFamily, "streamkit_partition_position", part_labels)
         high = _fam(GaugeMetricFamily, "streamkit_partition_high_watermark", part_labels)
@@ -258,6 +265,22 @@ class WorkerCollector(Collector):
             fam = _fam(HistogramMetricFamily, name, labels)
             fam.add_metric(base, durations.buckets(), sum_value=durations.total)
             yield fam
+
+    @staticmethod
+    def _skipped(v: WorkerView, base: list[str], labels: list[str]) -> Any:
+        """``streamkit_records_skipped_total`` by reason: malformed per topic (partition
+        empty), copy and duplicate-stray per "topic/partition" (topic: its topic)."""
+        fam = _fam(CounterMetricFamily, "streamkit_records_skipped_total", [*labels, "reason", "topic", "partition"])
+        for topic, n in sorted(v.skipped.get("malformed", {}).items()):
+            fam.add_metric([*base, "malformed", topic, ""], n)
+        for kind, reason in SKIP_REASONS:
+            for where, n in sorted(v.skipped.get(kind, {}).items()):
+                fam.add_metric([*base, reason, where.rpartition("/")[0], where], n)
+        return fam
+
+
+SKIP_REASONS = (("copies", "copy"), ("duplicate_strays", "duplicate-stray"))
+"""The heartbeat's kinds of records skipped per partition, and their metric's reason."""
 
 
 def serve(

@@ -166,6 +166,9 @@ class Admission:
         when asked (``streamkit.runtime.epochs``): such records are dead letters, not a stop."""
         self.strays_forwarded_before = 0
         """Strays not forwarded because their copies exist (``Route.forwarded``)."""
+        self.duplicate_strays_by: Counter[TopicPartition] = Counter()
+        """Per partition, the two above: second copies of forwarded strays dropped, and strays
+        not forwarded again (status's and the metrics' duplicate strays)."""
 
     def add(self, tp: TopicPartition, route: Route) -> None:
         self.routes.setdefault(tp, []).append(route)
@@ -247,6 +250,8 @@ class Admission:
         if strays and route.forwarded:  # copies exist: a sweep that died before its checkpoint sent them
             unsent = [r for r in strays if r.offset not in route.forwarded]
             self.strays_forwarded_before += len(strays) - len(unsent)
+            if len(unsent) < len(strays):
+                self.duplicate_strays_by[tp] += len(strays) - len(unsent)
             strays = unsent
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
@@ -301,6 +306,7 @@ class Admission:
             if origin is not None and not seen.first_time(tp.topic, tp.partition, origin):
                 out.add(id(r))
                 self.stray_copies_dropped += 1
+                self.duplicate_strays_by[tp] += 1
         return (records if not out else [r for r in records if id(r) not in out]), strays
 
     def take_stale_epochs(self) -> dict[str, int]:

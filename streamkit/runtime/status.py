@@ -1,7 +1,8 @@
 """Worker heartbeats in `__streamkit_status`, and reading them back for `streamkit status`.
 
 Every worker publishes, every few seconds, what it hosts and how it fares (dead letters
-by reason, the current run of consecutive failures, the last error). The status command
+by reason, the current run of consecutive failures, the last error, the records it skipped
+on purpose). The status command
 reads the newest record of each worker; a worker that stopped cleanly says so, one that
 died simply goes stale.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+from aiokafka import TopicPartition
 
 from streamkit.internal_records import (
     BOOL,
@@ -30,6 +33,7 @@ from streamkit.internal_records import (
     int_keyed,
     list_of,
     load_object,
+    malformed_counts,
     optional,
     required,
     row_of,
@@ -77,6 +81,10 @@ class WorkerStatus:
     """Per processor this worker keeps a standby copy of: {"position", "lag", "state"}
     (changelog position applied, records behind the partition's end, "restoring" /
     "catching up" / "warm")."""
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    """What this worker skipped on purpose since it started (``skipped_counts``):
+    {"malformed": {internal topic: n}, "copies": {"topic/partition": n},
+    "duplicate_strays": {"topic/partition": n}}; a kind with nothing skipped is left out."""
 
     @property
     def stale(self) -> bool:
@@ -101,6 +109,7 @@ def snapshot(
     alive: bool = True,
     global_tables: Mapping[str, Mapping[str, Any]] | None = None,
     standbys: Mapping[int, Mapping[str, Any]] | None = None,
+    skipped: Mapping[str, Mapping[str, int]] | None = None,
 ) -> WorkerStatus:
     """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
     processor consumes, its counts, and its output's dead-letter figures."""
@@ -124,7 +133,35 @@ def snapshot(
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
         standbys={pid: dict(v) for pid, v in (standbys or {}).items()},
+        skipped={kind: dict(v) for kind, v in (skipped or {}).items()},
     )
+
+
+class SkipCounts(Protocol):
+    """What a member's admission counts of the records it skips on purpose
+    (``streamkit.runtime.admission.Admission``)."""
+
+    copies_skipped_by: Counter[TopicPartition]
+    duplicate_strays_by: Counter[TopicPartition]
+
+
+SKIPPED_KINDS = ("malformed", "copies", "duplicate_strays")
+"""The kinds of records a worker skips on purpose, as its heartbeat names them."""
+
+
+def skipped_counts(admissions: Iterable[SkipCounts]) -> dict[str, dict[str, int]]:
+    """What a worker skipped on purpose, for its heartbeat and metrics: records of internal
+    topics that did not decode (this process's, per topic), copies for compaction and second
+    copies of forwarded strays (its members', per "topic/partition"); kinds with none left out."""
+    copies: Counter[str] = Counter()
+    duplicates: Counter[str] = Counter()
+    for admission in admissions:
+        for tp, n in admission.copies_skipped_by.items():
+            copies[f"{tp.topic}/{tp.partition}"] += n
+        for tp, n in admission.duplicate_strays_by.items():
+            duplicates[f"{tp.topic}/{tp.partition}"] += n
+    kinds = {"malformed": malformed_counts(), "copies": dict(copies), "duplicate_strays": dict(duplicates)}
+    return {kind: dict(sorted(c.items())) for kind, c in kinds.items() if any(c.values())}
 
 
 @dataclass
@@ -207,6 +244,7 @@ _STATUS_FIELDS: dict[str, Shape] = {
     "restoring": int_keyed(OBJECT),
     "global_tables": _OBJECTS,
     "standbys": int_keyed(OBJECT),
+    "skipped": str_keyed(str_keyed(INT)),
 }
 _STATUS_REQUIRED = ("app", "worker", "pid", "host", "at", "alive", "processors")
 

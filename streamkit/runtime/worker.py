@@ -41,7 +41,7 @@ from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.queries import QueryAnswers
 from streamkit.runtime.services import Services
 from streamkit.runtime.standbys import StandbyKeeper
-from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, snapshot
+from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, skipped_counts, snapshot
 from streamkit.runtime.timers import run_timer
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
@@ -327,6 +327,7 @@ class Worker:
             },
             merge_held=sum(m.merge.held for m in self.members),
             merge_lag_cuts=sum(m.merge.lag_waits_cut for m in self.members),
+            skipped=skipped_counts(m.admission for m in self.members),
         )
 
     async def shutdown(self, clean: bool = True) -> None:
@@ -388,6 +389,7 @@ class Worker:
             query_url=self.query_url,
             global_tables=self._globals.status() if self._globals is not None else {},
             standbys=self._standbys.report() if self._standbys is not None else {},
+            skipped=skipped_counts(m.admission for m in self.members),
         )
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 

@@ -29,7 +29,7 @@ from tests.runtime.jobs import ROOT, Job, make_records
 APP = "tests.runtime.job_app:app"
 TOP_LEVEL = {
     "app", "group", "dead_letter_topic", "at", "job_epoch", "p0", "processor_count", "target", "scaling", "unsettled",
-    "workers", "processors", "partitions", "dead_letters", "global_tables", "standbys", "standbys_short",
+    "workers", "processors", "partitions", "dead_letters", "global_tables", "standbys", "standbys_short", "skipped",
 }  # fmt: skip
 
 
