@@ -114,6 +114,25 @@ def advertised_url(port: int, bind: str, host: str | None, hostname: str, tls: b
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
+def _may_carry_token(url: str) -> bool:
+    """A token goes over HTTPS, or over plain HTTP to this machine only: a query URL comes
+    from the workers' heartbeats, which anyone who can write to the cluster could forge to
+    name a host of theirs (which then gets no token, and the query fails with 401)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 async def ask(
     url: str,
     timeout: float = 5.0,
@@ -124,10 +143,11 @@ async def ask(
 ) -> Answer:
     """Ask a worker (``url``: its query URL for the key); ``forwarded``: by another worker
     (it answers or says 503, and does not forward again); ``token``: sent as the bearer
-    token; ``ssl_context``: what an https URL's certificate is checked with (None: the
-    system's trusted CAs)."""
+    token (over HTTPS, or plain HTTP to this machine only: ``_may_carry_token``);
+    ``ssl_context``: what an https URL's certificate is checked with (None: the system's
+    trusted CAs)."""
     headers = {FORWARDED_HEADER: "1"} if forwarded else {}
-    if token is not None:
+    if token is not None and _may_carry_token(url):
         headers["Authorization"] = f"Bearer {token}"
     async with ClientSession(timeout=ClientTimeout(total=timeout)) as session:
         async with session.get(url, headers=headers, ssl=ssl_context if ssl_context is not None else True) as reply:

@@ -161,9 +161,10 @@ class Admission:
         """(topic, partition, seconds gated) of every gate that opened."""
         self.stray_copies_dropped = 0
         """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
-        self.unknown_epochs: dict[str, set[int]] = {}
+        self.unknown_epochs: dict[str, dict[int, float]] = {}
         """Per topic, layout epochs records were stamped with that the registry did not reach
-        when asked (``streamkit.runtime.epochs``): such records are dead letters, not a stop."""
+        when asked, and until when (monotonic seconds; ``streamkit.runtime.epochs``): such
+        records are dead letters, not a stop. Then the registry is asked again."""
         self.strays_forwarded_before = 0
         """Strays not forwarded because their copies exist (``Route.forwarded``)."""
         self.duplicate_strays_by: Counter[TopicPartition] = Counter()
@@ -241,6 +242,10 @@ class Admission:
             if late:
                 kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late], until)}
                 late = [(r, report) for r, report in late if id(r) in kept]
+        if rejected and route.key_filter is not None and (until is None or rejected[0][0].offset < until):
+            # each sharer reports the records of its own keys only
+            kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r[0] for r in rejected], until)}
+            rejected = [r for r in rejected if id(r[0]) in kept]
         if late and late[0][0].offset < route.rebuild_until:  # reported when first handled
             late = [(r, report) for r, report in late if r.offset >= route.rebuild_until]
         if rejected and rejected[0][0].offset < route.rebuild_until:
@@ -379,7 +384,8 @@ class Admission:
         deliver: list[Any] = []
         late: list[tuple[Any, dict[str, Any]]] = []
         rejected: list[tuple[Any, str, str]] = []
-        unknown = self.unknown_epochs.get(tp.topic, ())
+        given_up = self.unknown_epochs.get(tp.topic)
+        unknown = {e for e, until in given_up.items() if until > time.monotonic()} if given_up else None
         for r in records:
             if (h := r.headers) and h[0][0] == COPY_HEADER and _genuine_copy(tp.partition, layout, r):
                 self.copies_skipped += 1  # a copy for compaction: its original is where its key is placed
@@ -388,7 +394,7 @@ class Admission:
             epoch = record_epoch(r.headers)
             if epoch is None or epoch == layout.epoch:
                 deliver.append(r)
-            elif epoch > layout.epoch and epoch in unknown:  # the registry did not get there when asked
+            elif epoch > layout.epoch and unknown and epoch in unknown:  # the registry did not get there
                 why = f"{tp.topic}[{tp.partition}]@{r.offset}: stamped with layout epoch {epoch}, which the "
                 rejected.append((r, "unknown-epoch", why + f"layout registry has not reached (it has {layout.epoch})"))
             elif epoch > layout.epoch:  # our layout is stale: stop here, re-read, re-gate

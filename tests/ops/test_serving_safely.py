@@ -159,3 +159,15 @@ def test_queries_over_https_are_checked_against_the_ca(broker: str, tmp_path: Pa
     assert untrusted.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), untrusted.stderr
     assert f"https://127.0.0.1:{port}" in lines[0] and "not trusted" in lines[0], lines
     assert "Error" not in lines[0] and "Traceback" not in untrusted.stderr, lines
+
+
+def test_a_token_goes_over_https_or_to_this_machine_only() -> None:
+    """A query URL comes from the heartbeats, which a writer to the cluster could forge:
+    the token is never sent in plain text to another host."""
+    from streamkit.ops.queries import _may_carry_token
+
+    for url in ("https://worker-2:9500/tables/t/k", "http://127.0.0.1:9500/x", "http://[::1]:9500/x",
+                "http://localhost:9500/x"):  # fmt: skip
+        assert _may_carry_token(url), url
+    for url in ("http://worker-2:9500/tables/t/k", "http://10.0.0.7:9500/x", "http://attacker.example/x"):
+        assert not _may_carry_token(url), url

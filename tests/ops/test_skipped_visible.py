@@ -12,7 +12,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamkit.broker import EmbeddedBroker
 from streamkit.cli.status import skipped_line
 from streamkit.cli.status_view import StatusView, skipped
 from streamkit.internal_records import Malformed
@@ -31,6 +32,15 @@ from streamkit.runtime.progress import PROGRESS_TOPIC
 from streamkit.runtime.status import WorkerStatus, parse_status, skipped_counts
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import ROOT, Job, make_records, wait_until_committed
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """A broker of this module's own: the garbage its tests write into the internal topics
+    must not reach the other tests' commands (they would warn of it on stderr)."""
+    with EmbeddedBroker() as own:
+        yield own.bootstrap
+
 
 SKIPPED = {
     "malformed": {PROGRESS_TOPIC: 2},

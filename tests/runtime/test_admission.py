@@ -518,3 +518,33 @@ def test_a_former_sharer_reads_its_keys_below_a_seal_while_the_next_change_is_an
     positions[("orders", 0)] = 1881
     assert plan(pending) == {}
     assert plan(transitions.seal(pending, {0: 2999, 1: 950, 2: 0})) == {0: 2999}
+
+
+def test_records_of_an_unknown_epoch_are_each_sharers_own_and_the_epoch_is_asked_again_later() -> None:
+    """A record stamped with an epoch the registry did not reach is a dead letter of the
+    sharer whose key it has, not of every sharer; after a while the epoch is asked again
+    (a registry that was only slow)."""
+    from assignors.murmur2 import key_hash
+    from assignors.placement import KeyFilter
+
+    layout = expanded()
+    admission, _, even = make(layout, position=20)
+    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
+    odd_proc.positions[("orders", 0)] = 20
+    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, layout)
+    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
+    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
+    admission.add(TP, odd)
+    keys = [f"k{i}".encode() for i in range(20, 26)]
+    admission.unknown_epochs["orders"] = {layout.epoch + 5: time.monotonic() + 60}
+    batch = [r for i, k in enumerate(keys) for r in recs([20 + i], epoch=layout.epoch + 5, key=k)]
+    got = {route.proc.id: a for route, a in admission.admit(TP, batch)}
+    for pid in (0, 1):
+        assert [r.offset for r, reason, _ in got[pid].rejected] == [
+            20 + i for i, k in enumerate(keys) if key_hash(k) % 2 == pid
+        ]
+        assert {reason for _, reason, _ in got[pid].rejected} == {"unknown-epoch"} and not got[pid].deliver
+    even.position = odd.position = 20
+    admission.unknown_epochs["orders"] = {layout.epoch + 5: time.monotonic() - 1}  # given up on long ago
+    [(_, again), *_] = admission.admit(TP, batch)
+    assert not again.rejected and again.next_position == 20 and even.stale_epoch == layout.epoch + 5

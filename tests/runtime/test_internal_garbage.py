@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from streamkit.broker import EmbeddedBroker
 from streamkit.internal_records import Malformed, decode_guarded, malformed_counts
 from streamkit.kafkaio import FetchedRecord, KafkaIO
 from streamkit.layout.control import decode_control, ensure_acks_topic
@@ -36,6 +37,15 @@ from streamkit.runtime.progress import PROGRESS_TOPIC, ProgressLog, decode_progr
 from streamkit.runtime.status import STATUS_TOPIC, parse_status
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference, wait_until_committed
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """A broker of this module's own: the garbage its tests write into the internal topics
+    must not reach the other tests' commands (they would warn of it on stderr)."""
+    with EmbeddedBroker() as own:
+        yield own.bootstrap
+
 
 NOT_JSON = b"\x00\xffnot json {"
 
