@@ -19,7 +19,7 @@ from streamkit.layout.stamps import (
     record_producer,
     violation_record,
 )
-from streamkit.layout.strays import STRAY_HEADER, parse_origin, stray_rule
+from streamkit.layout.strays import stray_rule
 
 __all__ = ["CheckReport", "check_topic"]
 
@@ -46,6 +46,7 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
         await reg.start()
     try:
         layout = await reg.load(topic)
+        seal = await reg.load_origin_seal()
         counts: Counter[str] = Counter()
         violations: list[dict[str, Any]] = []
         harmless = 0
@@ -65,7 +66,7 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
                 if rule is not None and (rule.everything or (ep is None and rule.is_stray(r.offset, kh))):
                     strays.setdefault(p, []).append(r.offset)
                     continue
-                if r.headers and r.headers[-1][0] == STRAY_HEADER and (origin := parse_origin(r.headers[-1][1])):
+                if (origin := seal.origin(topic, r)) is not None:
                     forwarded.add(origin)
                 v = classify_record(layout, p, r.offset, ep, kh)
                 counts[v.status.value] += 1

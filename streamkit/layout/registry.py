@@ -63,6 +63,7 @@ from streamkit.internal_records import (
 )
 from streamkit.kafkaio import FetchedRecord, KafkaIO, KafkaIOError
 from streamkit.layout.model import ChangeKind, LayoutError, TopicLayout
+from streamkit.layout.seal import OriginSeal, load_seal
 
 __all__ = [
     "ACKS_TOPIC",
@@ -214,6 +215,7 @@ class LayoutRegistry:
         """``time.monotonic()`` at the start of the last refresh that reached the end."""
         self._topic_ready = False
         self._decisions: dict[int, bool] = {}
+        self._seal: OriginSeal | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -230,6 +232,22 @@ class LayoutRegistry:
                 raise KafkaIOError(f"the layout registry topic {self.topic} does not exist")
             await self._io.create_topic(self.topic, 1, replication_factor=self._rf, configs=LAYOUTS_TOPIC_CONFIGS)
         self._topic_ready = True
+
+    async def load_origin_seal(self) -> OriginSeal:
+        """Load the cluster's seal on forwarded strays' origins (``layout.seal``), written
+        first if there is none and this registry may create topics."""
+        if self._seal is None:
+            self._seal = await load_seal(
+                self._io, await self._producer_(), create=self._create, replication_factor=self._rf
+            )
+        return self._seal
+
+    @property
+    def origin_seal(self) -> OriginSeal:
+        """The seal :meth:`load_origin_seal` loaded."""
+        if self._seal is None:
+            raise RuntimeError("the origin seal is not loaded: await LayoutRegistry.load_origin_seal() first")
+        return self._seal
 
     async def stop(self) -> None:
         if self._watch_task is not None:

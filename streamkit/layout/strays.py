@@ -19,7 +19,8 @@ was writable at ``o``. Records stamped by streamkit's producer are not judged he
 any more (mode None: reserved capacity, or drained and given up) is a stray.
 
 The runtime forwards a stray through the layout-aware producer to where the current
-layout places its key, with :data:`STRAY_HEADER` naming where it came from, or sends
+layout places its key, with :data:`STRAY_HEADER` naming where it came from (sealed, so
+that a record merely carrying the header is not taken for a copy), or sends
 it to the dead letters (reason ``misplaced``), per the input topic's ``strays``
 setting. A forwarded copy may be written twice when a worker dies between the send
 and its checkpoint; the receiving processor drops the second copy by its origin
@@ -49,7 +50,6 @@ __all__ = [
     "SweepEnds",
     "activation",
     "altered_by",
-    "encode_origin",
     "in_place_until",
     "no_sweep_ends",
     "parse_origin",
@@ -68,19 +68,18 @@ def no_sweep_ends(topic: str, partition: int) -> Mapping[int, int]:
 
 
 STRAY_HEADER = "streamkit.stray.from"
-"""On a forwarded stray: ``b"PARTITION:OFFSET"`` of the record it copies (same topic)."""
-
-
-def encode_origin(partition: int, offset: int) -> bytes:
-    return f"{partition}:{offset}".encode()
+"""On a forwarded stray: ``b"PARTITION:OFFSET:SEAL"`` of the record it copies (same topic;
+the seal tells streamkit's copies from records that merely carry the header,
+``streamkit.layout.seal``)."""
 
 
 def parse_origin(value: bytes) -> tuple[int, int] | None:
-    """(partition, offset) of a :data:`STRAY_HEADER` value, or None if it is not one."""
+    """(partition, offset) a :data:`STRAY_HEADER` value *claims*, or None if it is not one.
+    Only ``OriginSeal.origin`` says whether streamkit wrote it."""
     try:
-        partition, offset = value.split(b":")
+        partition, offset, *_ = value.split(b":")
         return int(partition), int(offset)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, AttributeError):
         return None
 
 

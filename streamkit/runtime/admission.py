@@ -51,6 +51,7 @@ from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_FETCHES, HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
+from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import (
     COPY_HEADER,
     EPOCH_HEADER,
@@ -67,7 +68,6 @@ from streamkit.layout.strays import (
     SweepEnds,
     altered_by,
     no_sweep_ends,
-    parse_origin,
     stray_rule,
 )
 from streamkit.ops.metrics import Durations
@@ -135,9 +135,17 @@ class Admission:
     applied already)."""
 
     def __init__(
-        self, consumer: ConsumerControl, *, group: str, name: str, sweep_ends: SweepEnds | None = None
+        self,
+        consumer: ConsumerControl,
+        *,
+        group: str,
+        name: str,
+        seal: OriginSeal,
+        sweep_ends: SweepEnds | None = None,
     ) -> None:
         self.consumer = consumer
+        self.seal = seal
+        """Tells the copies of strays streamkit forwarded from records carrying the header."""
         self.sweep_ends: SweepEnds = sweep_ends or no_sweep_ends
         """Where the group's sweeps of activated partitions ended (the stray rule's)."""
         self.group = group
@@ -167,6 +175,8 @@ class Admission:
         records are dead letters, not a stop. Then the registry is asked again."""
         self.strays_forwarded_before = 0
         """Strays not forwarded because their copies exist (``Route.forwarded``)."""
+        self.unsealed_origins_by: Counter[TopicPartition] = Counter()
+        """Per partition: records whose origin header streamkit did not seal (ordinary input)."""
         self.duplicate_strays_by: Counter[TopicPartition] = Counter()
         """Per partition, the two above: second copies of forwarded strays dropped, and strays
         not forwarded again (status's and the metrics' duplicate strays)."""
@@ -300,19 +310,36 @@ class Admission:
         if not odd:
             return records, []
         seen = route.proc.seen_strays
-        # a forwarded copy ends with where it came from (stamped, unless its topic has no layout)
-        copies = [r for r in odd if (h := r.headers) and (h[0][0] in _STAMP_KEYS or h[-1][0] == STRAY_HEADER)]
-        strays = rule.strays_in(
-            [r for r in odd if not (h := r.headers) or (h[0][0] not in _STAMP_KEYS and h[-1][0] != STRAY_HEADER)]
-        )
-        out = {id(r) for r in strays}
-        for r in copies:
-            origin = parse_origin(r.headers[-1][1])
-            if origin is not None and not seen.first_time(tp.topic, tp.partition, origin):
-                out.add(id(r))
-                self.stray_copies_dropped += 1
-                self.duplicate_strays_by[tp] += 1
+        # a forwarded copy ends with its sealed origin (stamped, unless its topic has no layout)
+        out: set[int] = set()
+        judged: list[Any] = []  # unstamped records that are no copy: the stray rule's
+        for r in odd:
+            h = r.headers
+            if h and h[-1][0] == STRAY_HEADER:
+                origin = self.seal.origin(tp.topic, r)
+                if origin is not None:
+                    if not seen.first_time(tp.topic, tp.partition, origin):
+                        out.add(id(r))
+                        self.stray_copies_dropped += 1
+                        self.duplicate_strays_by[tp] += 1
+                    continue
+                self._unsealed(tp, r)
+            if not h or h[0][0] not in _STAMP_KEYS:
+                judged.append(r)
+        strays = rule.strays_in(judged) if judged else []
+        out.update(id(r) for r in strays)
         return (records if not out else [r for r in records if id(r) not in out]), strays
+
+    def _unsealed(self, tp: TopicPartition, record: Any) -> None:
+        """A record claiming to be a forwarded stray whose seal does not verify (a plain
+        producer's header, or a copy mirrored from another cluster): ordinary input."""
+        self.unsealed_origins_by[tp] += 1
+        if self.unsealed_origins_by[tp] == 1:
+            log.warning(
+                "%s: %s[%d]@%d carries %s but streamkit did not forward it here (its seal does not verify): "
+                "handled as ordinary input (said once per partition)",
+                self.name, tp.topic, tp.partition, record.offset, STRAY_HEADER,
+            )  # fmt: skip
 
     def take_stale_epochs(self) -> dict[str, int]:
         """Per topic, the newest layout epoch records named beyond ours (then forgotten)."""

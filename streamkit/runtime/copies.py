@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from streamkit.kafkaio import KafkaIO
-from streamkit.layout.strays import STRAY_HEADER, parse_origin
+from streamkit.layout.seal import OriginSeal
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,15 @@ async def find_copies(
     topic: str,
     starts: Mapping[int, int],
     after: Mapping[int, Mapping[int, int] | None],
+    seal: OriginSeal,
     scanned: ScannedCopies | None = None,
 ) -> dict[int, set[int]]:
     """Per origin partition ``q`` of ``starts``: the offsets at or beyond ``starts[q]``
     whose strays have a forwarded copy in ``topic``. ``after[q]``: where, per partition,
     copies of ``q``'s strays beyond ``starts[q]`` can lie at the earliest (None: anywhere).
-    ``scanned``: what earlier looks of this process read (updated)."""
+    ``seal``: the cluster's, which a copy's origin must carry (a record that merely has
+    the header must not stop a stray from being forwarded). ``scanned``: what earlier
+    looks of this process read (updated)."""
     scanned = scanned if scanned is not None else ScannedCopies()
     ends = await io.topic_ends(topic)
     scanned.forget_if_shorter(ends)
@@ -86,9 +89,8 @@ async def find_copies(
             if not records:
                 break
             for r in records:
-                for name, value in r.headers:
-                    if name == STRAY_HEADER and (origin := parse_origin(value)) is not None and origin[0] in starts:
-                        scanned.copies.setdefault(origin[0], set()).add(origin[1])
+                if (origin := seal.origin(topic, r)) is not None and origin[0] in starts:
+                    scanned.copies.setdefault(origin[0], set()).add(origin[1])
             pos = records[-1].offset + 1
             scanned_count += len(records)
         for q in starts:

@@ -148,8 +148,9 @@ class GroupMember:
             max_partition_fetch_bytes=s.max_partition_fetch_bytes,
         )
         self.admission = Admission(
-            self.consumer, group=app.group_id, name=self.name, sweep_ends=services.progress.sweep_ends
-        )
+            self.consumer, group=app.group_id, name=self.name, seal=services.registry.origin_seal,
+            sweep_ends=services.progress.sweep_ends,
+        )  # fmt: skip
         self.router = Router(
             self.name, app.handlers, services.io, services.progress, services.registry, self.admission, s.max_ic_ranges,
             services.plain_partitions,

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
-from streamkit.layout.strays import STRAY_HEADER, encode_origin
+from streamkit.layout.strays import STRAY_HEADER
 from streamkit.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,17 @@ class Output:
     """Sends handler output (serdes of the declared `topics`; a topic named but not
     declared gets the defaults) and dead letters to `dead_letter_topic`."""
 
-    def __init__(self, app_name: str, dead_letter_topic: str, topics: Mapping[str, Topic], producer: Sender) -> None:
+    def __init__(
+        self,
+        app_name: str,
+        dead_letter_topic: str,
+        topics: Mapping[str, Topic],
+        producer: Sender,
+        seal: OriginSeal | None = None,
+    ) -> None:
         self.app_name = app_name
+        self.seal = seal or OriginSeal.ephemeral()
+        """Seals the origin of forwarded strays (the cluster's, for its workers to recognise)."""
         self.dead_letter_topic = dead_letter_topic
         self.producer = producer
         self._topics = topics
@@ -100,7 +110,8 @@ class Output:
             )  # fmt: skip
             return
         headers = [h for h in record.headers or () if h[0] not in _STAMP_HEADERS]
-        headers.append((STRAY_HEADER, encode_origin(record.partition, record.offset)))
+        origin = self.seal.seal(record.topic, record.partition, record.offset, record.key, record.value)
+        headers.append((STRAY_HEADER, origin))
         self.strays_forwarded[f"{record.topic}/{record.partition}"] += 1
         await self.producer.send(record.topic, record.key, record.value, headers, timestamp_ms=record.timestamp)
 

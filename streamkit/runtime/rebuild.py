@@ -254,7 +254,9 @@ async def rebuild(
     await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
     reader = _Reader()
-    admission = Admission(reader, group=group, name=f"rebuild of processor {proc.id}", sweep_ends=sweep_ends)
+    admission = Admission(
+        reader, group=group, name=f"rebuild of processor {proc.id}", seal=registry.origin_seal, sweep_ends=sweep_ends
+    )
     for tp, target in plan.targets.items():
         handled = plan.output_from.get(tp, target)
         route = Route.build(

@@ -162,7 +162,8 @@ class Router:
                 continue
             found = await find_copies(
                 self.io, topic, {q: start for q, (start, _) in parts.items()},
-                {q: progress.copies_after(topic, q) for q in parts}, self.scanned.setdefault(topic, ScannedCopies()),
+                {q: progress.copies_after(topic, q) for q in parts}, self.registry.origin_seal,
+                self.scanned.setdefault(topic, ScannedCopies()),
             )  # fmt: skip
             for q, (start, routes) in parts.items():
                 copied = frozenset(found[q])

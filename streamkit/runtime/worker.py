@@ -111,6 +111,7 @@ class Worker:
         registry = self._registry = LayoutRegistry(bootstrap, client_id=self.client_id, io=io)
         await registry.start()
         await registry.refresh()
+        seal = await registry.load_origin_seal()
         # a topic with a layout counts its initial partitions, not its physical ones
         initial = dict(counts)
         for topic in counts:
@@ -163,7 +164,7 @@ class Worker:
             refresh_ms=max(100, int(app.settings.layout_poll_interval * 1000)),
             before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
         ).start()
-        output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer)
+        output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer, seal)
         self.services = Services(
             connection=bootstrap,
             client_id=self.client_id,

@@ -119,12 +119,12 @@ def test_status_shows_the_skipped_in_one_short_line_and_in_json() -> None:
 
 
 def test_the_admission_counts_second_copies_of_forwarded_strays_per_partition() -> None:
-    from streamkit.layout.strays import STRAY_HEADER, encode_origin
-    from tests.runtime.test_admission import TP, Rec, capacity_only, make, stamp
+    from streamkit.layout.strays import STRAY_HEADER
+    from tests.runtime.test_admission import SEAL, TP, Rec, capacity_only, make, stamp
 
     layout = capacity_only()
     admission, _, _ = make(layout)
-    headers = [(*stamp(layout), (STRAY_HEADER, encode_origin(3, o))) for o in (10, 11, 10, 11, 12)]
+    headers = [(*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", 3, o, b"k", b"1"))) for o in (10, 11, 10, 11, 12)]
     admission.admit(TP, [Rec("orders", 0, i, b"k", b"1", h) for i, h in enumerate(headers)])
     assert admission.stray_copies_dropped == 2 and admission.duplicate_strays_by == {TP: 2}
     assert skipped_counts([admission])["duplicate_strays"] == {"orders/0": 2}

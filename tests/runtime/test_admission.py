@@ -17,6 +17,7 @@ from streamkit.app import App
 from streamkit.kafkaio import HOLE_CONFIRM_FETCHES
 from streamkit.layout import transitions
 from streamkit.layout.model import TopicLayout
+from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER
 from streamkit.layout.stamps import stamp as stamp_header
 from streamkit.runtime import admission as admission_module
@@ -83,10 +84,14 @@ def make(
     proc = ProcessorState(0, MemoryStore(()), {})  # type: ignore[arg-type]
     proc.positions[("orders", partition)] = position
     consumer = FakeConsumer()
-    admission = Admission(consumer, group="g", name="m0")
+    admission = Admission(consumer, group="g", name="m0", seal=SEAL)
     route = Route.build(proc, app.handlers["orders"], ("orders", partition), group_position, layout)
     admission.add(TopicPartition("orders", partition), route)
     return admission, consumer, route
+
+
+SEAL = OriginSeal(b"s" * 32)
+"""The cluster's seal in these tests (``streamkit.layout.seal``)."""
 
 
 def stamp(layout: TopicLayout) -> tuple[tuple[str, bytes], ...]:
@@ -440,13 +445,13 @@ def test_a_swept_partition_forwards_everything_from_where_the_group_was() -> Non
 
 
 def test_a_second_copy_of_a_forwarded_stray_is_dropped_until_the_checkpoint_is_rewound() -> None:
-    from streamkit.layout.strays import STRAY_HEADER, encode_origin
+    from streamkit.layout.strays import STRAY_HEADER
 
     layout = capacity_only()
     admission, _, route = make(layout)
 
     def copy(offset: int, origin: tuple[int, int]) -> Rec:
-        headers = (*stamp(layout), (STRAY_HEADER, encode_origin(*origin)))
+        headers = (*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", *origin, b"k", b"1")))
         return Rec("orders", 0, offset, b"k", b"1", headers)
 
     batch = [copy(0, (3, 10)), copy(1, (3, 11)), copy(2, (2, 5)), copy(3, (3, 10)), copy(4, (3, 11)), copy(5, (3, 12))]
@@ -457,6 +462,39 @@ def test_a_second_copy_of_a_forwarded_stray_is_dropped_until_the_checkpoint_is_r
     route.position = 0
     [(_, out)] = admission.admit(TP, batch[:2])
     assert offsets(out.deliver) == [0, 1]
+
+
+def test_an_origin_header_streamkit_did_not_seal_drops_nothing() -> None:
+    """A plain producer's ``streamkit.stray.from`` (or a copy mirrored from a cluster with
+    another seal) is ordinary input: applied where it is in place, a stray where it is not,
+    and it never makes the real copies of that origin look like duplicates."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
+    from streamkit.layout.strays import STRAY_HEADER
+
+    layout = capacity_only()
+    admission, _, route = make(layout)
+    in_place = next(k for i in range(100) if lh_bucket(key_hash(k := f"k{i}".encode()), 2, 2) == 0)
+    misplaced = next(k for i in range(100) if lh_bucket(key_hash(k := f"k{i}".encode()), 2, 2) != 0)
+    other_cluster = OriginSeal(b"o" * 32).seal("orders", 3, 10, in_place, b"1")
+    sealed_for_another_value = SEAL.seal("orders", 3, 10, in_place, b"1")
+    forged = [
+        Rec("orders", 0, 0, in_place, b"1", ((STRAY_HEADER, b"3:1000"),)),  # unstamped, in place: applied
+        Rec("orders", 0, 1, in_place, b"1", (*stamp(layout), (STRAY_HEADER, b"3:1000"))),  # stamped: applied
+        Rec("orders", 0, 2, misplaced, b"1", ((STRAY_HEADER, b"3:11"),)),  # unstamped, misplaced: a stray
+        Rec("orders", 0, 3, in_place, b"1", (*stamp(layout), (STRAY_HEADER, other_cluster))),
+        Rec("orders", 0, 4, in_place, b"2", (*stamp(layout), (STRAY_HEADER, sealed_for_another_value))),
+    ]
+    [(_, out)] = admission.admit(TP, forged)
+    assert offsets(out.deliver) == [0, 1, 3, 4] and offsets(out.strays) == [2]
+    assert admission.stray_copies_dropped == 0 and admission.unsealed_origins_by == {TP: 5}
+    real = [
+        Rec("orders", 0, o, b"k", b"1", (*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", 3, origin, b"k", b"1"))))
+        for o, origin in ((5, 10), (6, 11))
+    ]
+    route.position = 5
+    [(_, out)] = admission.admit(TP, real)
+    assert offsets(out.deliver) == [5, 6] and admission.stray_copies_dropped == 0
 
 
 def test_a_stray_in_a_shared_partition_is_taken_by_the_lowest_sharer() -> None:
