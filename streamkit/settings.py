@@ -167,6 +167,14 @@ class Settings(BaseSettings):
         "and its output producer (at least 0.1 s for the producer); a consumer also learns of a change from a record "
         "stamped with a newer epoch",
     )
+    layout_epoch_wait: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="seconds a worker waits for the layout registry to reach an epoch a record is stamped with "
+        "before it dead-letters the record (reason unknown-epoch: mirrored from another cluster, or forged) and "
+        "goes on; the epoch is asked for again a minute later",
+    )
     session_timeout_ms: int = Field(
         10_000,
         ge=1000,

@@ -193,6 +193,7 @@ class LayoutRegistry:
         io: KafkaIO | None = None,
         create_topic: bool = True,
         replication_factor: int = 1,
+        epoch_wait: float = 10.0,
     ) -> None:
         self.connection = io.connection if io is not None else as_connection(bootstrap)
         self.bootstrap = self.connection.bootstrap
@@ -216,6 +217,8 @@ class LayoutRegistry:
         self._topic_ready = False
         self._decisions: dict[int, bool] = {}
         self._seal: OriginSeal | None = None
+        self.epoch_wait = epoch_wait
+        """How long :meth:`ensure_at_least` waits for an epoch by default."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -357,9 +360,11 @@ class LayoutRegistry:
             )
         return layout
 
-    async def ensure_at_least(self, topic: str, epoch: int, timeout: float = 10.0) -> TopicLayout:
+    async def ensure_at_least(self, topic: str, epoch: int, timeout: float | None = None) -> TopicLayout:
         """Re-read until the layout of ``topic`` has at least ``epoch`` (KIP-232:
-        a checkpoint, commit or record names a newer epoch than the cached layout)."""
+        a checkpoint, commit or record names a newer epoch than the cached layout), for
+        ``timeout`` seconds (None: the registry's ``epoch_wait``)."""
+        timeout = self.epoch_wait if timeout is None else timeout
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:

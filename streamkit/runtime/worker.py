@@ -108,7 +108,9 @@ class Worker:
             linger_ms=0,
         )
         await self._producer.start()
-        registry = self._registry = LayoutRegistry(bootstrap, client_id=self.client_id, io=io)
+        registry = self._registry = LayoutRegistry(
+            bootstrap, client_id=self.client_id, io=io, epoch_wait=app.settings.layout_epoch_wait
+        )
         await registry.start()
         await registry.refresh()
         seal = await registry.load_origin_seal()

@@ -39,7 +39,7 @@ def test_a_record_from_an_unknown_epoch_is_a_dead_letter_and_the_partition_goes_
             copy_header = [("sk.copy", str(named).encode()), *ours]
             produce_json(broker, topic, [(*record, here)], headers=copy_header)
         produce_json(broker, topic, first[150:], batch_headers=ours)
-        worker = job.start_worker()
+        worker = job.start_worker(STREAMKIT_LAYOUT_EPOCH_WAIT="1")
         wait_for_log(job, worker, "hosts processors")
         wait_drained(job, capacity=PARTITIONS, timeout=180)
         job.stop_all()
@@ -50,7 +50,7 @@ def test_a_record_from_an_unknown_epoch_is_a_dead_letter_and_the_partition_goes_
         # the records of an unknown epoch applied nowhere, those claiming to be copies applied
         assert counts(state) == counts(reference(first + claims))
 
-        worker = job.start_worker()  # a restart goes on from there
+        worker = job.start_worker(STREAMKIT_LAYOUT_EPOCH_WAIT="1")  # a restart goes on from there
         wait_for_log(job, worker, "hosts processors")
         produce_json(broker, topic, second, batch_headers=ours)
         wait_drained(job, capacity=PARTITIONS, timeout=180)
