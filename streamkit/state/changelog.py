@@ -44,6 +44,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -52,6 +53,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from stores.base import Checkpoint
 from streamkit.errors import StreamkitError
+from streamkit.internal_records import decode_guarded
 from streamkit.kafkaio import CREATE_CONFIGS, CREATE_PARTITIONS_API, KafkaIO
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,13 @@ def room_message(topic: str, partitions: int, processors: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Where:
+    topic: str
+    partition: int
+    offset: int
+
+
 def change_key(table: str, key: bytes) -> bytes:
     return table.encode() + b"\x00" + key
 
@@ -148,6 +157,15 @@ class Marker:
             start=int(doc["start"]),
             spans=None if spans is None else tuple((int(a), int(b)) for a, b in spans),
         )
+
+    @classmethod
+    def of(cls, record: Any, topic: str = "?", partition: int = -1) -> Marker | None:
+        """The marker ``record`` (under a marker key) holds; None when it does not decode,
+        or has the wrong shape (a record streamkit did not write): then it is skipped,
+        counted and logged once as ``topic[partition]@offset``
+        (``streamkit.internal_records``)."""
+        where = _Where(getattr(record, "topic", topic), getattr(record, "partition", partition), record.offset)
+        return decode_guarded(where, partial(cls.decode, record.value))
 
     def split(self, records: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """``records`` (in offset order) as this batch's and the others."""

@@ -75,9 +75,13 @@ def plan_restore(
     ``incarnation`` was written yet (markers of an earlier one, before a reset, are not
     this job's)."""
     markers: dict[int, Marker] = {}
+    malformed: set[int] = set()
     for r in records:
         if r.key is not None and r.key.startswith(MARKER_PREFIXES):
-            marker = Marker.decode(r.value)
+            marker = Marker.of(r, topic, partition)
+            if marker is None:
+                malformed.add(r.offset)
+                continue
             theirs = str(marker.checkpoint.extra.get(INCARNATION_KEY, ""))
             if not (incarnation and theirs and theirs != incarnation):
                 markers[r.offset] = marker
@@ -89,6 +93,11 @@ def plan_restore(
     at: int | None = head_at
     while at is not None:
         link = markers.get(at)
+        if link is None and at in malformed:
+            raise ChangelogError(
+                f"{topic}[{partition}]@{at}: the chain's marker there does not decode (a record streamkit did not "
+                "write, or a damaged one), so the markers before it cannot be trusted"
+            )
         if link is None:
             raise ChangelogError(f"{topic}[{partition}]: a marker's base {at + 1} names no marker")
         chain.append((at, link))

@@ -91,7 +91,7 @@ async def newest_generation(io: KafkaIO, topic: str, partition: int, incarnation
     if partition >= ((await io.partition_count(topic)) or 0):
         return -1
     records, _ = await io.read(topic, partition, 0, hole_wait=ACKED_HOLE_WAIT)  # (markers: acknowledged)
-    markers = [Marker.decode(r.value) for r in records if r.value and r.key and r.key.startswith(MARKER_PREFIXES)]
+    markers = [m for r in records if r.key and r.key.startswith(MARKER_PREFIXES) and (m := Marker.of(r)) is not None]
     theirs = [
         m for m in markers if not incarnation or str(m.checkpoint.extra.get(INCARNATION_KEY, "")) in ("", incarnation)
     ]

@@ -138,3 +138,42 @@ def test_workers_killed_at_random_moments_with_lost_disks_keep_the_state_exact(b
     state, _ = read_state(job, 2)
     assert counts(state) == counts(reference(records))
     assert restores >= 1, "no kill was followed by a restore from the changelog"
+
+
+def test_a_record_under_a_marker_key_that_streamkit_did_not_write_does_not_stop_a_restore(
+    broker: str, tmp_path: Path
+) -> None:
+    """A plain producer's records under marker keys in the changelog (not JSON; JSON of
+    the wrong shape): the restore skips them, says where, and restores the store exact
+    from the well-formed markers; before, the restore raised inside the rebalance listener
+    and the worker stayed alive applying nothing."""
+    from streamkit.state.changelog import MARKER_PREFIX
+
+    topic = layout_topic(broker, 2, 2)
+    job = Job(broker, f"restore-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", processors=2)
+    first, second = make_records(1000, 100), make_records(1000, 100, start=1000)
+    changelog = changelog_topic(job.app)
+    try:
+        worker = job.start_worker()
+        wait_for_log(job, worker, "hosts processors")
+        produce_json(broker, topic, first)
+        wait_drained(job, capacity=2)
+        job.stop_all()
+        assert worker.returncode == 0, job.log(worker, 3000)
+        job.workers.clear()
+        for partition in (0, 1):
+            garbage = [(MARKER_PREFIX + b"forged", b"\x00\xffnot json"), (MARKER_PREFIX + b"x", b"[1]")]
+            produce_json(broker, changelog, [(k, v, partition) for k, v in garbage])
+        shutil.rmtree(job.state_dir)  # the disk is gone: both stores are restored through the garbage
+        produce_json(broker, topic, second)
+        worker = job.start_worker()
+        wait_drained(job, capacity=2)
+        log = job.log(worker)
+    finally:
+        job.stop_all()
+    assert worker.returncode == 0, job.log(worker, 3000)
+    state, _ = read_state(job, 2)
+    assert counts(state) == counts(reference(first + second))
+    assert sorted(_restored(log)) == [0, 1] and REBUILT not in log, log[-3000:]
+    for partition in (0, 1):
+        assert re.search(rf"skipping a malformed record in {changelog}\[{partition}\]@\d+: ", log), log[-3000:]

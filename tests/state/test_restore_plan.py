@@ -228,3 +228,28 @@ def test_a_joining_processor_starts_only_from_a_store_that_held_its_keys() -> No
     # nothing in the changelog: the input history
     plan, why = asyncio.run(seed_plan(io, "cl", 1, 3, tables, p0=2, count=4))  # type: ignore[arg-type]
     assert plan is None and "no chain of markers" in why
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xffnot json", b"[1]", b'{"batch": 1}', b"", None])
+def test_a_record_under_a_marker_key_that_is_no_marker_is_skipped_and_a_chain_through_one_is_refused(
+    garbage: bytes | None,
+) -> None:
+    """A plain producer's record under a marker key is skipped (counted, said with
+    topic[partition]@offset) and the chain is what the well-formed markers say; a chain
+    whose base is such a record is refused with where it broke (the restore then reads the
+    input instead: ``read_plan``)."""
+    log = Partition()
+    p1 = log.batch("a", {b"k1": b"1"}, base=None, gen=1, at=10)
+    log.records.append(Rec(len(log.records), MARKER_PREFIX + b"forged", garbage))
+    p2 = log.batch("b", {b"k1": b"2"}, base=p1, gen=1, at=20)
+    log.records.append(Rec(len(log.records), MARKER_PREFIX + b"forged-after", garbage))
+    plan = plan_restore(log.records, topic="app-changelog", partition=0)
+    assert plan is not None and plan.state == {"t": {b"k1": b"2"}} and plan.position == p2
+
+    broken = Partition()
+    broken.records_of("a", {b"k1": b"1"})
+    at = len(broken.records)
+    broken.records.append(Rec(at, MARKER_PREFIX + b"a", garbage))  # where the chain's first marker was
+    broken.batch("b", {b"k1": b"2"}, base=at + 1, gen=1, at=20)
+    with pytest.raises(ChangelogError, match=rf"app-changelog\[0\]@{at}: the chain's marker there does not decode"):
+        plan_restore(broken.records, topic="app-changelog", partition=0)
