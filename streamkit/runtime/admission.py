@@ -249,9 +249,10 @@ class Admission:
         if route.key_filter is not None and records and (until is None or records[0].offset < until):
             # a shared task, or a partition's history from before a split: this processor's keys only
             records = _keys_of(route.key_filter, route.null_keys, records, until)
-            if late:
-                kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late], until)}
-                late = [(r, report) for r, report in late if id(r) in kept]
+        if late and route.key_filter is not None and (until is None or late[0][0].offset < until):
+            # each sharer reports the late records of its own keys only (all of a batch may be late)
+            kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r for r, _ in late], until)}
+            late = [(r, report) for r, report in late if id(r) in kept]
         if rejected and route.key_filter is not None and (until is None or rejected[0][0].offset < until):
             # each sharer reports the records of its own keys only
             kept = {id(r) for r in _keys_of(route.key_filter, route.null_keys, [r[0] for r in rejected], until)}

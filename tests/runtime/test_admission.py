@@ -586,3 +586,27 @@ def test_records_of_an_unknown_epoch_are_each_sharers_own_and_the_epoch_is_asked
     admission.unknown_epochs["orders"] = {layout.epoch + 5: time.monotonic() - 1}  # given up on long ago
     [(_, again), *_] = admission.admit(TP, batch)
     assert not again.rejected and again.next_position == 20 and even.stale_epoch == layout.epoch + 5
+
+
+def test_a_batch_of_late_records_only_is_reported_by_the_sharer_owning_each_key() -> None:
+    """Late records are each sharer's own to report, also when the whole batch is late
+    (nothing to deliver): before, every sharer reported all of them (dead letters twice)."""
+    from assignors.murmur2 import key_hash
+    from assignors.placement import KeyFilter
+
+    layout = expanded()
+    admission, _, even = make(layout, position=10)
+    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
+    odd_proc.positions[("orders", 0)] = 10
+    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, layout)
+    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
+    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
+    admission.add(TP, odd)
+    from assignors.linear_hashing import lh_bucket
+
+    moved = [k for i in range(400) if lh_bucket(key_hash(k := f"k{i}".encode()), 1, 2) == 1][:6]
+    batch = [r for i, k in enumerate(moved) for r in recs([10 + i], epoch=1, key=k)]
+    got = {route.proc.id: a for route, a in admission.admit(TP, batch)}
+    for pid in (0, 1):
+        assert not got[pid].deliver
+        assert [r.offset for r, _ in got[pid].late] == [10 + i for i, k in enumerate(moved) if key_hash(k) % 2 == pid]
