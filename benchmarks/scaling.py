@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 async def produce(bootstrap: str, topic: str, rate: float, keys: int, stop: asyncio.Event) -> int:
-    from streamkit.producer import Producer
+    from streamkit.producer import Producer, ProducerConfig
 
-    async with Producer(bootstrap, client_id="scaling-bench", linger_ms=5) as p:
+    async with Producer(bootstrap, client_id="scaling-bench", config=ProducerConfig(linger_ms=5)) as p:
         start, n = time.monotonic(), 0
         while not stop.is_set():
             await p.send(topic, f"k{n % keys}", {"seq": n, "sent": time.time()})

@@ -45,12 +45,8 @@ front and are evicted first; a read-hot key evicted this way costs one store
 read to come back.  Neither reads nor writes reorder entries on the hot path,
 and a checkpoint touches only the entries at the front, not every key written.
 
-Byte bound.  With a :class:`CacheBudget` the limit is also in bytes: the budget's
-bytes are shared equally by the tables that joined it (every table of every processor
-a worker hosts), and each table turns its share into an entry count with its own
-estimate of an entry's size, refreshed at each :meth:`mark_clean` from a sample of the
-entries just written (``sys.getsizeof`` through lists, tuples, dicts and sets, plus a
-dict slot).  Memory then depends on the budget, not on how many keys the job has.
+Byte bound.  With a :class:`CacheBudget` the limit is also in bytes: a share of the
+budget's bytes turned into an entry count (``stores.cache_budget``).
 
 Measured with ``python tests/stores/bench_cache.py`` on the 2-core reference
 machine while shared with other work (so read as upper bounds):
@@ -68,61 +64,17 @@ machine while shared with other work (so read as upper bounds):
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
 from .base import Checkpoint, Store, StoreError
+from .cache_budget import ENTRY_OVERHEAD, SAMPLE, CacheBudget, deep_size
+from .cache_changes import _ABSENT, PendingChanges
 from .serde import RawSerde, Serde, serde_for
 
-__all__ = ["CacheBudget", "CachedTable", "commit_cached"]
+__all__ = ["CacheBudget", "CachedTable", "PendingChanges", "commit_cached", "deep_size"]
 
-ENTRY_OVERHEAD = 100
-"""Bytes of a cache entry beside its key and value objects: the dict's slot and index."""
-SAMPLE = 32
-"""Entries sampled at each checkpoint to estimate an entry's size."""
-
-
-class CacheBudget:
-    """Bytes shared by the write-back caches of a process, in equal shares."""
-
-    def __init__(self, total_bytes: int) -> None:
-        if total_bytes <= 0:
-            raise ValueError(f"a cache budget must be positive, got {total_bytes}")
-        self.total_bytes = total_bytes
-        self.members = 0
-
-    def join(self) -> None:
-        self.members += 1
-
-    def leave(self) -> None:
-        self.members = max(0, self.members - 1)
-
-    @property
-    def share(self) -> int:
-        return self.total_bytes // max(1, self.members)
-
-
-def deep_size(value: Any, depth: int = 3) -> int:
-    """Bytes of ``value`` and what it holds (lists, tuples, dicts, sets; ``depth`` levels)."""
-    size = sys.getsizeof(value)
-    if depth and isinstance(value, (list, tuple, set, frozenset)):
-        size += sum(deep_size(v, depth - 1) for v in value)
-    elif depth and isinstance(value, dict):
-        size += sum(deep_size(k, depth - 1) + deep_size(v, depth - 1) for k, v in value.items())
-    return size
-
-
-class _Absent:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-#: Cache value of a key known not to exist (a miss, or a pending delete).
-_ABSENT: Any = _Absent()
 _MISSING: Any = object()
 
 
@@ -373,66 +325,6 @@ class CachedTable:
         return (
             f"<CachedTable {self.table!r} of {self.store.name!r}: {len(self._cache)} cached, {len(self._dirty)} dirty>"
         )
-
-
-class PendingChanges(Mapping[bytes, "bytes | None"]):
-    """A table's uncommitted changes, serialised on demand (:meth:`CachedTable.changes`).
-
-    orjson gives each result about 4 KiB of heap while it is alive (its buffer, shrunk in
-    place), so serialising 200,000 dirty values up front held some 800 MB at the peak of
-    a checkpoint; a store's commit that reads these one by one into its write batch
-    keeps one alive at a time."""
-
-    __slots__ = ("_dirty", "_kdumps", "_vdumps", "_raw_keys")
-
-    def __init__(self, dirty: dict[Any, Any], kdumps: Any, vdumps: Any, *, raw_keys: bool = False) -> None:
-        self._dirty, self._kdumps, self._vdumps = dirty, kdumps, vdumps
-        self._raw_keys = raw_keys
-
-    def __len__(self) -> int:
-        return len(self._dirty)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return map(self._kdumps, self._dirty)
-
-    def items(self) -> Iterator[tuple[bytes, bytes | None]]:  # type: ignore[override]
-        kdumps, vdumps = self._kdumps, self._vdumps
-        for k, v in self._dirty.items():
-            yield kdumps(k), (None if v is _ABSENT else vdumps(v))
-
-    def write_to(
-        self,
-        put: Callable[[bytes, bytes, Any], None],
-        delete: Callable[[bytes, Any], None],
-        cf: Any,
-        tee: Callable[[bytes, bytes | None], None] | None = None,
-        prefix: bytes = b"",
-    ) -> None:
-        """Hand each change to ``put(key, value, cf)`` or ``delete(key, cf)``: what :meth:`items`
-        gives, without a tuple per key, and raw keys passed as they are (a store that takes
-        only bytes refuses anything else). At a million keys, where nearly every record
-        dirties a key of its own, this was 60 ns of each record's 5 µs. ``tee``: each change
-        also handed to ``tee(prefix + key, value)`` (``None`` for a delete), in the same
-        loop: one serialisation for a store batch and a changelog both."""
-        vdumps = self._vdumps
-        kdumps = None if self._raw_keys else self._kdumps
-        for k, v in self._dirty.items():
-            key = k if kdumps is None else kdumps(k)
-            if v is _ABSENT:
-                delete(key, cf)
-                if tee is not None:
-                    tee(prefix + key, None)
-            else:
-                value = vdumps(v)
-                put(key, value, cf)
-                if tee is not None:
-                    tee(prefix + key, value)
-
-    def __getitem__(self, key: bytes) -> bytes | None:
-        for k, v in self.items():  # for completeness: commits iterate
-            if k == key:
-                return v
-        raise KeyError(key)
 
 
 def _first(t: tuple[bytes, Any, Any]) -> bytes:

@@ -19,19 +19,19 @@
   layout registry every ``refresh_ms``, heartbeats every ``heartbeat_ms`` and holds a
   lease of ``lease_ms``; on an announced change it switches placement, re-places the
   records it has not yet handed to the network, waits for the broker to acknowledge
-  everything placed under the older epoch, then acknowledges.  It never places a
-  record with an expired lease: it first heartbeats and re-reads the registry.  If a
-  sealed change names it as fenced (it missed the deadline: paused, partitioned), it
-  logs a warning, appends a :class:`FenceEvent` to :attr:`Producer.fences`, calls
-  ``on_fence`` if it is a callable, writes a ``fenced`` control record, and with
-  ``on_fence="raise"`` makes every later :meth:`Producer.send` raise
-  :class:`ProducerFencedError` until :meth:`Producer.clear_fence`.
+  everything placed under the older epoch, then acknowledges (``streamkit.producer_acks``).
+  It never places a record with an expired lease: it first heartbeats and re-reads the
+  registry.  If a sealed change names it as fenced (it missed the deadline: paused,
+  partitioned), it logs a warning, appends a :class:`FenceEvent` to
+  :attr:`Producer.fences`, calls ``on_fence`` if it is a callable, writes a ``fenced``
+  control record, and with ``on_fence="raise"`` makes every later :meth:`Producer.send`
+  raise :class:`ProducerFencedError` until :meth:`Producer.clear_fence`.
 - **Batching.**  Records are appended to one open batch per partition (no await per
   record) and handed to the broker when full (``batch_bytes``) or ``linger_ms`` old;
-  at most one batch per partition is in flight, so a partition's records keep their
-  order.  :meth:`Producer.send` returns a :class:`Delivery`: await it for the
-  record's :class:`aiokafka.structs.RecordMetadata` (optional; errors also surface
-  in :meth:`Producer.flush` and later sends).
+  one batch per partition in flight keeps a partition's order.  :meth:`Producer.send`
+  returns a :class:`Delivery`, its :class:`aiokafka.structs.RecordMetadata` when awaited
+  (errors also surface in :meth:`Producer.flush` and later sends).
+- **Configuration**: :class:`ProducerConfig` (``Producer(bootstrap, client_id, config=)``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -50,13 +50,18 @@ from streamkit.connection import Connection, as_connection
 from streamkit.delivery import REPLACED, Delivery, OpenBatch, TopicPlacement, encode_key, encode_value
 from streamkit.errors import StreamkitError
 from streamkit.fencing import FenceEvent, FenceWatch, ProducerFencedError
-from streamkit.layout.control import DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, control_record, ensure_acks_topic
+from streamkit.layout.control import control_record, ensure_acks_topic
 from streamkit.layout.model import TopicLayout
-from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry
+from streamkit.layout.registry import LayoutRegistry
+from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import COPY_HEADER, TAG_BYTES
 from streamkit.lease import Lease
+from streamkit.producer_acks import ChangeAcks
+from streamkit.producer_config import ProducerConfig
+from streamkit.producer_placement import PlacementCache
 
-__all__ = ["Delivery", "FenceEvent", "Producer", "ProducerFencedError"]  # Delivery and the fence types re-exported
+# Delivery, the fence types and the configuration re-exported
+__all__ = ["Delivery", "FenceEvent", "Producer", "ProducerConfig", "ProducerFencedError"]
 
 log = logging.getLogger("streamkit.producer")
 
@@ -73,82 +78,62 @@ class Producer:
         bootstrap: str | Connection,
         client_id: str = "streamkit-producer",
         *,
-        linger_ms: float = 5.0,
-        batch_bytes: int = 512 * 1024,
-        acks: int | str = "all",
-        compression_type: str | None = None,
-        request_timeout_ms: int = 30_000,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
-        refresh_ms: int = 100,
-        on_fence: str | Callable[[FenceEvent], Any] = "warn",
-        key_serializer: Callable[[Any], bytes | None] | None = None,
-        value_serializer: Callable[[Any], bytes | None] | None = None,
-        layouts_topic: str = LAYOUTS_TOPIC,
-        acks_topic: str = ACKS_TOPIC,
-        follow_layouts: bool = True,
-        before_ack: Callable[[str, int], Awaitable[Any]] | None = None,
+        config: ProducerConfig | None = None,
     ) -> None:
+        cfg = self.config = config if config is not None else ProducerConfig()
         self.connection = as_connection(bootstrap)
         self.bootstrap = self.connection.bootstrap
         self.client_id = client_id
         self._tag = uuid.uuid4().hex[:TAG_BYTES].encode()
         self.producer_id = f"{client_id}-{self._tag.decode()}"
-        self.linger = linger_ms / 1000
-        self.batch_bytes = batch_bytes
-        self._key = key_serializer or encode_key
-        self._value = value_serializer or encode_value
-        self.acks_topic = acks_topic
-        self.follow_layouts = follow_layouts
-        self._before_ack = before_ack
-        """Awaited before an announced change is acknowledged: a worker's consumers first
-        take the announced layout (``streamkit.runtime.adoption``)."""
+        self.linger = cfg.linger_ms / 1000
+        self.batch_bytes = cfg.batch_bytes
+        self._key = cfg.key_serializer or encode_key
+        self._value = cfg.value_serializer or encode_value
+        self.acks_topic = cfg.acks_topic
+        self.follow_layouts = cfg.follow_layouts
         self._kp = AIOKafkaProducer(
             **self.connection.client_kwargs(),
             client_id=client_id,
-            acks=acks,
+            acks=cfg.acks,
             linger_ms=0,
-            max_batch_size=batch_bytes,
-            max_request_size=max(batch_bytes * 2, 1 << 20),
-            compression_type=compression_type,
-            request_timeout_ms=request_timeout_ms,
+            max_batch_size=cfg.batch_bytes,
+            max_request_size=max(cfg.batch_bytes * 2, 1 << 20),
+            compression_type=cfg.compression_type,
+            request_timeout_ms=cfg.request_timeout_ms,
             enable_idempotence=False,
         )
-        self.registry = LayoutRegistry(self.connection, client_id=self.producer_id, topic=layouts_topic)
+        self.registry = LayoutRegistry(self.connection, client_id=self.producer_id, topic=cfg.layouts_topic)
         self._lease = Lease(
             self.producer_id,
             client_id,
             self.registry,
             self._send_control,
-            lease_ms=lease_ms,
-            heartbeat_ms=heartbeat_ms,
-            refresh_ms=refresh_ms,
+            lease_ms=cfg.lease_ms,
+            heartbeat_ms=cfg.heartbeat_ms,
+            refresh_ms=cfg.refresh_ms,
         )
-        self._topics: dict[str, TopicPlacement] = {}
-        self._compacted: dict[str, bool] = {}
-        """Per topic with a layout: whether it is compacted (its records get copies, ``_copy``)."""
+        self._placements = PlacementCache(
+            self.producer_id,
+            self._tag,
+            self.registry,
+            lambda topic: self._kp.partitions_for(topic),  # the client now (a test may replace it)
+            follow_layouts=cfg.follow_layouts,
+        )
+        self._topics = self._placements.topics  # the cache's own dict: one lookup per send
         self._open: dict[tuple[str, int], OpenBatch] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._inflight: dict[str, set[asyncio.Future[None]]] = {}
         self._dispatches: set[asyncio.Task[None]] = set()
         """Batches being handed to the client, each in a task of its own (a cancelled sender does not stop it)."""
         self._tasks: list[asyncio.Task[Any]] = []
-        self._ack_tasks: set[asyncio.Task[Any]] = set()
-        self._acked: set[tuple[str, int, str]] = set()
-        self._acked_epoch: dict[str, int] = {}  # the newest epoch acked per topic
-        self._ends: dict[str, dict[int, int]] = {}  # per topic, partition: end of the last acknowledged batch
         self._error: BaseException | None = None
         self._started = False
+        self._seal = OriginSeal.ephemeral()  # (the cluster's once started, following layouts)
         self._closed = False
-        self._fences = FenceWatch(self.producer_id, on_fence, self._send_control)
-        self._stats: dict[str, int] = {
-            "records": 0,
-            "batches": 0,
-            "switches": 0,
-            "replaced": 0,
-            "acks": 0,
-            "copies": 0,
-        }
+        self._fences = FenceWatch(self.producer_id, cfg.on_fence, self._send_control)
+        self._stats: dict[str, int] = dict.fromkeys(("records", "batches", "switches", "replaced", "acks", "copies"), 0)
+        self._changes = ChangeAcks(self.producer_id, self._send_control, self._inflight, self._stats, cfg.before_ack)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -164,6 +149,7 @@ class Producer:
         await self._kp.start()
         if self.follow_layouts:
             await self.registry.start()
+            self._seal = await self.registry.load_origin_seal()  # copies for compaction are sealed
             await ensure_acks_topic(self.registry.io, self.acks_topic)
             self.registry.add_listener(self._on_layout)
             await self._lease.renew()
@@ -182,7 +168,7 @@ class Producer:
             self._closed = True
             for t in self._tasks:
                 t.cancel()
-            if ending := [*self._tasks, *self._ack_tasks]:  # their ends, not their errors (flush raised those)
+            if ending := [*self._tasks, *self._changes.tasks]:  # their ends, not their errors (flush raised those)
                 await asyncio.wait(ending)  # a cancel of stop() itself goes through
                 for t in ending:
                     if not t.cancelled():
@@ -207,15 +193,13 @@ class Producer:
 
     def layout(self, topic: str) -> TopicLayout | None:
         """The layout this producer currently places ``topic``'s records with."""
-        st = self._topics.get(topic)
-        return st.layout if st else self.registry.get(topic)
+        return self._placements.layout(topic)
 
     def epoch(self, topic: str) -> int:
-        st = self._topics.get(topic)
-        return st.epoch if st else 0
+        return self._placements.epoch(topic)
 
     async def partition_for(self, topic: str, key: Any) -> int:
-        st = self._topics.get(topic) or await self._topic_state(topic)
+        st = self._topics.get(topic) or await self._placements.of(topic)
         return st.place(self._key(key))
 
     def clear_fence(self) -> None:
@@ -246,7 +230,7 @@ class Producer:
             await self._lease.renew()
         st = self._topics.get(topic)
         if st is None:
-            st = await self._topic_state(topic)
+            st = await self._placements.of(topic)
         kb = key if type(key) is bytes else self._key(key)
         vb = value if type(value) is bytes else self._value(value)
         d, full = self._append(st, kb, vb, headers, timestamp_ms, None)
@@ -287,33 +271,13 @@ class Producer:
 
     # ------------------------------------------------------------------ batching
 
-    async def _topic_state(self, topic: str) -> TopicPlacement:
-        layout = self.registry.get(topic) if self.follow_layouts else None
-        physical = None
-        if layout is None:
-            parts = await self._kp.partitions_for(topic)
-            physical = len(parts)
-        elif topic not in self._compacted:
-            try:
-                configs = await self.registry.io.topic_configs(topic)
-            except Exception as exc:  # noqa: BLE001 - e.g. not allowed to describe it: no copies, said once
-                log.warning("%s: %s: its cleanup.policy is unknown (%s): no copies for compaction", self.producer_id,
-                            topic, exc)  # fmt: skip
-                configs = {}
-            self._compacted[topic] = "compact" in configs.get("cleanup.policy", "")
-        st = self._topics.get(topic)
-        if st is None:  # another task may have made it meanwhile
-            st = TopicPlacement(topic, layout, physical, self._tag, compacted=self._compacted.get(topic, False))
-            self._topics[topic] = st
-        return st
-
     async def _copy(self, st: TopicPlacement, kb: bytes, vb: bytes | None, ts: int | None) -> None:
         """KIP-253's rule for compacted topics: a keyed record also goes to the partitions
         its key's partition was split from, marked as a copy (consumers skip it), so that
         compaction there drops the key's values from before the splits. Best effort, like
         the proposal's acks=0: a copy that fails is logged, never the send's error."""
         assert st.parents is not None
-        headers = [(COPY_HEADER, b"%d" % st.place(kb)), st.headers[0]]
+        headers = [(COPY_HEADER, self._seal.seal_copy(st.topic, st.place(kb), kb, vb)), st.headers[0]]
         pending = self._inflight.setdefault(st.topic, set())
         for q in st.parents(kb):
             fut = await self._kp.send(st.topic, vb, key=kb, partition=q, headers=headers, timestamp_ms=ts)
@@ -393,7 +357,7 @@ class Producer:
     async def _dispatch(self, ob: OpenBatch) -> None:
         """Hand a closed batch to the broker; per partition in FIFO order."""
         k = (ob.topic, ob.partition)
-        if ob.epoch < self._acked_epoch.get(ob.topic, -1):  # would land after the seal: late records
+        if ob.epoch < self._changes.acked_epoch.get(ob.topic, -1):  # would land after the seal: late records
             log.error(
                 "%s: batch of %s[%d] stamped %d dispatched after acking a newer epoch",
                 self.producer_id,
@@ -422,10 +386,7 @@ class Producer:
             self._fail(ob, exc)
         else:
             md = f.result()
-            ends = self._ends.setdefault(ob.topic, {})
-            end = md.offset + len(ob.records)
-            if end > ends.get(ob.partition, -1):
-                ends[ob.partition] = end
+            self._changes.delivered(ob.topic, ob.partition, md.offset + len(ob.records))
             if not ob.future.done():
                 ob.future.set_result(md)
             self._inflight.get(ob.topic, set()).discard(ob.future)
@@ -466,27 +427,15 @@ class Producer:
 
     async def _on_layout(self, new: TopicLayout, old: TopicLayout | None) -> None:
         """Registry listener: switch placement, re-place unsent records, acknowledge."""
-        topic = new.topic
-        st = self._topics.get(topic)
+        st = self._topics.get(new.topic)
         if st is not None and (st.layout is None or new.epoch > st.layout.epoch):
             self._switch(new)
         self._fences.check(new)
-        pend = new.pending
-        # Acknowledge every announced change (also of topics this producer never used:
-        # it may use them next, and the coordinator waits for every live producer).
-        if pend is not None:
-            key = (topic, pend.epoch, pend.change_id)
-            if key not in self._acked:
-                self._acked.add(key)
-                t = asyncio.create_task(self._ack(topic, pend.epoch, pend.change_id))
-                self._ack_tasks.add(t)
-                t.add_done_callback(self._ack_tasks.discard)
+        self._changes.announce(new)
 
     def _switch(self, layout: TopicLayout) -> None:
         topic = layout.topic
-        old = self._topics.get(topic)
-        st = TopicPlacement(topic, layout, None, self._tag, compacted=self._compacted.get(topic, False))
-        self._topics[topic] = st
+        st, old = self._placements.switch(layout)
         self._stats["switches"] += 1
         # Records not yet handed to the network are placed again with the new layout.
         stale = [self._open.pop(k) for k in [k for k in self._open if k[0] == topic]]
@@ -499,27 +448,3 @@ class Producer:
                     self._dispatch_later(full)
             ob.future.set_result(REPLACED)
         log.debug("%s: %s now placed with epoch %d (was %s)", self.producer_id, topic, layout.epoch, old and old.epoch)
-
-    async def _ack(self, topic: str, epoch: int, change_id: str) -> None:
-        started = time.monotonic()
-        pending = list(self._inflight.get(topic, ()))
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        if self._before_ack is not None:
-            await self._before_ack(topic, epoch)
-        self._acked_epoch[topic] = max(self._acked_epoch.get(topic, -1), epoch)
-        # Where our records end, as the broker acknowledged them: the seal is at least
-        # there even if a high watermark read lags an acknowledged produce.
-        ends = {str(p): e for p, e in self._ends.get(topic, {}).items()}
-        key, value = control_record("ack", self.producer_id, topic=topic, epoch=epoch, change_id=change_id, ends=ends)
-        await self._kp.send_and_wait(self.acks_topic, value, key=key, partition=0)
-        self._stats["acks"] += 1
-        log.info(
-            "%s: acknowledged epoch %d of %s after %.3f s (%d batches were in flight); ends %s",
-            self.producer_id,
-            epoch,
-            topic,
-            time.monotonic() - started,
-            len(pending),
-            ends,
-        )

@@ -137,7 +137,6 @@ async def aproduce_json(
     batch_headers: Sequence[tuple[str, bytes]] | None = None,
     timestamp_ms: int | None = None,
     batch_bytes: int = 256 * 1024,
-    compression_type: str | None = None,
     producer: AIOKafkaProducer | None = None,
 ) -> int:
     """Produce keyed JSON records fast; returns how many were written (all acknowledged).
@@ -153,6 +152,9 @@ async def aproduce_json(
     partitioner puts it (murmur2), a null key round-robin. Records are appended to large
     batches per partition (``batch_bytes``) and every partition is sent concurrently;
     order within a partition is the order given.
+
+    ``producer``: a started client to send with (kept running), e.g. one made with other
+    settings (compression); by default one is made for the call.
     """
     own = producer is None
     if producer is None:
@@ -162,7 +164,6 @@ async def aproduce_json(
             linger_ms=5,
             max_batch_size=batch_bytes,
             max_request_size=max(1 << 20, 4 * batch_bytes),
-            compression_type=compression_type,
             enable_idempotence=False,  # unsupported by the reference broker
         )
         await producer.start()

@@ -22,7 +22,7 @@ import pytest
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streamkit.broker import BrokerError, EmbeddedBroker, api_versions, resolve_broker
-from streamkit.kafkaio import KafkaIO, KafkaIOError, client
+from streamkit.kafkaio import KafkaIO, KafkaIOError, reads
 from streamkit.testing import default_partition
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_a_read_of_records_that_never_come_names_them_once_its_fetches_time_is_u
     read with the range that never came."""
     topic = topic_factory(1)
     produce(topic, [(b"k", {"i": i}, 0) for i in range(3)])
-    monkeypatch.setattr(client, "EMPTY_FETCH_SECONDS", 0.5)
+    monkeypatch.setattr(reads, "EMPTY_FETCH_SECONDS", 0.5)
 
     async def run() -> tuple[int, str]:
         async with KafkaIO(broker) as io:

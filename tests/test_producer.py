@@ -18,7 +18,7 @@ from streamkit.layout import transitions
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.stamps import STAMP_HEADER, record_epoch, record_producer
-from streamkit.producer import Producer, ProducerFencedError
+from streamkit.producer import Producer, ProducerConfig, ProducerFencedError
 
 
 def name(prefix: str) -> str:
@@ -73,7 +73,7 @@ def test_the_stamp_is_written_once_per_batch_and_every_record_is_read_stamped(br
     async def go() -> None:
         async with LayoutCoordinator(broker) as co:
             await co.create(topic, 1, capacity=1)
-        async with Producer(broker, client_id="batched", batch_bytes=16 * 1024) as p:
+        async with Producer(broker, client_id="batched", config=ProducerConfig(batch_bytes=16 * 1024)) as p:
             for i in range(3000):
                 await p.send(topic, f"k{i}", {"i": i}, headers=[("mine", b"%d" % i)] if i % 100 == 7 else None)
             await p.flush()
@@ -132,7 +132,7 @@ def test_unsent_records_are_placed_again_after_a_change(broker: str) -> None:
         async with LayoutCoordinator(broker, ack_timeout=5) as co:
             await co.create(topic, 1, capacity=2)
             movers = [f"m{i}" for i in range(200) if lh_bucket(key_hash(f"m{i}".encode()), 1, 2) == 1][:20]
-            async with Producer(broker, client_id="slow", linger_ms=60_000) as p:
+            async with Producer(broker, client_id="slow", config=ProducerConfig(linger_ms=60_000)) as p:
                 ds = [await p.send(topic, k, 1) for k in movers]
                 assert {d.partition for d in ds} == {0}
                 res = await co.expand(topic, 2)  # the producer acks while its batch is still open
@@ -154,8 +154,8 @@ def test_fence_raise_mode_and_clear(broker: str) -> None:
             lay = await co.create(topic, 2, capacity=4)
         seen = []
         async with (
-            Producer(broker, client_id="strict", on_fence="raise") as p,
-            Producer(broker, client_id="cb", on_fence=seen.append) as q,
+            Producer(broker, client_id="strict", config=ProducerConfig(on_fence="raise")) as p,
+            Producer(broker, client_id="cb", config=ProducerConfig(on_fence=seen.append)) as q,
         ):
             await (await p.send(topic, "a", 1))
             async with LayoutRegistry(broker) as reg:
@@ -184,7 +184,7 @@ def test_lease_blocks_sends_until_layout_reread(broker: str) -> None:
     async def go() -> None:
         async with LayoutCoordinator(broker) as co:
             await co.create(topic, 1, capacity=2)
-        async with Producer(broker, client_id="lease", lease_ms=600, heartbeat_ms=200) as p:
+        async with Producer(broker, client_id="lease", config=ProducerConfig(lease_ms=600, heartbeat_ms=200)) as p:
             await (await p.send(topic, "k", 1))
             for t in p._tasks:  # simulate a stalled lease keeper (as if paused)
                 if t.get_name().endswith("-lease"):
@@ -207,7 +207,7 @@ def test_a_flush_right_after_the_linger_loop_sealed_a_batch_waits_for_it(broker:
     async def go() -> None:
         async with KafkaIO(broker) as io:
             await io.create_topic(topic, 1)
-        async with Producer(broker, client_id="linger", linger_ms=1) as p:
+        async with Producer(broker, client_id="linger", config=ProducerConfig(linger_ms=1)) as p:
             for round_ in range(20):
                 d = await p.send(topic, f"k{round_}", {"i": round_})
                 while p._open:  # the linger loop seals the batch; its send task is only scheduled
@@ -258,7 +258,7 @@ def test_a_cancelled_send_neither_drops_the_batch_it_filled_nor_lets_a_flush_pas
             return done
 
     async def scenario() -> list[int]:
-        producer = Producer("127.0.0.1:1", follow_layouts=False, linger_ms=60_000)
+        producer = Producer("127.0.0.1:1", config=ProducerConfig(follow_layouts=False, linger_ms=60_000))
         producer._kp = client = Client()  # type: ignore[assignment]
         await producer.start()
         await producer.send("out", b"k1", b"a member's")

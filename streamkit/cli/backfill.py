@@ -346,20 +346,28 @@ def backfill(
     from streamkit.spark._deps import require_spark
 
     require_spark()
-    from streamkit.spark import backfill_replay, backfill_state
+    from streamkit.spark import BackfillOptions, backfill_replay, backfill_state
 
     reader_options = _pairs(option, "--option")
     conf = _pairs(spark_conf, "--spark-conf")
     state_root = Path(state_dir or app.settings.state_dir).absolute()
     launcher = SparkLauncher(state_root / app.name / "backfill-logs", cores, conf, spark_log_level)
     reporter = _RichReporter(console, progress and not as_json)
-    common: dict[str, Any] = dict(
+
+    def jvm() -> Any:
+        with reporter.phase("jvm", f"start local Spark ({cores} cores)"):
+            return launcher()
+
+    options = BackfillOptions(
         key_col=key_col,
         value_col=value_col,
         key_encoded=key_encoded,
         value_encoded=value_encoded,
+        topic=topic,
+        topic_col=topic_col,
         partition_col=partition_col,
         offset_col=offset_col,
+        reader_options=reader_options,
         positions=position or None,
         from_start=from_start,
         p0=p0,
@@ -369,16 +377,11 @@ def backfill(
         allow_partial=allow_partial,
         allow_skipped=allow_skipped,
         keep_backup=keep_backup,
+        spark=jvm,
         num_partitions=num_partitions,
         reporter=reporter,
         fail_at=fail_at,
-        reader_options=reader_options,
     )
-
-    def jvm() -> Any:
-        with reporter.phase("jvm", f"start local Spark ({cores} cores)"):
-            return launcher()
-
     try:
         for src in source:
             check_exists(src)
@@ -387,25 +390,14 @@ def backfill(
                 result = backfill_replay(
                     app,
                     source[0],
-                    spark=jvm,
-                    topic=topic,
-                    topic_col=topic_col,
+                    options,
+                    tables=table or None,
                     order_by=order_by.split(",") if order_by else None,
                     timestamp_col=timestamp_col,
-                    tables=table or None,
                     allow_timers=allow_timers,
-                    **common,
                 )
             else:
-                result = backfill_state(
-                    app,
-                    dict(zip(table, source)),
-                    spark=jvm,
-                    topic=topic,
-                    topic_col=topic_col,
-                    partitioned_by_key=partitioned_by_key,
-                    **common,
-                )
+                result = backfill_state(app, dict(zip(table, source)), options, partitioned_by_key=partitioned_by_key)
     except Exception as exc:
         where = f" (Spark's output: {launcher.log_path})" if launcher.started else ""
         if launcher.started:

@@ -214,7 +214,7 @@ def streamkit_kind(topic: str, rec: Any) -> tuple[str, str] | None:
 
     headers = dict(rec.headers)
     if is_copy(rec.headers):
-        of = headers[COPY_HEADER].decode(errors="replace")
+        of = headers[COPY_HEADER].split(b":")[0].decode(errors="replace")  # (then its seal)
         return "compaction-copy", f"COPY for compaction of the record placed in partition {of}: consumers skip it"
     if STRAY_HEADER in headers and (origin := parse_origin(headers[STRAY_HEADER])) is not None:
         return "forwarded-stray", (

@@ -177,8 +177,8 @@ async def _check_history(
     where its bootstrap reads from and why."""
     from streamkit.errors import HistoryTruncatedError
     from streamkit.runtime.jobmeta import JobLayout
+    from streamkit.runtime.key_sets import staging_path, store_positions
     from streamkit.runtime.rebuild import check_history, plan_rebuild
-    from streamkit.runtime.scaling import staging_path, store_positions
 
     job = JobLayout(app.name, p0, p, target=n, incarnation=incarnation)
     paths = []
@@ -232,7 +232,7 @@ async def _staging_start(
 ) -> tuple[dict[tuple[str, int], int], str]:
     """Where a shrink's staging store starts reading the input: each changelog head's
     positions for its key set (the lower of the two per partition), or the input history."""
-    from streamkit.runtime.staging_seed import holds_keys
+    from streamkit.runtime.scale.staging_seed import holds_keys
     from streamkit.state.restore import head_count, read_plan
 
     starts: dict[tuple[str, int], int] = {}

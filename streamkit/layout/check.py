@@ -14,7 +14,6 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.stamps import (
     RecordStatus,
     classify_record,
-    is_copy,
     record_epoch,
     record_producer,
     violation_record,
@@ -56,7 +55,7 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
             rule = stray_rule(layout, p, swept=layout.mode(p) == PartitionMode.NONE)
             recs, _ = await reg.io.read(topic, p, 0)
             for r in recs:
-                if is_copy(r.headers):  # a copy for compaction: its original is checked where it lies
+                if seal.copy_of(topic, r) is not None:  # a copy for compaction: its original is checked where it lies
                     counts["copy"] += 1
                     continue
                 ep = record_epoch(r.headers)

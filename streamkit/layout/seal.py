@@ -1,5 +1,5 @@
-"""The seal on a forwarded stray's origin: how a worker tells a copy streamkit forwarded
-from a record that merely carries the header.
+"""The seal on a forwarded stray's origin and on a copy for compaction: how a worker tells
+a record streamkit wrote from one that merely carries the header.
 
 A forwarded stray names the record it copies in :data:`strays.STRAY_HEADER`, and a
 receiver drops a second copy of the same origin (``strays.SeenStrays``); a sweep that
@@ -13,7 +13,9 @@ So the origin is sealed: the header's value is ``PARTITION:OFFSET:MAC``, the MAC
 BLAKE2b of the topic, the origin and the copy's key and value, under a key every worker
 of the cluster shares. The key is the first record of the internal topic
 :data:`SEAL_TOPIC` (never compacted nor deleted: the first record by offset wins, so
-workers that start together and both write one agree). A header whose seal does not
+workers that start together and both write one agree). A copy for compaction
+(``stamps.COPY_HEADER``, which consumers skip) is sealed the same way, by the producer
+that writes it. A header whose seal does not
 verify is not an origin: the record is handled as ordinary input, and said once per
 partition. Anyone who may read the internal topics can forge a seal; restrict them with
 ACLs as the rest of streamkit's internal topics.
@@ -30,6 +32,7 @@ from typing import Any
 
 from streamkit.internal_records import Malformed, decode_guarded
 from streamkit.kafkaio import FetchedRecord, KafkaIO, KafkaIOError
+from streamkit.layout.stamps import COPY_HEADER
 from streamkit.layout.strays import STRAY_HEADER
 
 __all__ = ["SEAL_TOPIC", "OriginSeal", "load_seal"]
@@ -65,6 +68,25 @@ class OriginSeal:
         """The header value naming ``topic[partition]@offset`` as the origin of a copy with
         ``key`` and ``value``."""
         return b"%d:%d:%s" % (partition, offset, self._mac(topic, partition, offset, key, value))
+
+    def seal_copy(self, topic: str, placed: int, key: bytes | None, value: bytes | None) -> bytes:
+        """The value of a copy for compaction's first header (``stamps.COPY_HEADER``): the
+        partition its original is placed in, sealed with the copy's key and value."""
+        return b"%d:%s" % (placed, self._mac(topic, placed, -1, key, value))
+
+    def copy_of(self, topic: str, record: Any) -> int | None:
+        """The partition the original of a copy for compaction lies in, when the record's
+        first header is a sealed copy header; None for any other record (a header a
+        plain producer wrote, or a mirror copied from another cluster)."""
+        headers = record.headers
+        if not headers or headers[0][0] != COPY_HEADER:
+            return None
+        try:
+            placed, mac = headers[0][1].split(b":")
+            p = int(placed)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        return p if hmac.compare_digest(mac, self._mac(topic, p, -1, record.key, record.value)) else None
 
     def origin(self, topic: str, record: Any) -> tuple[int, int] | None:
         """(partition, offset) the copy ``record`` of ``topic`` was forwarded from, when its

@@ -297,15 +297,15 @@ class Admission:
         if not first.headers:  # a plain producer's batch: one test per record, then the few left
             odd = [r for r in records if r.headers or r.key not in known]
             if odd:
-                odd = [r for r in odd if not (h := r.headers) or h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER]
+                odd = [r for r in odd if not (h := r.headers) or not _stamped(h) or h[-1][0] == STRAY_HEADER]
         else:  # the records of a producer batch share its stamp (one object): an identity test each
             h0 = records[0].headers
-            passes = h0[0][0] in _STAMP_KEYS and h0[-1][0] != STRAY_HEADER  # a stamp, not a stray's copy
+            passes = _stamped(h0) and h0[-1][0] != STRAY_HEADER  # a stamp, not a stray's copy
             odd = [r for r in records if r.headers is not h0] if passes else records
             if odd:
                 odd = [
                     r for r in odd
-                    if ((h := r.headers) and (h[0][0] not in _STAMP_KEYS or h[-1][0] == STRAY_HEADER))
+                    if ((h := r.headers) and (not _stamped(h) or h[-1][0] == STRAY_HEADER))
                     or (not h and r.key not in known)
                 ]  # fmt: skip
         if not odd:
@@ -325,7 +325,7 @@ class Admission:
                         self.duplicate_strays_by[tp] += 1
                     continue
                 self._unsealed(tp, r)
-            if not h or h[0][0] not in _STAMP_KEYS:
+            if not h or not _stamped(h):
                 judged.append(r)
         strays = rule.strays_in(judged) if judged else []
         out.update(id(r) for r in strays)
@@ -415,7 +415,7 @@ class Admission:
         given_up = self.unknown_epochs.get(tp.topic)
         unknown = {e for e, until in given_up.items() if until > time.monotonic()} if given_up else None
         for r in records:
-            if (h := r.headers) and h[0][0] == COPY_HEADER and _genuine_copy(tp.partition, layout, r):
+            if (h := r.headers) and h[0][0] == COPY_HEADER and _genuine_copy(tp, layout, r, self.seal):
                 self.copies_skipped += 1  # a copy for compaction: its original is where its key is placed
                 self.copies_skipped_by[tp] += 1
                 continue
@@ -566,19 +566,28 @@ class Admission:
             self.gate_wait_seconds.observe(waited)
 
 
-def _genuine_copy(partition: int, layout: TopicLayout, record: Any) -> bool:
-    """Whether a record whose first header marks it a copy for compaction is one: a copy
-    names the partition its key is placed in (its original's), which is not the one it
-    lies in. A record that claims to be a copy but is not (a header copied by a mirror, or
-    forged) is input like any other, never skipped."""
-    if record.key is None:
+def _stamped(headers: Any) -> bool:
+    """Whether a record's first header is a stamp naming a layout epoch (1 or more): a
+    record whose first header only looks like one (forged, or damaged) is judged as an
+    unstamped one, by where its key is placed."""
+    h = headers[0]
+    if h[0] not in _STAMP_KEYS:
         return False
-    named = record.headers[0][1]
-    if not named.isdigit() or int(named) == partition:
+    epoch = record_epoch((h,))
+    return epoch is not None and epoch >= 1
+
+
+def _genuine_copy(tp: TopicPartition, layout: TopicLayout, record: Any, seal: OriginSeal) -> bool:
+    """Whether a record whose first header marks it a copy for compaction is one: sealed by
+    a producer of this cluster, it names the partition its key is placed in (its
+    original's), which is not the one it lies in. A record that claims to be a copy but is
+    not (a header a plain producer wrote, or a mirror copied) is input like any other,
+    never skipped."""
+    if record.key is None or (named := seal.copy_of(tp.topic, record)) is None or named == tp.partition:
         return False
     epoch = record_epoch(record.headers)
     active = layout.active_at(epoch) if epoch is not None and epoch <= layout.epoch else layout.active
-    return int(named) == partition_for_key(record.key, layout.n0, active)
+    return named == partition_for_key(record.key, layout.n0, active)
 
 
 def _plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:

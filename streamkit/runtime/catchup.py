@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 from assignors.group import TopicShape
 from streamkit.app import HandlerSpec
+from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
-from streamkit.runtime.rebuild import RebuildPlan, plan_left_history, plan_rebuild, rebuild
+from streamkit.runtime.rebuild import HistoryReader, Pace, RebuildPlan, plan_left_history, plan_rebuild, rebuild
 
 __all__ = ["CatchUp", "Stamp", "shape_of"]
 
@@ -57,6 +58,11 @@ class CatchUp:
     """A rebuild checkpoints every this many records (a restart goes on from there)."""
     send_output: Callable[[], Awaitable[None]]
     """Flush what the handlers emitted, before a checkpoint."""
+
+    def history(self) -> HistoryReader:
+        """What a rebuild of one of the member's processors reads through and applies with."""
+        return HistoryReader(self.io, self.registry, self.handlers, self.dispatcher, self.group,
+                             self.progress.sweep_ends)  # fmt: skip
 
     async def topics(self) -> dict[str, tuple[TopicLayout | None, int]]:
         """Per input topic: its layout (None: a plain topic) and physical partition count."""
@@ -103,20 +109,11 @@ class CatchUp:
             plan = left
             what = "still has keys in %d partitions it does not read (up to %d records): reading them first"
         log.info("%s: processor %d " + what, self.name, proc.id, len(plan.targets), plan.records)
-        read = await rebuild(
-            io=self.io,
-            registry=self.registry,
-            proc=proc,
-            handlers=self.handlers,
-            plan=plan,
-            dispatcher=self.dispatcher,
-            stamp=stamp,
-            group=self.group,
-            checkpoint_every=self.commit_every if left is None else 1 << 62,
-            extra={"p": p},
+        pace = Pace(
+            stamp, self.commit_every if left is None else 1 << 62, {PROCESSOR_COUNT: p},
             before_checkpoint=self.send_output,
-            sweep_ends=self.progress.sweep_ends,
-        )
+        )  # fmt: skip
+        read = await rebuild(self.history(), proc, plan, pace)
         log.info(
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
         )

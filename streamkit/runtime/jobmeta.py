@@ -144,9 +144,9 @@ def newest_jobs(records: Iterable[FetchedRecord]) -> dict[str, JobLayout]:
     """Per app, the first record of the highest epoch among ``records`` of the jobs log."""
     newest: dict[str, JobLayout] = {}
     for rec in records:
-        if rec.key and not rec.value:  # a reset: the job starts over
+        if rec.key and rec.value is None:  # a tombstone (streamkit reset): the job starts over
             newest.pop(rec.key.decode("utf-8", "replace"), None)
-        elif rec.key and rec.value:
+        elif rec.key:
             job = decode_guarded(rec, partial(_decode_job, rec.key, rec.value))
             if job is None:  # malformed: skipped, what the well-formed records say stands
                 continue
@@ -156,7 +156,9 @@ def newest_jobs(records: Iterable[FetchedRecord]) -> dict[str, JobLayout]:
     return newest
 
 
-def _decode_job(key: bytes, value: bytes) -> JobLayout:
+def _decode_job(key: bytes, value: bytes | None) -> JobLayout:
+    if not value:
+        raise Malformed("an empty job record (a reset is a tombstone: no value at all)")
     return JobLayout.from_json(key.decode(), value)
 
 

@@ -16,7 +16,15 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.restamp import restamp
 from streamkit.runtime.routes import Route
 
-__all__ = ["HELD_PER_TOPIC", "HeldBack", "apply_merged", "consumer_lagging", "merged_inputs", "release_merged"]
+__all__ = [
+    "HELD_PER_TOPIC",
+    "HeldBack",
+    "apply_admitted",
+    "apply_merged",
+    "consumer_lagging",
+    "merged_inputs",
+    "release_merged",
+]
 
 HELD_PER_TOPIC = 20_000
 """Records the merge may hold for one processor from one topic before that topic's
@@ -51,6 +59,18 @@ async def apply_merged(
         merge.hold(route, admitted.rebuild, admitted.deliver)
         admitted.rebuild, admitted.deliver = [], []
     await dispatcher.apply(route, admitted)
+
+
+async def apply_admitted(
+    merge: TimeMerge, dispatcher: Dispatcher, route: Route, admitted: Admitted, lagging: Lagging
+) -> None:
+    """The apply step of every driver: apply one admitted partition batch
+    (:func:`apply_merged`), move the route's position past it (what the merge holds or a
+    key-concurrent handler queued is pending: applied later, checkpointed then) and count
+    what the processor has not committed."""
+    await apply_merged(merge, dispatcher, route, admitted, lagging)
+    route.position = admitted.next_position
+    route.proc.uncommitted += admitted.consumed
 
 
 async def release_merged(merge: TimeMerge, dispatcher: Dispatcher, lagging: Lagging, *, flush: bool = False) -> int:

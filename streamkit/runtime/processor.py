@@ -20,25 +20,18 @@ from typing import Any
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CacheBudget, CachedTable
 from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
+from streamkit.checkpoint_keys import INCARNATION, SEEN_STRAYS, STREAM_TIME
 from streamkit.errors import StreamkitError
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.runtime.sides import SIDES, SideClocks
 from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
-from streamkit.windows import STREAM_TIME_KEY, WindowedTable
+from streamkit.windows import WindowedTable
 
 log = logging.getLogger(__name__)
 
 Position = tuple[str, int]
-
-
-INCARNATION = "incarnation"
-"""The key of a checkpoint's ``extra`` naming the job incarnation its positions belong to."""
-STREAM_TIME = STREAM_TIME_KEY
-"""The key of a checkpoint's ``extra`` holding the processor's stream time (windows)."""
-SEEN_STRAYS = "seen_strays"
-"""The key of a checkpoint's ``extra`` holding the forwarded strays applied (``SeenStrays``)."""
 
 
 class StaleStoreError(StreamkitError):

@@ -42,6 +42,7 @@ from assignors.linear_hashing import bucket_modulus
 from assignors.placement import KeyFilter, partitions_for_processor, processor_key_sources, processors_for_partition
 from stores.base import Checkpoint
 from streamkit.app import HandlerSpec
+from streamkit.checkpoint_keys import REBUILD_MARK
 from streamkit.errors import HistoryTruncatedError
 from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import KafkaIO
@@ -51,14 +52,12 @@ from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.epochs import catch_up_epochs
-from streamkit.runtime.merging import apply_merged, merged_inputs, release_merged
+from streamkit.runtime.merging import apply_admitted, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
 
 log = logging.getLogger(__name__)
 
-REBUILD_MARK = "rebuild"
-"""``Checkpoint.extra`` key of a store whose rebuild has not finished."""
 STALL_SECONDS = 60.0
 
 
@@ -222,40 +221,56 @@ class _Reader:
         pass
 
 
-async def rebuild(
-    *,
-    io: KafkaIO,
-    registry: LayoutRegistry,
-    proc: ProcessorState,
-    handlers: Mapping[str, list[HandlerSpec]],
-    plan: RebuildPlan,
-    dispatcher: Dispatcher,
-    stamp: Callable[[], tuple[Mapping[str, int], int]],
-    group: str,
-    checkpoint_every: int,
-    extra: Mapping[str, Any] | None = None,
-    lock: asyncio.Lock | None = None,
-    checkpoint_interval: float | None = None,
-    max_rate: float | None = None,
-    on_checkpoint: Callable[[int], None] | None = None,
-    before_checkpoint: Callable[[], Awaitable[None]] | None = None,
-    sweep_ends: SweepEnds | None = None,
-) -> int:
-    """Apply ``plan`` to ``proc``'s state (see the module docstring); returns the records read.
+@dataclass(frozen=True)
+class HistoryReader:
+    """What a rebuild reads history through and applies it with: the member's own parts,
+    so that a rebuilt record is admitted and applied exactly as a live one."""
 
-    ``stamp()``: the layout epochs and generation its checkpoints are stamped with, and
-    ``extra`` goes into them, every ``checkpoint_every`` records or ``checkpoint_interval``
-    seconds. ``lock``: taken around each batch applied and each checkpoint (a rebuild
-    running beside the member's own loop: a bootstrap). ``max_rate``: records/s at most.
-    ``on_checkpoint(read)`` is called after each checkpoint before the last;
-    ``before_checkpoint()`` before each (the output of ``plan.output_from`` records is
-    acknowledged before their positions are written).
-    """
+    io: KafkaIO
+    registry: LayoutRegistry
+    handlers: Mapping[str, list[HandlerSpec]]
+    dispatcher: Dispatcher
+    group: str
+    sweep_ends: SweepEnds | None = None
+    """Where the group's sweeps of activated partitions ended (``ProgressLog.sweep_ends``)."""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """When a rebuild checkpoints, how fast it reads, and who is told."""
+
+    stamp: Callable[[], tuple[Mapping[str, int], int]]
+    """The layout epochs and generation its checkpoints are stamped with."""
+    checkpoint_every: int
+    """Records between checkpoints (a restart goes on from the last)."""
+    extra: Mapping[str, Any] | None = None
+    """What goes into each checkpoint's extra (the processor count)."""
+    lock: asyncio.Lock | None = None
+    """Taken around each batch applied and each checkpoint (a rebuild running beside the
+    member's own loop: a bootstrap)."""
+    checkpoint_interval: float | None = None
+    """Seconds between checkpoints, too."""
+    max_rate: float | None = None
+    """Records/s at most."""
+    on_checkpoint: Callable[[int], None] | None = None
+    """Called with the records read after each checkpoint before the last."""
+    before_checkpoint: Callable[[], Awaitable[None]] | None = None
+    """Called before each checkpoint (the output of ``plan.output_from`` records is
+    acknowledged before their positions are written)."""
+
+
+async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan, pace: Pace) -> int:
+    """Apply ``plan`` to ``proc``'s state (see the module docstring) as ``pace`` says;
+    returns the records read."""
+    io, registry, handlers, dispatcher = reader.io, reader.registry, reader.handlers, reader.dispatcher
+    group, sweep_ends, stamp, extra, lock = reader.group, reader.sweep_ends, pace.stamp, pace.extra, pace.lock
+    checkpoint_every, checkpoint_interval, max_rate = pace.checkpoint_every, pace.checkpoint_interval, pace.max_rate
+    on_checkpoint, before_checkpoint = pace.on_checkpoint, pace.before_checkpoint
     await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
-    reader = _Reader()
+    fetcher = _Reader()
     admission = Admission(
-        reader, group=group, name=f"rebuild of processor {proc.id}", seal=registry.origin_seal, sweep_ends=sweep_ends
+        fetcher, group=group, name=f"rebuild of processor {proc.id}", seal=registry.origin_seal, sweep_ends=sweep_ends
     )
     for tp, target in plan.targets.items():
         handled = plan.output_from.get(tp, target)
@@ -273,7 +288,7 @@ async def rebuild(
     merge = TimeMerge(0, cut_lag=False)
     merge.set_inputs(merged_inputs(admission))
     short = lambda _pid, topic: any(  # noqa: E731
-        tp.topic == topic and r.position < plan.targets[tp] and tp not in reader.paused for tp, r in admission
+        tp.topic == topic and r.position < plan.targets[tp] and tp not in fetcher.paused for tp, r in admission
     )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()
@@ -283,7 +298,7 @@ async def rebuild(
         todo = [(tp, r) for tp, r in admission if r.position < plan.targets[tp]]
         if not todo:
             break
-        if all(tp in reader.paused for tp, _ in todo):
+        if all(tp in fetcher.paused for tp, _ in todo):
             # Held by gates whose blockers are read to their targets: the group itself
             # is short of a seal there; the member goes on from these positions.
             held = {f"{tp.topic}[{tp.partition}]": (r.position, r.limit) for tp, r in todo}
@@ -291,7 +306,7 @@ async def rebuild(
             break
         moved = False
         for tp, route in todo:
-            if tp in reader.paused:
+            if tp in fetcher.paused:
                 continue
             target = plan.targets[tp]
             # The test broker answers with what it gathered within max_wait_ms, down to
@@ -302,8 +317,7 @@ async def rebuild(
             records = [r for r in records if r.offset < target]
             for route, batch in admission.admit(tp, records):  # one route per partition here
                 async with guard:
-                    await apply_merged(merge, dispatcher, route, batch, short)
-                    route.position = batch.next_position
+                    await apply_admitted(merge, dispatcher, route, batch, short)
                 read += batch.consumed
                 since_checkpoint += batch.consumed
                 moved = moved or batch.consumed > 0

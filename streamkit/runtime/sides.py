@@ -22,9 +22,7 @@ from typing import Any
 
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
-
-SIDES = "sides"
-"""Where a staging store's checkpoint holds its key sets' stream times (``Checkpoint.extra``)."""
+from streamkit.checkpoint_keys import SIDES
 
 
 @dataclass

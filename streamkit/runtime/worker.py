@@ -30,7 +30,7 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, TableView, WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
 from streamkit.ops.queries import advertised_url, serve_queries, server_tls
-from streamkit.producer import Producer
+from streamkit.producer import Producer, ProducerConfig
 from streamkit.runtime.adoption import ADOPTION_WAIT, LayoutAdoptions
 from streamkit.runtime.collector import fewer_collections
 from streamkit.runtime.jobmeta import JobLayout, JobWatcher, resolve_job
@@ -162,9 +162,11 @@ class Worker:
         self._output_producer = await Producer(
             bootstrap,
             client_id=self.client_id,
-            linger_ms=app.settings.output_linger_ms,
-            refresh_ms=max(100, int(app.settings.layout_poll_interval * 1000)),
-            before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
+            config=ProducerConfig(
+                linger_ms=app.settings.output_linger_ms,
+                refresh_ms=max(100, int(app.settings.layout_poll_interval * 1000)),
+                before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
+            ),
         ).start()
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer, seal)
         self.services = Services(
@@ -287,16 +289,18 @@ class Worker:
                 hw = m.consumer.highwater(tp) if m.consumer.assignment() and tp in m.consumer.assignment() else None
                 partitions.append(PartitionView(tp.topic, tp.partition, route.proc.id, route.position, hw))
             processors += [ProcessorView(pid, "active") for pid in m.processors]
-            for pid, lag in m.joining.items():
+            for pid, lag in m.joining.progress.items():
                 state = "receiving" if pid in m.processors else "bootstrapping"
                 processors.append(ProcessorView(pid, state, lag.get("t2", 0), lag.get("t1", 0)))
-            processors += [ProcessorView(pid, "restoring", r["at"], r["end"]) for pid, r in m.restores.running.items()]
+            processors += [
+                ProcessorView(pid, "restoring", r["at"], r["end"]) for pid, r in m.tasks.restores.running.items()
+            ]
             changelog.update(changelog_positions(m.processors.values()))
         checkpoints, handler_batches, gate_waits = Durations(), Durations(), Durations()
         strays_waiting: dict[str, int] = {}
         tables = []
         for m in self.members:
-            checkpoints.add(m.checkpoint_seconds)
+            checkpoints.add(m.tasks.checkpoint_seconds)
             handler_batches.add(m.dispatcher.handler_batches)
             gate_waits.add(m.admission.gate_wait_seconds)
             for tp, route in m.admission:
@@ -317,7 +321,7 @@ class Worker:
             ic_ranges=ic_counts(p for m in self.members for p in m.processors.values()),
             processors=processors,
             changelog={pid: at for pid, (at, _) in changelog.items()},
-            rebalances=sum(m.rebalances for m in self.members),
+            rebalances=sum(m.tasks.rebalances for m in self.members),
             gated=sum(r.limit is not None for m in self.members for _, r in m.admission),
             checkpoints=checkpoints,
             handler_batches=handler_batches,
@@ -385,8 +389,8 @@ class Worker:
             handled=sum(m.dispatcher.handled for m in self.members),
             consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
             output=self.services.output,
-            joining={pid: lag for m in self.members for pid, lag in m.joining.items()},
-            restoring={pid: at for m in self.members for pid, at in m.restores.running.items()},
+            joining={pid: lag for m in self.members for pid, lag in m.joining.progress.items()},
+            restoring={pid: at for m in self.members for pid, at in m.tasks.restores.running.items()},
             processors=[proc for m in self.members for proc in m.processors.values()],
             alive=alive,
             query_url=self.query_url,

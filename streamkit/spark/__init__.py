@@ -3,6 +3,8 @@
 Needs the ``spark`` extra (``pip install 'streamkit[spark]'``); importing this package
 does not import pyspark, each entry point checks for it and names the extra if missing.
 
+- :class:`BackfillOptions`: the options both modes share (columns, positions, processor
+  counts, cluster, state directory, how the job runs).
 - :func:`backfill_state` / :func:`backfill_table` (mode 1): a DataFrame of final state
   per table -> the stores each processor opens, with checkpoint positions stamped.
 - :func:`backfill_replay` (mode 2): a DataFrame of historical input records -> the
@@ -26,6 +28,7 @@ from streamkit.spark._deps import SparkExtraMissing
 __all__ = [
     "BackfillBusy",
     "BackfillError",
+    "BackfillOptions",
     "BackfillRefused",
     "BackfillResult",
     "InjectedFailure",
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "BackfillOptions": "streamkit.spark.options",
     "BackfillResult": "streamkit.spark.backfill",
     "Reporter": "streamkit.spark.backfill",
     "backfill_replay": "streamkit.spark.backfill",

@@ -12,15 +12,17 @@ Both run one Spark job::
 then, on the driver, ingest each processor's SST files into a fresh store stamped with
 the checkpoint positions, and publish all stores atomically (:mod:`.staging`).
 
-The code lives in: :mod:`.plan` (shared set-up and checks), :mod:`.state_mode` (mode 1),
-:mod:`.replay_mode` (mode 2), :mod:`.shuffle` (spreading buckets over Spark partitions),
-:mod:`.job` (the Spark job, building and publishing the stores), :mod:`.positions`
-(resume positions and which stores they are stamped into) and :mod:`.result`.
+The code lives in: :mod:`.options` (the options both modes share), :mod:`.plan` (shared
+set-up and checks), :mod:`.state_mode` (mode 1), :mod:`.replay_mode` (mode 2),
+:mod:`.shuffle` (spreading buckets over Spark partitions), :mod:`.job` (the Spark job,
+building and publishing the stores), :mod:`.positions` (resume positions and which
+stores they are stamped into) and :mod:`.result`.
 This module re-exports the public names.
 """
 
 from __future__ import annotations
 
+from streamkit.spark.options import BackfillOptions
 from streamkit.spark.positions import parse_positions
 from streamkit.spark.replay_mode import backfill_replay
 from streamkit.spark.result import BackfillResult, Reporter
@@ -28,6 +30,7 @@ from streamkit.spark.shuffle import spark_partition_keys
 from streamkit.spark.state_mode import backfill_state, backfill_table
 
 __all__ = [
+    "BackfillOptions",
     "BackfillResult",
     "Reporter",
     "backfill_replay",

@@ -14,6 +14,7 @@ from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark._deps import require
 from streamkit.spark.backfill_plan import BackfillPlan
+from streamkit.spark.options import BackfillOptions
 from streamkit.spark.workerpath import app_ref
 
 if TYPE_CHECKING:
@@ -134,21 +135,9 @@ class _Prepared:
     topic_partitions: dict[str, tuple[int, int]]
     incarnation: str = ""
 
-    def plan(
-        self,
-        spark: SparkSession,
-        *,
-        mode: str,
-        tables: list[str],
-        num_partitions: int | None,
-        subs: int | None,
-        allow_partial: bool,
-        allow_skipped: bool,
-        fail_at: str | None,
-        keep_backup: bool,
-    ) -> BackfillPlan:
+    def plan(self, spark: SparkSession, options: BackfillOptions, *, mode: str, tables: list[str]) -> BackfillPlan:
         """The plan the driver runs, laid out over ``spark``'s parallelism."""
-        subs_, nparts = _layout(spark, self.p, num_partitions, subs)
+        subs_, nparts = _layout(spark, self.p, options.num_partitions, options.subs)
         return BackfillPlan(
             app=self.app,
             mode=mode,
@@ -162,33 +151,20 @@ class _Prepared:
             derive_positions=self.derive,
             topics=self.topics,
             layout_epochs=self.layout_epochs,
-            allow_partial=allow_partial,
+            allow_partial=options.allow_partial,
             from_start=self.from_start,
-            fail_at=fail_at,
-            keep_backup=keep_backup,
+            fail_at=options.fail_at,
+            keep_backup=options.keep_backup,
             topic_partitions=self.topic_partitions,
             notes=self.notes,
             first=self.first,
             cluster=self.cluster,
-            allow_skipped=allow_skipped,
+            allow_skipped=options.allow_skipped,
             incarnation=self.incarnation,
         )
 
 
-def _prepare(
-    app: App,
-    *,
-    topics: Sequence[str],
-    positions: Any,
-    from_start: bool,
-    derive: bool,
-    p0: int | None,
-    processors: int | None,
-    broker: str | Connection | None,
-    state_dir: Path,
-    layout_epochs: Mapping[str, int] | None,
-    topic_partitions: Mapping[str, int | tuple[int, int]] | None,
-) -> _Prepared:
+def _prepare(app: App, options: BackfillOptions, *, topics: Sequence[str], derive: bool) -> _Prepared:
     """The checks that need no Spark, in order, before anything is written: positions
     given at all, the cluster's view of them (when a broker is known), the processor
     counts, the live stores free; then the job's first record."""
@@ -196,7 +172,8 @@ def _prepare(
     from streamkit.spark.preflight import check_given_positions, read_cluster
     from streamkit.spark.staging import check_stores_free
 
-    given = parse_positions(positions)
+    from_start, broker = options.from_start, options.broker
+    given = parse_positions(options.positions)
     if not given and not derive and not from_start:
         raise ConfigError(
             "no resume positions: give positions (TOPIC:PARTITION=NEXT_OFFSET) or the history's offset column "
@@ -204,15 +181,16 @@ def _prepare(
         )
     connection = broker if isinstance(broker, Connection) else app.connection(broker)
     view = read_cluster(connection, app.name, app.input_topics) if connection is not None else None
-    p0_, p, first, notes = _counts(app, p0, processors, view)
-    epochs = dict(layout_epochs or {})
-    layouts = _layouts(topic_partitions)
+    p0_, p, first, notes = _counts(app, options.p0, options.processors, view)
+    epochs = dict(options.layout_epochs or {})
+    layouts = _layouts(options.topic_partitions)
     if view is not None:
         given = check_given_positions(given, view, topics, from_start=from_start, derive=derive)
         epochs = {**view.layout_epochs(), **epochs}
         layouts = {**{t: v for t, v in view.topic_partitions().items() if t in topics}, **layouts}
     else:
         notes.append("positions were not checked against a cluster (no broker given)")
+    state_dir = Path(options.state_dir or app.settings.state_dir).absolute()
     check_stores_free(state_dir / app.name, range(first, p), below=first)
     incarnation = _record_job(view, app, p0_) if view is not None else ""
     return _Prepared(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stores.serde import RawSerde
@@ -20,6 +19,7 @@ from streamkit.spark.global_load import load_global_tables
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.keyless import KeylessInput
+from streamkit.spark.options import BackfillOptions
 from streamkit.spark.plan import (
     _check_columns,
     _common_checks,
@@ -33,7 +33,7 @@ from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 __all__ = ["backfill_replay"]
 
@@ -41,38 +41,20 @@ __all__ = ["backfill_replay"]
 def backfill_replay(
     app: App | str,
     df: DataFrame | str,
+    options: BackfillOptions | None = None,
     *,
-    spark: SparkSession | Callable[[], SparkSession] | None = None,
-    reader_options: Mapping[str, str] | None = None,
-    topic: str | None = None,
-    topic_col: str | None = None,
-    key_col: str = "key",
-    value_col: str | Sequence[str] = "value",
-    key_encoded: bool = False,
-    value_encoded: bool = False,
+    tables: Sequence[str] | None = None,
     order_by: str | Sequence[str] | None = None,
     timestamp_col: str | None = None,
-    partition_col: str | None = None,
-    offset_col: str | None = None,
-    positions: Any = None,
-    from_start: bool = False,
-    tables: Sequence[str] | None = None,
-    p0: int | None = None,
-    processors: int | None = None,
-    broker: str | Connection | None = None,
-    state_dir: str | Path | None = None,
-    layout_epochs: Mapping[str, int] | None = None,
-    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
-    allow_partial: bool = False,
     allow_timers: bool = False,
-    num_partitions: int | None = None,
-    subs: int | None = None,
-    keep_backup: bool = False,
-    allow_skipped: bool = False,
-    reporter: Reporter | None = None,
-    fail_at: str | None = None,
+    **fields: Any,
 ) -> BackfillResult:
     """Mode 2: run the app's own handlers of ``topic`` over historical records.
+
+    ``options`` (:class:`~.options.BackfillOptions`) say how to read the history, where
+    the processors resume and how the job runs; ``fields`` name fields of it, over
+    ``options`` (``backfill_replay(app, df, offset_col="offset", ...)``). ``tables``:
+    the tables to build (default: all the app's).
 
     ``df`` may be a source string, checked and read as in :func:`backfill_state`. Rows
     left out (no key, a handler raised, undecodable) fail the run with samples unless
@@ -106,13 +88,16 @@ def backfill_replay(
     final stream time closes are recorded closed (no callback); each store's checkpoint
     carries that stream time.
     """
+    opts = (options or BackfillOptions()).over(fields, "backfill_replay")
+    key_col, value_col, topic_col = opts.key_col, opts.value_col, opts.topic_col
+    partition_col, offset_col = opts.partition_col, opts.offset_col
     F = require("pyspark.sql.functions")
     app_obj, app_ref = _resolve_app(app)
-    topics = _replayed_topics(app_obj, topic, topic_col, timestamp_col, allow_partial)
+    topics = _replayed_topics(app_obj, opts.topic, topic_col, timestamp_col, opts.allow_partial)
     names = list(tables) if tables is not None else sorted(app_obj.tables)
     if not names:
         raise ConfigError(f"app {app_obj.name!r} has no table: nothing to backfill")
-    _common_checks(app_obj, names, "replay", allow_partial)
+    _common_checks(app_obj, names, "replay", opts.allow_partial)
     stateful_timers = [t.fn for t in app_obj.timers if t.per_processor]
     if stateful_timers and not allow_timers:
         timer_names = ", ".join(getattr(f, "__qualname__", repr(f)) for f in stateful_timers)
@@ -140,31 +125,17 @@ def backfill_replay(
         offset_col=offset_col,
     )
     _check_columns(df, wanted, "the history")
-    prep = _prepare(
-        app_obj,
-        topics=topics,
-        positions=positions,
-        from_start=from_start,
-        derive=offset_col is not None,
-        p0=p0,
-        processors=processors,
-        broker=broker,
-        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        layout_epochs=layout_epochs,
-        topic_partitions=topic_partitions,
-    )
+    prep = _prepare(app_obj, opts, topics=topics, derive=offset_col is not None)
+    broker = opts.broker
     globals_held = load_global_tables(
         app_obj, app_obj.connection(broker) if not isinstance(broker, Connection) else broker,
         prep.state_dir / app_obj.name / "backfill-global-tables",
     )  # fmt: skip
-    spark = _spark(spark)
+    spark = _spark(opts.spark)
     if isinstance(df, str):
-        df = load_source(spark, df, reader_options)
+        df = load_source(spark, df, opts.reader_options)
     _check_columns(df, wanted, "the history")
-    plan = prep.plan(
-        spark, mode="replay", tables=names, num_partitions=num_partitions, subs=subs, allow_partial=allow_partial,
-        allow_skipped=allow_skipped, fail_at=fail_at, keep_backup=keep_backup,
-    )  # fmt: skip
+    plan = prep.plan(spark, opts, mode="replay", tables=names)
     plan.keyless_inputs[0] = KeylessInput(
         "the history",
         key_col,
@@ -187,8 +158,8 @@ def backfill_replay(
     t = app_obj.topics[topics[0]]
     merged = topic_col is not None  # several topics: each key's records in the merged order
     topic_serdes = tuple(
-        (name, RawSerde() if key_encoded else app_obj.topics[name].key_serde,
-         RawSerde() if value_encoded else app_obj.topics[name].value_serde)
+        (name, RawSerde() if opts.key_encoded else app_obj.topics[name].key_serde,
+         RawSerde() if opts.value_encoded else app_obj.topics[name].value_serde)
         for name in (topics if merged else ())
     )  # fmt: skip
     app_pickle = None
@@ -224,9 +195,9 @@ def backfill_replay(
             app_ref=app_ref,
             app_pickle=app_pickle,
             sys_path=tuple(worker_pythonpath().split(":")),
-            key_serde=RawSerde() if key_encoded else t.key_serde,
-            value_serde=RawSerde() if value_encoded else t.value_serde,
-            fail_at=fail_at,
+            key_serde=RawSerde() if opts.key_encoded else t.key_serde,
+            value_serde=RawSerde() if opts.value_encoded else t.value_serde,
+            fail_at=opts.fail_at,
             extra={"sp_keys": sp_keys, "topics": topics if merged else [], "globals": globals_held},
         )
         placed = normalized.mapInArrow(functools.partial(_timed, tasks.place_replay, counters, 0, spec), ddl)
@@ -248,7 +219,7 @@ def backfill_replay(
             .mapInArrow(functools.partial(tasks.write_replay, spec), tasks.META_DDL)
         )
 
-    return _run(plan, spark, build, reporter or Reporter())
+    return _run(plan, spark, build, opts.reporter or Reporter())
 
 
 def _replayed_topics(

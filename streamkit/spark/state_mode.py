@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamkit.app import App
-from streamkit.connection import Connection
 from streamkit.errors import ConfigError
 from streamkit.spark import tasks
 from streamkit.spark._deps import require
 from streamkit.spark.inputs import load_source, wanted_columns
 from streamkit.spark.job import _run
 from streamkit.spark.keyless import KeylessInput, counted
+from streamkit.spark.options import BackfillOptions
 from streamkit.spark.partitioning import hash_partitioned_by
 from streamkit.spark.plan import (
     _check_columns,
@@ -30,7 +29,7 @@ from streamkit.spark.shuffle import TaskCounters, _timed
 from streamkit.spark.staging import Staging
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 __all__ = ["backfill_state", "backfill_table"]
 
@@ -38,35 +37,16 @@ __all__ = ["backfill_state", "backfill_table"]
 def backfill_state(
     app: App | str,
     tables: Mapping[str, DataFrame | str],
+    options: BackfillOptions | None = None,
     *,
-    spark: SparkSession | Callable[[], SparkSession] | None = None,
-    reader_options: Mapping[str, str] | None = None,
-    key_col: str = "key",
-    value_col: str | Sequence[str] = "value",
-    key_encoded: bool = False,
-    value_encoded: bool = False,
-    positions: Any = None,
-    topic: str | None = None,
-    topic_col: str | None = None,
-    partition_col: str | None = None,
-    offset_col: str | None = None,
-    from_start: bool = False,
-    p0: int | None = None,
-    processors: int | None = None,
-    broker: str | Connection | None = None,
-    state_dir: str | Path | None = None,
-    layout_epochs: Mapping[str, int] | None = None,
-    topic_partitions: Mapping[str, int | tuple[int, int]] | None = None,
-    allow_partial: bool = False,
-    num_partitions: int | None = None,
-    subs: int | None = None,
     partitioned_by_key: bool | None = None,
-    keep_backup: bool = False,
-    allow_skipped: bool = False,
-    reporter: Reporter | None = None,
-    fail_at: str | None = None,
+    **fields: Any,
 ) -> BackfillResult:
     """Mode 1: write the stores from DataFrames of final state, ``{table: df}``.
+
+    ``options`` (:class:`~.options.BackfillOptions`) say how to read the history, where
+    the processors resume and how the job runs; ``fields`` name fields of it, over
+    ``options`` (``backfill_state(app, tables, offset_col="offset", ...)``).
 
     A table's history may also be a source string (``parquet:PATH``, ``table:NAME``, a
     path: :mod:`.inputs`), read with ``reader_options``; a Parquet source's columns are
@@ -90,12 +70,15 @@ def backfill_state(
     (None) takes that path when Spark's plan hash-partitions every DataFrame by its key
     column (:mod:`.partitioning`), and shuffles otherwise; False always shuffles.
     """
+    opts = (options or BackfillOptions()).over(fields, "backfill_state")
+    key_col, value_col, topic, topic_col = opts.key_col, opts.value_col, opts.topic, opts.topic_col
+    partition_col, offset_col, fail_at = opts.partition_col, opts.offset_col, opts.fail_at
     F = require("pyspark.sql.functions")
     app_obj, _ = _resolve_app(app)
     names = list(tables)
     if not names:
         raise ConfigError("no table to backfill")
-    _common_checks(app_obj, names, "state", allow_partial)
+    _common_checks(app_obj, names, "state", opts.allow_partial)
     for name in names:
         if app_obj.tables[name].window is not None:
             raise ConfigError(
@@ -118,28 +101,13 @@ def backfill_state(
     )
     for name in names:
         _check_columns(tables[name], wanted, f"the history of table {name!r}")
-    prep = _prepare(
-        app_obj,
-        topics=app_obj.input_topics,
-        positions=positions,
-        from_start=from_start,
-        derive=offset_col is not None,
-        p0=p0,
-        processors=processors,
-        broker=broker,
-        state_dir=Path(state_dir or app_obj.settings.state_dir).absolute(),
-        layout_epochs=layout_epochs,
-        topic_partitions=topic_partitions,
-    )
-    spark = _spark(spark)
-    plan = prep.plan(
-        spark, mode="state", tables=names, num_partitions=num_partitions, subs=subs, allow_partial=allow_partial,
-        allow_skipped=allow_skipped, fail_at=fail_at, keep_backup=keep_backup,
-    )  # fmt: skip
+    prep = _prepare(app_obj, opts, topics=app_obj.input_topics, derive=offset_col is not None)
+    spark = _spark(opts.spark)
+    plan = prep.plan(spark, opts, mode="state", tables=names)
     normalized: list[DataFrame] = []
     for name in names:
         source = tables[name]
-        df = load_source(spark, source, reader_options) if isinstance(source, str) else source
+        df = load_source(spark, source, opts.reader_options) if isinstance(source, str) else source
         _check_columns(df, wanted, f"the history of table {name!r}")
         plan.keyless_inputs[len(normalized)] = KeylessInput(
             f"the history of table {name!r}",
@@ -158,7 +126,9 @@ def backfill_state(
     if partitioned_by_key is None:
         partitioned_by_key = all(hash_partitioned_by(df, "key") for df in normalized)
     codecs = tuple(
-        tasks.TableCodec(n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde, key_encoded, value_encoded)
+        tasks.TableCodec(
+            n, app_obj.tables[n].key_serde, app_obj.tables[n].value_serde, opts.key_encoded, opts.value_encoded
+        )
         for n in names
     )
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
@@ -203,12 +173,20 @@ def backfill_state(
         )
 
     plan.verify_unique = partitioned_by_key
-    return _run(plan, spark, build, reporter or Reporter())
+    return _run(plan, spark, build, opts.reporter or Reporter())
 
 
-def backfill_table(app: App | str, table: str, df: DataFrame, **options: Any) -> BackfillResult:
-    """Mode 1 for one table: ``backfill_state(app, {table: df}, **options)``."""
-    return backfill_state(app, {table: df}, **options)
+def backfill_table(
+    app: App | str,
+    table: str,
+    df: DataFrame,
+    options: BackfillOptions | None = None,
+    *,
+    partitioned_by_key: bool | None = None,
+    **fields: Any,
+) -> BackfillResult:
+    """Mode 1 for one table: ``backfill_state(app, {table: df}, options, ...)``."""
+    return backfill_state(app, {table: df}, options, partitioned_by_key=partitioned_by_key, **fields)
 
 
 _STATE_A_DDL = "_sp int, _b int, _t int, _k binary, _v binary, _topic string, _part int, _off long"

@@ -12,12 +12,15 @@ columns, and writes the resulting state.
 Everything here is importable without pyspark (only the ``TaskContext`` lookup needs
 it, and only inside a task), so the same functions also run in-process in tests.
 
-The code lives in :mod:`.task_spec` (the shared contract), :mod:`.task_place` (stage A)
-and :mod:`.task_write` (stage B); this module re-exports it.
+The code lives in :mod:`.task_spec` (the shared contract), :mod:`.task_place` (stage A),
+:mod:`.task_write_state` and :mod:`.task_write_replay` (stage B of each mode) and
+:mod:`.task_output` (what every stage B task hands back: SST files, offsets, timings);
+this module re-exports it.
 """
 
 from __future__ import annotations
 
+from streamkit.spark.task_output import Clocked
 from streamkit.spark.task_place import place_replay, place_state
 from streamkit.spark.task_spec import (
     ERROR_END,
@@ -28,7 +31,8 @@ from streamkit.spark.task_spec import (
     TableCodec,
     TaskError,
 )
-from streamkit.spark.task_write import Clocked, fused_state, load_spec_app, write_replay, write_state
+from streamkit.spark.task_write_replay import load_spec_app, write_replay
+from streamkit.spark.task_write_state import fused_state, write_state
 
 __all__ = [
     "ERROR_END",

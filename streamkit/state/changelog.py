@@ -52,15 +52,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from stores.base import Checkpoint
+from streamkit.checkpoint_keys import CHANGELOG_POSITION
 from streamkit.errors import StreamkitError
 from streamkit.internal_records import decode_guarded
 from streamkit.kafkaio import CREATE_CONFIGS, CREATE_PARTITIONS_API, KafkaIO
 
 log = logging.getLogger(__name__)
 
-CHANGELOG_POSITION = "changelog"
-"""The key of a checkpoint's ``extra`` holding the changelog position (the offset after
-its marker in the processor's partition) the store's state matches."""
 
 BATCH_HEADER = "sk.batch"
 """The header that named each record's batch in changelogs written before markers held

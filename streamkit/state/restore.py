@@ -31,13 +31,13 @@ from assignors.linear_hashing import lh_bucket_batch, nearest_ancestor_below
 from assignors.vectorized import key_hash_batch
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
+from streamkit.checkpoint_keys import INCARNATION, PROCESSOR_COUNT
 from streamkit.kafkaio import ACKED_HOLE_WAIT, KafkaIO
 from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIXES, Marker, named_batch
 
 log = logging.getLogger(__name__)
 
-INCARNATION_KEY = "incarnation"
-"""The key of a checkpoint's ``extra`` naming the job incarnation (``runtime.processor``)."""
+INCARNATION_KEY = INCARNATION
 WINDOW_SUFFIX = 8
 """A windowed table's stored key ends with the 8-byte window start."""
 
@@ -59,7 +59,7 @@ class RestorePlan:
     skipped: int = 0
     """Records read and not applied (off the chain, or after the head)."""
     counts: set[Any] = field(default_factory=set)
-    """The processor counts (``extra["p"]``, None where absent) of the chain's markers."""
+    """The processor counts (``extra[PROCESSOR_COUNT]``, None where absent) of the chain's markers."""
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -106,7 +106,7 @@ def plan_restore(
         at = None if link.base is None or link.base == 0 else link.base - 1
     chain.reverse()
     plan = RestorePlan(markers[head_at], head_at + 1, batches=len(chain))
-    plan.counts = {m.checkpoint.extra.get("p") for _, m in chain}
+    plan.counts = {m.checkpoint.extra.get(PROCESSOR_COUNT) for _, m in chain}
     spans = sorted(span for _, m in chain for span in m.spans or ())
     named = {m.batch.encode() for _, m in chain if m.spans is None}  # batches written before spans
     first = chain[0][1].start if chain[0][1].start >= 0 else chain[0][0]
@@ -164,7 +164,7 @@ def keep_own_keys(plan: RestorePlan, pid: int, p0: int, windowed: Iterable[str],
 
 def head_count(plan: RestorePlan, p0: int) -> int:
     """The processor count the head's store held its keys for."""
-    return int(plan.head.checkpoint.extra.get("p", p0))
+    return int(plan.head.checkpoint.extra.get(PROCESSOR_COUNT, p0))
 
 
 def live_changes(plan: RestorePlan, tables: Iterable[str]) -> dict[str, dict[bytes, bytes | None]]:

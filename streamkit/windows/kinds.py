@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from streamkit.checkpoint_keys import STREAM_TIME
 from streamkit.errors import StreamkitError
 
 DEFAULT_RETENTION = 24 * 3600.0
@@ -33,8 +34,9 @@ default and Kafka Streams' ``ofSizeWithNoGrace``. A window's final value then co
 as a record of a later time arrives; input that comes out of time order needs a grace
 (a record later than it is a dead letter with reason ``late``, or goes to ``@app.on_late``)."""
 
-STREAM_TIME_KEY = "stream_time"
-"""Where a store's checkpoint holds its processor's stream time (``Checkpoint.extra``)."""
+STREAM_TIME_KEY = STREAM_TIME
+"""Where a store's checkpoint holds its processor's stream time (``streamkit.checkpoint_keys``)."""
+
 
 NEVER = 1 << 62
 """A close time that stream time never reaches (count windows close on their n-th record)."""

@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-from streamkit.producer import Producer
+from streamkit.producer import Producer, ProducerConfig
 
 
 async def main() -> None:
@@ -35,7 +35,9 @@ async def main() -> None:
     a = ap.parse_args()
     seq: dict[str, int] = {}
     async with Producer(
-        a.bootstrap, client_id=a.name, lease_ms=a.lease_ms, heartbeat_ms=a.heartbeat_ms, linger_ms=2
+        a.bootstrap,
+        client_id=a.name,
+        config=ProducerConfig(lease_ms=a.lease_ms, heartbeat_ms=a.heartbeat_ms, linger_ms=2),
     ) as p:
         print("ready", p.producer_id, flush=True)
         start = time.monotonic()

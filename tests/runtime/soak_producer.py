@@ -16,7 +16,7 @@ import time
 
 import orjson
 
-from streamkit.producer import Producer
+from streamkit.producer import Producer, ProducerConfig
 
 
 async def main() -> None:
@@ -28,7 +28,7 @@ async def main() -> None:
     ap.add_argument("--stop-file", required=True)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    async with Producer(a.bootstrap, client_id=a.name, linger_ms=2) as p:
+    async with Producer(a.bootstrap, client_id=a.name, config=ProducerConfig(linger_ms=2)) as p:
         print("ready", p.producer_id, flush=True)
         start, n = time.monotonic(), 0
         while not os.path.exists(a.stop_file):

@@ -17,7 +17,7 @@ from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.cli.scale import plan_moves
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
-from streamkit.runtime.scaling import adopt_store, key_set_change, open_for_count, staging_path
+from streamkit.runtime.key_sets import adopt_store, key_set_change, open_for_count, staging_path
 from streamkit.state.changelog import MARKER_PREFIX, Marker
 
 

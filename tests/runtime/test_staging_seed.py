@@ -11,7 +11,7 @@ from pathlib import Path
 import streamkit
 from stores.base import Checkpoint
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.staging_seed import aligned_positions, holds_keys, merge_states
+from streamkit.runtime.scale.staging_seed import aligned_positions, holds_keys, merge_states
 from streamkit.state.changelog import Marker
 from streamkit.state.restore import RestorePlan
 from streamkit.tables import Table

@@ -14,7 +14,7 @@ import pytest
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError
-from streamkit.spark import BackfillError, BackfillRefused, backfill_state, backfill_table
+from streamkit.spark import BackfillError, BackfillOptions, BackfillRefused, backfill_state, backfill_table
 from streamkit.spark.partitioning import hash_partitioned_by
 from streamkit.spark.placement import processor_of
 from streamkit.spark.shuffle import _murmur3_int, spark_partition_keys
@@ -122,7 +122,10 @@ def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_di
     events = count_events(6000, 700)
     df = state_df(spark, events)
     res = backfill_table(
-        bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition", state_dir=state_dir
+        bf_apps.counts,
+        "totals",
+        df,
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
     )
     app_dir = state_dir / "bf-counts"
     check_counts_stores(app_dir, events, 3, 3)
@@ -132,7 +135,10 @@ def test_state_backfill_places_encodes_and_stamps_positions(spark: Any, state_di
     first = read_all(app_dir, ["totals"])
     # re-running the same backfill gives the same stores (contents and checkpoints)
     res2 = backfill_table(
-        bf_apps.counts, "totals", df, offset_col="offset", partition_col="partition", state_dir=state_dir
+        bf_apps.counts,
+        "totals",
+        df,
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
     )
     assert res2.run_id != res.run_id
     assert read_all(app_dir, ["totals"]) == first
@@ -146,10 +152,8 @@ def test_state_backfill_without_shuffle_for_input_partitioned_by_key(spark: Any,
         bf_apps.counts,
         "totals",
         df,
-        offset_col="offset",
-        partition_col="partition",
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
         partitioned_by_key=True,
-        state_dir=state_dir,
     )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
     assert res.keys_written["totals"] == len(final_state(events))
@@ -161,10 +165,8 @@ def test_state_backfill_without_shuffle_for_input_partitioned_by_key(spark: Any,
             bf_apps.counts,
             "totals",
             spread,
-            offset_col="offset",
-            partition_col="partition",
+            BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
             partitioned_by_key=True,
-            state_dir=state_dir,
         )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
 
@@ -183,17 +185,30 @@ def test_a_dataframe_spark_partitions_by_key_is_written_where_it_is(spark: Any, 
     assert not hash_partitioned_by(joined, "key")  # adaptive execution may split a join's partitions
     assert not hash_partitioned_by(rows.hint("rebalance", "key"), "key")  # and a rebalance's
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # (off only while planning)
-    res = backfill_table(bf_apps.counts, "totals", grouped, offset_col="offset", partition_col="partition",
-                         state_dir=state_dir)  # fmt: skip
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        grouped,
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
+    )
     assert res.details["partitioned_by_key"] is True  # no shuffle of its own, by default
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
-    res = backfill_table(bf_apps.counts, "totals", grouped, offset_col="offset", partition_col="partition",
-                         state_dir=state_dir, partitioned_by_key=False)  # fmt: skip
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        grouped,
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
+        partitioned_by_key=False,
+    )
     assert res.details["partitioned_by_key"] is False
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
     spread = grouped.repartition(4)  # the same rows, no longer by key: shuffled by the bridge
-    res = backfill_table(bf_apps.counts, "totals", spread, offset_col="offset", partition_col="partition",
-                         state_dir=state_dir)  # fmt: skip
+    res = backfill_table(
+        bf_apps.counts,
+        "totals",
+        spread,
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir),
+    )
     assert res.details["partitioned_by_key"] is False
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
 
@@ -231,9 +246,7 @@ def test_state_backfill_for_a_scaled_out_job_and_user_positions(spark: Any, stat
         bf_apps.counts,
         "totals",
         df,
-        positions=[f"events:{p}={o}" for (_, p), o in pos.items()],
-        processors=5,
-        state_dir=state_dir,
+        BackfillOptions(positions=[f"events:{p}={o}" for (_, p), o in pos.items()], processors=5, state_dir=state_dir),
     )
     # without partition data, every store gets every position (and the result says so)
     check_counts_stores(state_dir / "bf-counts", events, 3, 5, everywhere=True)
@@ -256,10 +269,7 @@ def test_duplicate_keys_latest_offset_wins_and_null_means_no_state(spark: Any, s
         bf_apps.counts,
         "totals",
         df,
-        value_encoded=True,
-        offset_col="offset",
-        partition_col="partition",
-        state_dir=state_dir,
+        BackfillOptions(value_encoded=True, offset_col="offset", partition_col="partition", state_dir=state_dir),
     )
     stores = read_all(state_dir / "bf-counts", ["totals"])
     merged = {k: v for tables, _ in stores.values() for k, v in tables["totals"].items()}
@@ -274,7 +284,9 @@ def test_several_tables_in_one_backfill(spark: Any, state_dir: Path) -> None:
     sums = spark.createDataFrame([(k, k * 10) for k in range(-50, 300)], "key long, value long")
     last = spark.createDataFrame([(k, f"tag-{k}") for k in range(0, 300, 3)], "key long, value string")
     res = backfill_state(
-        bf_apps.multi, {"sums": sums, "last": last}, positions={("m-events", 0): 99}, processors=3, state_dir=state_dir
+        bf_apps.multi,
+        {"sums": sums, "last": last},
+        BackfillOptions(positions={("m-events", 0): 99}, processors=3, state_dir=state_dir),
     )
     assert res.keys_written == {"sums": 350, "last": 100}
     ints = IntSerde()
@@ -294,34 +306,33 @@ def test_several_tables_in_one_backfill(spark: Any, state_dir: Path) -> None:
 def test_duplicate_keys_without_offsets_are_refused(spark: Any, state_dir: Path) -> None:
     df = spark.createDataFrame([("a", 1), ("a", 2)], "key string, value long")
     with pytest.raises(BackfillError, match="key b'a' appears more than once"):
-        backfill_table(bf_apps.counts, "totals", df, positions={("events", 0): 3}, state_dir=state_dir)
+        backfill_table(bf_apps.counts, "totals", df, BackfillOptions(positions={("events", 0): 3}, state_dir=state_dir))
     assert live_store_dirs(state_dir / "bf-counts") == {}
 
 
 def test_refusals_before_any_work(spark: Any, state_dir: Path) -> None:
     df = spark.createDataFrame([("a", 1)], "key string, value long")
     with pytest.raises(ConfigError, match="windowed"):
-        backfill_table(bf_apps.windowed, "per_minute", df, from_start=True, state_dir=state_dir)
+        backfill_table(bf_apps.windowed, "per_minute", df, BackfillOptions(from_start=True, state_dir=state_dir))
     with pytest.raises(ConfigError, match=r"also has table\(s\) \['last'\]"):
-        backfill_table(bf_apps.multi, "sums", df, from_start=True, state_dir=state_dir)
+        backfill_table(bf_apps.multi, "sums", df, BackfillOptions(from_start=True, state_dir=state_dir))
     with pytest.raises(ConfigError, match="no resume positions"):
-        backfill_table(bf_apps.counts, "totals", df, state_dir=state_dir)
+        backfill_table(bf_apps.counts, "totals", df, BackfillOptions(state_dir=state_dir))
     with pytest.raises(ConfigError, match="no table 'nope'"):
-        backfill_table(bf_apps.counts, "nope", df, from_start=True, state_dir=state_dir)
+        backfill_table(bf_apps.counts, "nope", df, BackfillOptions(from_start=True, state_dir=state_dir))
     with pytest.raises(ConfigError, match="key_col: no column 'k'"):
-        backfill_table(bf_apps.counts, "totals", df, key_col="k", from_start=True, state_dir=state_dir)
+        backfill_table(bf_apps.counts, "totals", df, BackfillOptions(key_col="k", from_start=True, state_dir=state_dir))
     with pytest.raises(BackfillError, match="does not consume"):
-        backfill_table(bf_apps.counts, "totals", df, positions={("typo", 0): 1}, state_dir=state_dir)
+        backfill_table(bf_apps.counts, "totals", df, BackfillOptions(positions={("typo", 0): 1}, state_dir=state_dir))
     ev = spark.createDataFrame([("a", 1, 0, 9)], "key string, value long, partition int, offset long")
     with pytest.raises(BackfillError, match="counted twice"):
         backfill_table(
             bf_apps.counts,
             "totals",
             ev,
-            positions={("events", 0): 5},
-            offset_col="offset",
-            partition_col="partition",
-            state_dir=state_dir,
+            BackfillOptions(
+                positions={("events", 0): 5}, offset_col="offset", partition_col="partition", state_dir=state_dir
+            ),
         )
     assert live_store_dirs(state_dir / "bf-counts") == {}
 
@@ -329,13 +340,13 @@ def test_refusals_before_any_work(spark: Any, state_dir: Path) -> None:
 def test_a_running_processor_blocks_the_backfill(spark: Any, state_dir: Path) -> None:
     events = count_events(500, 50, seed=3)
     df = state_df(spark, events)
-    kw = dict(offset_col="offset", partition_col="partition", state_dir=state_dir)
-    backfill_table(bf_apps.counts, "totals", df, **kw)
+    opts = BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir)
+    backfill_table(bf_apps.counts, "totals", df, opts)
     before = read_all(state_dir / "bf-counts", ["totals"])
     held = RocksDBStore.open(str(state_dir / "bf-counts" / "processor-2"), ["totals"])
     try:
         with pytest.raises(BackfillRefused, match=rf"processor-2 is held by a running processor \(pid {os.getpid()}\)"):
-            backfill_table(bf_apps.counts, "totals", df, **kw)
+            backfill_table(bf_apps.counts, "totals", df, opts)
     finally:
         held.close()
     assert read_all(state_dir / "bf-counts", ["totals"]) == before
@@ -345,11 +356,11 @@ def test_a_running_processor_blocks_the_backfill(spark: Any, state_dir: Path) ->
 def test_a_failure_at_any_point_leaves_the_live_stores_untouched(spark: Any, state_dir: Path, point: str) -> None:
     old = count_events(400, 60, seed=4)
     new = count_events(900, 80, seed=5)
-    kw = dict(offset_col="offset", partition_col="partition", state_dir=state_dir)
-    backfill_table(bf_apps.counts, "totals", state_df(spark, old), **kw)
+    opts = BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir)
+    backfill_table(bf_apps.counts, "totals", state_df(spark, old), opts)
     before = read_all(state_dir / "bf-counts", ["totals"])
     with pytest.raises((InjectedFailure, BackfillError)):
-        backfill_table(bf_apps.counts, "totals", state_df(spark, new), fail_at=point, **kw)
+        backfill_table(bf_apps.counts, "totals", state_df(spark, new), opts, fail_at=point)  # a field over opts
     assert read_all(state_dir / "bf-counts", ["totals"]) == before
     assert sorted(os.listdir(state_dir / "bf-counts" / BACKFILL_DIR)) == ["lock"]
 
@@ -361,10 +372,7 @@ def test_task_retries_leave_no_partial_files(spark: Any, state_dir: Path) -> Non
         bf_apps.counts,
         "totals",
         state_df(spark, events),
-        offset_col="offset",
-        partition_col="partition",
-        state_dir=state_dir,
-        fail_at="task-once",
+        BackfillOptions(offset_col="offset", partition_col="partition", state_dir=state_dir, fail_at="task-once"),
     )
     check_counts_stores(state_dir / "bf-counts", events, 3, 3)
     assert res.keys_written["totals"] == len(final_state(events))

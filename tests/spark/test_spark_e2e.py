@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError
-from streamkit.spark import InjectedFailure, backfill_replay, backfill_table
+from streamkit.spark import BackfillOptions, InjectedFailure, backfill_replay, backfill_table
 from streamkit.state.changelog import CHANGELOG_POSITION, MARKER_PREFIX, Marker, changelog_topic
 from streamkit.testing import create_topic, produce_json, read_topic
 
@@ -223,10 +223,7 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
         a1,
         "stats",
         final,
-        offset_col="offset",
-        partition_col="partition",
-        broker=bootstrap,
-        state_dir=workers.state_dir,
+        BackfillOptions(offset_col="offset", partition_col="partition", broker=bootstrap, state_dir=workers.state_dir),
     )
     # p0 is now recorded for the job: a backfill for another p0 is refused before any work
     with pytest.raises(ConfigError, match="created with 3 processors"):
@@ -234,11 +231,9 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
             a1,
             "stats",
             final,
-            offset_col="offset",
-            partition_col="partition",
-            p0=2,
-            broker=bootstrap,
-            state_dir=workers.state_dir,
+            BackfillOptions(
+                offset_col="offset", partition_col="partition", p0=2, broker=bootstrap, state_dir=workers.state_dir
+            ),
         )
     assert r1.positions == {(topic, p): c for p, c in cut.items()}
     logged = {}
@@ -267,24 +262,22 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
             a1,
             "stats",
             final,
-            offset_col="offset",
-            partition_col="partition",
-            state_dir=workers.state_dir,
-            fail_at="publish",
+            BackfillOptions(
+                offset_col="offset", partition_col="partition", state_dir=workers.state_dir, fail_at="publish"
+            ),
         )
     assert workers.raw(a1.name) == live
 
     # Mode 2: the app's own handler replayed over the Parquet records, then the tail.
     a2 = make_app(f"bf2-{tag}", topic)
-    replay_kw = dict(
+    replay_opts = BackfillOptions(
         value_col=["amount", "seq"],
         partition_col="partition",
         offset_col="offset",
-        timestamp_col="timestamp",
         topic_partitions={topic: PARTITIONS},
         state_dir=workers.state_dir,
     )
-    r2 = backfill_replay(a2, hist, **replay_kw)
+    r2 = backfill_replay(a2, hist, replay_opts, timestamp_col="timestamp")
     assert r2.rows_read == len(history) and r2.positions == r1.positions
     backfilled = workers.raw(a2.name)
     workers.run_until_caught_up(a2.name, N)
@@ -292,7 +285,7 @@ def test_backfill_then_tail_from_kafka_equals_whole_stream_from_kafka(
 
     # Re-running the backfill gives the same stores; processors restarted on them rebuild
     # the tail (already committed by the group) without output and end exactly equal again.
-    backfill_replay(a2, hist, **replay_kw)
+    backfill_replay(a2, hist, replay_opts, timestamp_col="timestamp")
     assert workers.raw(a2.name) == backfilled
     workers.run_until_caught_up(a2.name, N)
     assert workers.state(a2.name) == reference

@@ -22,7 +22,7 @@ import orjson
 
 import streamkit
 from stores.rocksdb import RocksDBStore
-from streamkit.spark import backfill_replay
+from streamkit.spark import BackfillOptions, backfill_replay
 from streamkit.testing import create_topic, produce_json, read_topic
 from streamkit.windows import STREAM_TIME_KEY
 from tests.runtime.jobs import Job, wait_for_log, wait_until_committed
@@ -104,10 +104,21 @@ def test_a_replay_of_three_merged_topics_equals_a_live_workers_stores(spark: Any
     df = spark.createDataFrame(rows, "topic string, key binary, value binary, partition int, offset long, ts long")
     app = make_app(name, topics["orders"], topics["clicks"], topics["customers"], topics["products"])
     result = backfill_replay(
-        app, df, topic_col="topic", key_encoded=True, value_encoded=True, partition_col="partition",
-        offset_col="offset", timestamp_col="ts", state_dir=tmp_path / "backfill", p0=PROCESSORS, processors=PROCESSORS,
-        broker=broker,
-    )  # fmt: skip
+        app,
+        df,
+        BackfillOptions(
+            topic_col="topic",
+            key_encoded=True,
+            value_encoded=True,
+            partition_col="partition",
+            offset_col="offset",
+            state_dir=tmp_path / "backfill",
+            p0=PROCESSORS,
+            processors=PROCESSORS,
+            broker=broker,
+        ),
+        timestamp_col="ts",
+    )
 
     tables = sorted(app.tables)
     assert {"customers", "totals", "pairs", "join-paired"} <= set(tables)

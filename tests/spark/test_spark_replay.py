@@ -15,7 +15,7 @@ from test_spark_backfill import PARTS, count_events, final_state, owned_position
 
 from stores.rocksdb import RocksDBStore
 from streamkit.errors import ConfigError, ReplayError
-from streamkit.spark import backfill_replay, backfill_table, read_stores
+from streamkit.spark import BackfillOptions, backfill_replay, backfill_table, read_stores
 from streamkit.spark.placement import processor_of
 from streamkit.spark.staging import live_store_dirs
 
@@ -65,11 +65,8 @@ def test_replay_runs_the_apps_handlers_per_key_in_order(spark: Any, state_dir: P
     res = backfill_replay(
         bf_apps.multi,
         df,
-        partition_col="partition",
-        offset_col="offset",
+        BackfillOptions(partition_col="partition", offset_col="offset", processors=3, state_dir=state_dir),
         timestamp_col="ts",
-        processors=3,
-        state_dir=state_dir,
     )
     sums, last = multi_reference(records)
     stores = read_all(state_dir / "bf-multi", ["sums", "last"])
@@ -113,10 +110,8 @@ def test_replay_builds_windowed_tables(spark: Any, state_dir: Path) -> None:
     backfill_replay(
         bf_apps.windowed,
         df.withColumn("value", F.struct("amount")),
-        partition_col="partition",
-        offset_col="offset",
+        BackfillOptions(partition_col="partition", offset_col="offset", state_dir=state_dir),
         timestamp_col="ts",
-        state_dir=state_dir,
     )
     want: dict[tuple[str, int], int] = defaultdict(int)
     for key, amount, _, _, ts in rows:
@@ -135,13 +130,17 @@ def test_replay_refuses_a_handler_touching_another_key(spark: Any, state_dir: Pa
     )
     with pytest.raises(ReplayError, match="touched key 'grand-total'") as info:
         backfill_replay(
-            bf_apps.bad, df, value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir
+            bf_apps.bad,
+            df,
+            BackfillOptions(value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir),
         )
     assert "Traceback" not in str(info.value) and "\n" not in str(info.value)
     assert live_store_dirs(state_dir / "bf-bad") == {}
     with pytest.raises(ConfigError, match="per-processor timers .*t_decay"):
         backfill_replay(
-            bf_apps.timed, df, value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir
+            bf_apps.timed,
+            df,
+            BackfillOptions(value_encoded=True, partition_col="partition", offset_col="offset", state_dir=state_dir),
         )
 
 
@@ -154,10 +153,7 @@ def test_read_stores_one_partition_per_store(spark: Any, state_dir: Path) -> Non
         bf_apps.counts,
         "totals",
         state_df(spark, events),
-        offset_col="offset",
-        partition_col="partition",
-        processors=4,
-        state_dir=state_dir,
+        BackfillOptions(offset_col="offset", partition_col="partition", processors=4, state_dir=state_dir),
     )
     raw = read_stores(spark, bf_apps.counts, "totals", state_dir=state_dir)
     assert raw.rdd.getNumPartitions() == 4

@@ -18,7 +18,7 @@ import orjson
 
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import KafkaIO
-from streamkit.spark import backfill_replay
+from streamkit.spark import BackfillOptions, backfill_replay
 from streamkit.testing import create_topic, produce_json, read_topic
 from tests.runtime.scale_job import KEYS, ScaleJob
 
@@ -50,11 +50,11 @@ def test_a_backfill_seeds_new_processors_and_scale_bootstraps_them_from_its_posi
                 ],
                 "key string, p string, seq long, partition int, offset long, ts long",
             )
-            result = await asyncio.to_thread(
-                backfill_replay, job.app_object(), df, value_col=["p", "seq"], partition_col="partition",
-                offset_col="offset", timestamp_col="ts", topic_partitions={job.topic: 4}, processors=4,
-                broker=bootstrap, state_dir=tmp_path / "state",
+            options = BackfillOptions(
+                value_col=["p", "seq"], partition_col="partition", offset_col="offset",
+                topic_partitions={job.topic: 4}, processors=4, broker=bootstrap, state_dir=tmp_path / "state",
             )  # fmt: skip
+            result = await asyncio.to_thread(backfill_replay, job.app_object(), df, options, timestamp_col="ts")
             assert result.stores_published == 2, result
             assert sorted(p.name for p in state.glob("processor-*")) == [f"processor-{i}" for i in range(4)]
             seeded = {pid: _positions(state / f"processor-{pid}") for pid in (2, 3)}

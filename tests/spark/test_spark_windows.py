@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from stores.rocksdb import RocksDBStore
-from streamkit.spark import backfill_replay
+from streamkit.spark import BackfillOptions, backfill_replay
 from streamkit.testing import create_topic, read_topic, unique_topic_name
 from streamkit.windows import STREAM_TIME_KEY
 from tests.runtime.jobs import committed
@@ -60,9 +60,18 @@ def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
     df = spark.createDataFrame(exported, "key binary, value binary, partition int, offset long, ts long")
     app = make_all_app(name, topic, processors=PARTITIONS)
     result = backfill_replay(
-        app, df, key_encoded=True, value_encoded=True, partition_col="partition", offset_col="offset",
-        timestamp_col="ts", state_dir=tmp_path / "backfill", processors=PARTITIONS,
-    )  # fmt: skip
+        app,
+        df,
+        BackfillOptions(
+            key_encoded=True,
+            value_encoded=True,
+            partition_col="partition",
+            offset_col="offset",
+            state_dir=tmp_path / "backfill",
+            processors=PARTITIONS,
+        ),
+        timestamp_col="ts",
+    )
 
     tables = sorted(app.tables)
     assert any(t.endswith("__windows") for t in tables)

@@ -1,6 +1,6 @@
 """An in-place handover (a growth step whose splitting processor is hosted beside the
 joined one): at T1 the joined processor's windows and books become the old owner's
-(``streamkit.runtime.scaling.adopt_windows``). The joined processor rebuilt them from its
+(``streamkit.runtime.key_sets.adopt_windows``). The joined processor rebuilt them from its
 own partitions on its own stream time; the old owner, reading more partitions, may have
 been ahead, closed and sent a session, and judged its next records late. Rebuilt, that
 session would still be open: it would take those records and be sent a second time."""
@@ -18,8 +18,8 @@ from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.context import Outbox
 from streamkit.runtime.closes import fire_closes
+from streamkit.runtime.key_sets import adopt_windows
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.scaling import adopt_windows
 from streamkit.windows import Session
 
 P0, P = 2, 4  # growth from 3 to 4 processors: processor 3 takes keys of processor 1

@@ -26,14 +26,16 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from assignors.linear_hashing import bucket_modulus
 from stores.base import Checkpoint
+from streamkit.checkpoint_keys import CHANGELOG_POSITION, PROCESSOR_COUNT
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState, StateMemory
-from streamkit.runtime.rebuild import REBUILD_MARK, plan_rebuild, rebuild
+from streamkit.runtime.rebuild import REBUILD_MARK, Pace, plan_rebuild, rebuild
 from streamkit.runtime.sides import SIDES, SideClocks
-from streamkit.state.changelog import CHANGELOG_POSITION, position_of
+from streamkit.state.changelog import position_of
 from streamkit.state.restore import RestorePlan, head_count, keep_own_keys, live_changes, read_plan
 from streamkit.tables import Table
 
@@ -156,8 +158,7 @@ class StagingSeed:
         shutil.rmtree(path, ignore_errors=True)
         scratch = await ProcessorState.open(pid, path, self.tables, 5.0, self.incarnation, memory=self.memory)
         head = plan.head.checkpoint
-        marks = {k: v for k, v in head.extra.items() if k != CHANGELOG_POSITION} | {"p": count, REBUILD_MARK: True}
-        scratch.store.commit(live_changes(plan, self.tables), head.replace(extra=marks))
+        scratch.store.commit(live_changes(plan, self.tables), head.replace(extra=seed_marks(head, count)))
         scratch.reload()
         return scratch
 
@@ -168,11 +169,7 @@ class StagingSeed:
         plan = await plan_rebuild(
             c.io, scratch.id, self.p0, count, await c.topics(), lambda t, q: common.get((t, q), 0)
         )
-        read = await rebuild(
-            io=c.io, registry=c.registry, proc=scratch, handlers=c.handlers, plan=plan, dispatcher=c.dispatcher,
-            stamp=self.stamp, group=c.group, checkpoint_every=1 << 62, extra={"p": count}, lock=self.lock,
-            sweep_ends=c.progress.sweep_ends,
-        )  # fmt: skip
+        read = await rebuild(c.history(), scratch, plan, Pace(self.stamp, 1 << 62, {PROCESSOR_COUNT: count}, self.lock))
         positions, ranges = scratch.stable()
         short = {
             f"{tp.topic}[{tp.partition}]": (positions.get((tp.topic, tp.partition), 0), end)
@@ -194,7 +191,7 @@ class StagingSeed:
                 positions[tp] = max(positions.get(tp, 0), at)
             for origin, at in part.seen_strays.highest.items():  # per (origin, target): copies go in origin order
                 seen[origin] = max(seen.get(origin, -1), at)
-        extra = staging.checkpoint_extra({"p": count, REBUILD_MARK: True})
+        extra = staging.checkpoint_extra({PROCESSOR_COUNT: count, REBUILD_MARK: True})
         if staging.windows:  # one stream time per key set until the merged processor goes live
             extra[STREAM_TIME] = max(p.stream_time for p in parts)
             extra[SIDES] = SideClocks(self.p0, count + 1, {p.id: p.stream_time for p in parts}).to_extra()
@@ -204,6 +201,14 @@ class StagingSeed:
             merged, Checkpoint(positions=positions, layout_epochs=dict(epochs), generation=generation, extra=extra)
         )
         staging.reload()
+
+
+def seed_marks(head: Checkpoint, count: int) -> dict[str, Any]:
+    """The extra of a store seeded from a changelog ``head`` for ``count`` processors: the
+    head's, off the changelog (the store is not on its chain), marked as a rebuild in
+    progress (the bootstrap reads the input from there)."""
+    kept = {k: v for k, v in head.extra.items() if k != CHANGELOG_POSITION}
+    return kept | {PROCESSOR_COUNT: count, REBUILD_MARK: True}
 
 
 class SeedShortError(Exception):

@@ -1,0 +1,220 @@
+"""A scale change's next step, on the member that hosts the processor it comes from:
+open the store to bootstrap (a joining processor's own, or a shrink's staging store),
+bootstrap it beside the member's loop (``scale.bootstrap``), then hand the partitions
+over in place, or ask the group for a rebalance when that cannot be done here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from assignors.group import place_job
+from streamkit.app import App
+from streamkit.runtime.dispatch import by_processor
+from streamkit.runtime.jobmeta import Bootstrap, JobLayout
+from streamkit.runtime.key_sets import adopt_windows, open_for_count, purge_moved_keys, staging_path
+from streamkit.runtime.parts import MemberParts
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.rebuild import Pace
+from streamkit.runtime.routing import Starts
+from streamkit.runtime.scale.bootstrap import bootstrap_step, seed_from_changelog
+from streamkit.runtime.scale.staging_seed import StagingSeed
+from streamkit.runtime.services import Services
+from streamkit.runtime.tasks import TaskManager
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Joining"]
+
+
+class Joining:
+    """The joining processors a member hosts and their bootstraps (see the module docstring)."""
+
+    def __init__(self, app: App, services: Services, parts: MemberParts, tasks: TaskManager) -> None:
+        self.app = app
+        self.services = services
+        self.parts = parts
+        self.tasks = tasks
+        self.name = parts.name
+        self._joining: dict[int, tuple[ProcessorState, asyncio.Task[None]]] = {}
+        """A processor joining the job, hosted beside the one that splits (no rebalance)."""
+        self.progress: dict[int, dict[str, int]] = {}
+        """Bootstrap progress of the joining processors hosted here (status)."""
+        self._failures = 0
+        """Bootstraps started here that failed (each rejoin to retry waits longer)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        tasks.on_close.append(self.close)
+
+    def close(self) -> None:
+        """Every processor is being closed: so are the joining ones (their bootstrap waits
+        for the lock the closer holds, or fetches)."""
+        for joining, task in self._joining.values():
+            task.cancel()
+            joining.close()
+        self._joining.clear()
+        self.progress.clear()
+
+    def on_job_change(self, job: JobLayout) -> None:
+        """The next step of a scale change starts its bootstrap beside the processor it
+        comes from, with no rebalance."""
+        if job.bootstrap is not None and self.tasks.assigned_generation >= 0:
+            task = asyncio.create_task(
+                self._host_locked(job, self.tasks.assigned_generation),
+                name=f"the store of joining processor {job.bootstrap.pid}",
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._ended)  # opening its store failed: the same
+
+    async def _host_locked(self, job: JobLayout, generation: int) -> None:
+        async with self.services.lock:
+            if generation == self.tasks.assigned_generation:  # no rebalance meanwhile
+                await self.host(job, generation)
+
+    async def host_for(self, generation: int) -> None:
+        """After an assignment (lock held): host the scale change's next step if it comes
+        from a processor now hosted here."""
+        await self.host(self.services.jobs.job, generation)
+
+    async def host(self, job: JobLayout, generation: int) -> None:
+        """If this member hosts the processor that the scale change's next step comes from,
+        open the store to bootstrap here and start the bootstrap: a joining processor's own
+        store, or the receiving processor's staging store. Call with the lock held."""
+        step = job.bootstrap
+        if step is None or step.pid in self._joining or step.beside not in self.tasks.processors:
+            return
+        path = self.app.store_path(step.pid, self.app.settings.state_dir)
+        proc = await open_for_count(
+            step.pid, staging_path(path) if step.staging else path, self.app.tables, job.p0, step.count,
+            timeout=self.app.settings.store_open_timeout, log_as=self.name, incarnation=job.incarnation,
+            app=self.app.name, memory=self.services.memory,
+        )  # fmt: skip
+        if step.staging:  # two processors' keys, each on its own stream time until it goes live
+            proc.hold_sides(job.p0, step.count + 1)
+        info = self.parts.assignor.info
+        info.hosted = sorted({*info.hosted, step.pid})  # keep it here at the handover
+        task = asyncio.create_task(self._bootstrap(proc, step, generation), name=f"bootstrap of processor {step.pid}")
+        task.add_done_callback(self._ended)
+        self._joining[step.pid] = (proc, task)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A bootstrap that failed is said, and retried after a rebalance (which closes it):
+        left alone, the scale change would wait for it for ever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failures += 1
+        delay = min(2.0**self._failures, 60.0)  # one that fails every time: not a rebalance storm
+        log.error("%s: %s failed (%s: %s); rejoining the group in %.0f s to start it again", self.name,
+                  task.get_name(), type(task.exception()).__name__, task.exception(), delay,
+                  exc_info=task.exception())  # fmt: skip
+        asyncio.get_running_loop().call_later(delay, self._rejoin_unless_stopping)
+
+    def _rejoin_unless_stopping(self) -> None:
+        if not self.tasks.stopping:
+            self.parts.consumer.request_rejoin()
+
+    async def _bootstrap(self, proc: ProcessorState, step: Bootstrap, generation: int) -> None:
+        """Bootstrap ``proc`` for the scale change's next step beside the member's loop."""
+
+        def report(progress: dict[str, int]) -> None:
+            self.progress[proc.id] = progress
+            self.services.beat()  # status shows it now, not at the next heartbeat
+
+        s = self.app.settings
+        pace = Pace(
+            self.tasks.stamp(generation), s.commit_every, lock=self.services.lock,
+            checkpoint_interval=s.commit_interval, max_rate=s.bootstrap_rate,
+        )  # fmt: skip
+        seed = self._changelog_seed(proc, step, generation)
+        stepped = await bootstrap_step(proc, self.services.jobs.job, step, self.parts.catchup, pace, report, seed)
+        if stepped is None:
+            return
+        async with self.services.lock:
+            try:
+                done = not step.staging and await self._hand_over_in_place(proc, step.beside, stepped, generation)
+            except Exception:  # noqa: BLE001 - the rebalance below hands over from the stores
+                log.exception("%s: the handover of processor %d in place failed", self.name, proc.id)
+                self.tasks.close_all()
+                done = False
+            if not done:
+                log.info("%s: job epoch %d has %d processors: rebalancing", self.name, stepped.epoch, stepped.p)
+                self.parts.assignor.info.p = stepped.p
+                self.parts.consumer.request_rejoin()
+            elif self.services.standbys is not None:  # the leader places the new processor's copies
+                log.info("%s: processor %d joined: rebalancing to place its standbys", self.name, proc.id)
+                self.parts.consumer.request_rejoin()
+
+    def _changelog_seed(
+        self, proc: ProcessorState, step: Bootstrap, generation: int
+    ) -> Callable[[], Awaitable[bool]] | None:
+        """A bootstrap's start from changelogs (None: the job has no changelog): a joining
+        processor's from its source's, a shrink's staging store from those of the two
+        processors it merges (``staging_seed``)."""
+        changelog, job = self.services.changelog, self.services.jobs.job
+        if changelog is None:
+            return None
+        source = self.tasks.processors.get(step.beside)
+        if step.staging:
+            seed = StagingSeed(self.parts.catchup, changelog.topic, self.app.tables, job.p0, job.incarnation,
+                               self.services.lock, self.tasks.stamp(generation), self.services.memory)  # fmt: skip
+            return lambda: seed(proc, source, step.count)
+        return lambda: seed_from_changelog(
+            proc, source, io=self.services.io, topic=changelog.topic, count=step.count,
+            p0=job.p0, tables=self.app.tables, incarnation=job.incarnation, log_as=self.name,
+        )  # fmt: skip
+
+    async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
+        """A growth step whose splitting processor is hosted here, beside the joined one:
+        move the joined processor's partitions from the splitting one to it inside this
+        member, with no group rebalance (the member keeps fetching the same partitions).
+        The splitting processor checkpoints first (its positions are T1); the joined one
+        replays from its bootstrap's positions to T1 without output and goes on with output.
+        False if it cannot be done here (the member lost the processor, or a partition of
+        theirs is shared with a processor elsewhere): the caller asks for a rebalance.
+        Call with the lock held."""
+        tasks, parts = self.tasks, self.parts
+        old = tasks.processors.get(split)
+        if generation != tasks.assigned_generation or old is None:
+            return False
+        placed = place_job(await parts.catchup.shapes(), job.p0, job.p)
+        if not placed.shared_only_among((split, joined.id)):
+            return False
+        moving = [tp for tp, r in parts.admission if r.proc is old]
+        await parts.dispatcher.fire(self.app.keys_revoked_callbacks, {old: moving})
+        await tasks.checkpoint()  # its positions are T1; a zombie's is refused and it lets go of everything
+        if generation != tasks.assigned_generation or tasks.processors.get(split) is not old:
+            return False
+        parts.admission.remove([r for _, r in parts.admission if r.proc is old])
+        parts.merge.drop(old.id)
+        old.rewind()  # what its routes had not finished goes back to the checkpoint: refetched
+        self._joining.pop(joined.id, None)
+        self.progress.pop(joined.id, None)
+        tasks.processors[joined.id] = joined
+        tasks.job_p = parts.assignor.info.p = job.p
+        parts.assignor.info.hosted = sorted(tasks.processors)
+        stamp = tasks.stamp(generation)
+        if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
+            await parts.catchup.rebuild(joined, stamp, job.p0, job.p)
+            adopt_windows(joined, old, self.app.tables, job.p0, job.p)
+            await parts.dispatcher.adopt_stream_time(joined, min(old.stream_time, old.fired_through))
+        purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
+        # below a seal, the joined processor's keys past where the old owner got are its own now
+        handled = tasks.handled_before[joined.id] = dict(old.positions)
+        owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
+        await parts.catchup.read_left_history(joined, stamp, job.p0, job.p, owned, handled)
+        starts = Starts()
+        for proc in (old, joined):
+            starts.update(parts.router.slots(proc, placed.slots.get(proc.id, []), placed.sharers, job.p0, job.p))
+            starts.update(parts.router.sweeps(proc, placed.sweeps.get(proc.id, [])))
+        for tp in moving:
+            parts.consumer.seek(tp, parts.admission.fetch_position(tp))
+        await parts.router.record(self.name, generation, tasks.layout_epochs, starts)
+        await parts.dispatcher.fire(
+            self.app.keys_assigned_callbacks, by_processor((tp, r) for tp, r in parts.admission if r.proc is joined)
+        )
+        await tasks.regate()
+        log.info("%s: processor %d took over its partitions from processor %d in place (no rebalance); "
+                 "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip
+        return True

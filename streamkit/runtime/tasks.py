@@ -1,0 +1,363 @@
+"""The lifecycle of a member's hosted processors: take an assignment, give it up, close,
+checkpoint, gate again. The member's loop (``member``) decides when; this module does it.
+
+Taking an assignment is a sequence of named steps (:meth:`TaskManager.take_assignment`):
+fence the partitions, then per processor open its store (restored from the changelog
+first when the disk lost it), catch it up with what the group handled, adopt the stream
+time its windows closed at, read the history it left, and route its partitions; then
+seek, record the routes, fire the key callbacks and gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from assignors.group import MemberInfo, TopicShape
+from assignors.group import ProcessorAssignment as Assignment
+from streamkit.app import App
+from streamkit.checkpoint_keys import PROCESSOR_COUNT
+from streamkit.errors import HistoryTruncatedError
+from streamkit.ops.metrics import Durations
+from streamkit.runtime import checkpointing
+from streamkit.runtime.catchup import Stamp, shape_of
+from streamkit.runtime.dispatch import by_processor
+from streamkit.runtime.key_sets import delete_retired_stores, open_for_count
+from streamkit.runtime.parts import MemberParts
+from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.rebuild import rebuild_unfinished
+from streamkit.runtime.routes import rebuilt_all
+from streamkit.runtime.routing import Starts
+from streamkit.runtime.services import Services
+from streamkit.runtime.status import Restores
+from streamkit.state.changelog import position_of
+from streamkit.state.restore import restore_store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TaskManager"]
+
+Slots = list[tuple[str, int, Any]]
+"""An assignment's (topic, partition, key filter or None) of one processor."""
+
+
+class TaskManager:
+    """The processors a member hosts and their lifecycle (see the module docstring)."""
+
+    def __init__(self, app: App, services: Services, parts: MemberParts) -> None:
+        self.app = app
+        self.services = services
+        self.parts = parts
+        self.name = parts.name
+        self.processors: dict[int, ProcessorState] = {}
+        self.layout_epochs: dict[str, int] = {}
+        self.assigned_generation = -1
+        """The generation whose assignment this member processes: what its checkpoints are
+        stamped with (the coordinator's own value is reset to -1 when it loses the group)."""
+        self.job_p = services.jobs.job.p
+        """The job's active processor count in the assignment this member processes."""
+        self.handled_before: dict[int, dict[tuple[str, int], int]] = {}
+        """Per processor that took keys over in place: where their old owner had handled
+        them to (its positions at the handover), for a left-history read done later."""
+        self.kafka_offsets: dict[TopicPartition, int] = {}
+        """The Kafka offset this member committed last per partition."""
+        self.fatal: Exception | None = None
+        """What a rebalance step could not recover from; the member's loop raises it."""
+        self.stopping = False
+        self.next_checkpoint = 0.0
+        """``time.monotonic()`` by which the loop checkpoints next (0: at its next turn, e.g.
+        keys were revoked and other members wait for the commit)."""
+        self.regate_due = False
+        self.left_history_due = False
+        self.restores = Restores(services.beat)
+        self.rebalances = 0
+        """Assignments taken (what the metrics count as rebalances)."""
+        self.checkpoint_seconds = Durations()
+        self.zombie_rejections = 0
+        self.on_close: list[Callable[[], None]] = []
+        """Called when every processor is closed (a joining one's bootstrap with them)."""
+
+    # -- views -------------------------------------------------------------------------------
+    def serving(self) -> list[ProcessorState]:
+        """The hosted processors that have caught up with the group on every partition
+        (a processor still rebuilding its state runs no timer: its state is incomplete)."""
+        behind = {id(r.proc) for _, r in self.parts.admission if r.position < r.rebuild_until}
+        return [proc for proc in self.processors.values() if id(proc) not in behind]
+
+    def hosted(self) -> dict[int, list[tuple[str, int]]]:
+        """The (topic, partition)s each hosted processor consumes."""
+        out: dict[int, list[tuple[str, int]]] = {}
+        for tp, route in self.parts.admission:
+            out.setdefault(route.proc.id, []).append((tp.topic, tp.partition))
+        return out
+
+    def shapes(self) -> dict[str, TopicShape]:
+        """The input topics with a layout, as the registry knows them (no broker call): what
+        this member tells the leader. ``CatchUp.shapes`` adds plain topics, asking the broker."""
+        registry = self.services.registry
+        return {t: shape_of(layout) for t in self.app.input_topics if (layout := registry.get(t)) is not None}
+
+    def stamp(self, generation: int) -> Stamp:
+        """What the checkpoints of a catch-up in ``generation`` are stamped with."""
+        return lambda: (self.layout_epochs, generation)
+
+    def dirty_keys(self) -> int:
+        """The keys the hosted processors changed since the last checkpoint: what the next
+        one writes (it commits every processor at once), so its pause."""
+        return sum(c.dirty_count for p in self.processors.values() for c in p.caches.values())
+
+    def standby_info(self, info: MemberInfo) -> None:
+        """What the leader places standbys by: this worker's disk and the stores it holds."""
+        keeper = self.services.standbys
+        assert keeper is not None
+        info.disk = keeper.disk
+        info.copies = keeper.positions(hosted=self.processors)
+        for pid, proc in self.processors.items():  # its actives: the furthest copies there are
+            if (at := position_of(proc.loaded)) is not None:
+                info.copies[pid] = at
+
+    # -- giving up ---------------------------------------------------------------------------
+    async def release_all(self) -> None:
+        """Partitions are being taken away: flush callbacks, checkpoint, commit, close stores."""
+        async with self.services.lock:
+            if not self.processors:
+                return
+            log.info(
+                "%s: giving up processors %s (generation %d)",
+                self.name, sorted(self.processors), self.parts.consumer.generation,
+            )  # fmt: skip
+            await self.parts.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.parts.admission))
+            await self.checkpoint()
+            if self.services.standbys is not None:  # what this disk holds, for the next assignment
+                for pid, proc in self.processors.items():
+                    self.services.standbys.note(pid, position_of(proc.loaded))
+            self.close_all()
+
+    def close_all(self, discard: bool = False) -> None:
+        for closing in self.on_close:  # a joining processor's bootstrap waits for the lock we hold
+            closing()
+        for proc in self.processors.values():
+            if discard:
+                proc.discard()
+            proc.close()
+        parts = self.parts
+        parts.dispatcher.binder.unbind()
+        self.processors.clear()
+        parts.admission.clear()
+        parts.merge.clear()
+        parts.held_back.clear()
+        parts.consumer.forget_pauses()
+        self.kafka_offsets.clear()  # each sharer commits its view once again in the next generation
+        self.assigned_generation = -1
+
+    # -- taking ------------------------------------------------------------------------------
+    async def take_assignment(self, after: Callable[[int], Any] | None = None) -> None:
+        """Take the assignment the group gave (see the module docstring); ``after(generation)``
+        runs last, with the lock held (a scale change's next step starts there)."""
+        async with self.services.lock:
+            assignment = self.parts.assignor.assignment
+            if assignment is None or self.stopping:
+                return
+            generation = self.parts.consumer.generation
+            log.info("%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors), generation)
+            await self._fence(assignment, generation)
+            starts = Starts()
+            for pid, slots in sorted(assignment.processors.items()):
+                proc = await self._open(pid, assignment, generation)
+                if not await self._catch_up(proc, slots, assignment, generation):
+                    return  # (the history is gone: ``fatal`` stops the worker)
+                starts.update(self.parts.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
+                starts.update(self.parts.router.sweeps(proc, assignment.sweeps.get(pid, [])))
+                await self.go_live_if_caught_up(proc)
+            await self._route(starts, generation)
+            await self._standbys(assignment)
+            if after is not None:
+                await after(generation)
+            self._delete_retired()
+            self.services.beat()
+            log.info("%s: hosts processors %s (generation %d): %s", self.name, sorted(self.processors), generation,
+                     sorted(self.parts.admission.routes))  # fmt: skip
+            outdated = assignment.outdated(self.services.jobs.job.p, self.shapes())
+            if outdated is not None:
+                log.info("%s: %s: rebalancing again", self.name, outdated)
+                self.parts.consumer.request_rejoin()
+
+    async def _fence(self, assignment: Assignment, generation: int) -> None:
+        """Step 1: from now on, commits of these partitions from older generations are refused;
+        the layouts are at least at the epochs the assignment was made with."""
+        progress, registry = self.services.progress, self.services.registry
+        self.assigned_generation = generation
+        self.rebalances += 1
+        self.handled_before.clear()  # a processor's own position says what it handled now
+        whole = {(t, q): None for pid, slots in assignment.processors.items() for t, q, f in slots if f is None}
+        shared = {
+            (t, q, pid): (None, assignment.sharers[(t, q)])
+            for pid, slots in assignment.processors.items()
+            for t, q, f in slots
+            if f is not None
+        }
+        await progress.record(self.name, generation, assignment.epochs, whole, shared)
+        await progress.refresh()
+        for topic, epoch in assignment.epochs.items():
+            await registry.ensure_at_least(topic, epoch)
+        self.layout_epochs = {t: lay.epoch for t in self.app.input_topics if (lay := registry.get(t))}
+        self.job_p = assignment.p
+
+    async def _open(self, pid: int, assignment: Assignment, generation: int) -> ProcessorState:
+        """Step 2: the processor's store, restored from the changelog first when this disk
+        has none, and put on the changelog's chain (a zombie's later markers lose)."""
+        settings, services = self.app.settings, self.services
+        path = self.app.store_path(pid, settings.state_dir)
+        incarnation = services.jobs.job.incarnation
+        if services.standbys is not None:  # a standby here, or a store left here: caught up
+            await services.standbys.release(pid)
+        changelog = services.changelog
+        if changelog is not None and not path.exists():  # a lost disk, or a new machine
+            try:
+                await restore_store(services.io, changelog.topic, pid, path, self.app.tables, p0=assignment.p0,
+                                    incarnation=incarnation, log_as=self.name,
+                                    on_read=self.restores.tracker(pid))  # fmt: skip
+            finally:
+                self.restores.done(pid)
+        proc = await open_for_count(
+            pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
+            timeout=settings.store_open_timeout, log_as=self.name, incarnation=incarnation, app=self.app.name,
+            memory=services.memory,
+        )  # fmt: skip
+        self.processors[pid] = proc
+        if changelog is not None and position_of(proc.loaded) is not None:
+            after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
+            proc.loaded = after.replace(generation=proc.loaded.generation)  # (unlogged: a snapshot next)
+            proc.store.commit({}, proc.loaded)  # the store is on the chain through the takeover
+        for topic, epoch in proc.loaded.layout_epochs.items():
+            if topic in self.app.handlers:  # the store saw a newer layout than we know
+                await services.registry.ensure_at_least(topic, epoch)
+        return proc
+
+    async def _catch_up(self, proc: ProcessorState, slots: Slots, assignment: Assignment, generation: int) -> bool:
+        """Step 3: what the group handled beyond the store, the stream time its windows had
+        closed at, the history of partitions it no longer reads. False: the history to
+        catch up from is gone (``fatal``)."""
+        progress, catchup, stamp = self.services.progress, self.parts.catchup, self.stamp(generation)
+        at = proc.positions
+        behind = [(t, q) for t, q, f in slots if progress.position(t, q, proc.id if f else None) > at.get((t, q), 0)]
+        if behind or rebuild_unfinished(proc.loaded):
+            try:
+                await catchup.rebuild(proc, stamp, assignment.p0, assignment.p)
+            except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
+                self.fatal = exc
+                return False
+        if proc.window_states:  # a partition's last owner closed what its stream time closed: sent
+            taken = [progress.stream_time(t, q) for t, q, shared in slots if not shared]
+            await self.parts.dispatcher.adopt_stream_time(proc, max(taken, default=-1))
+        await catchup.read_left_history(proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots])
+        return True
+
+    async def _route(self, starts: Starts, generation: int) -> None:
+        """Step 4: seek every routed partition, record where each starts, fire the key
+        callbacks, gate."""
+        admission, consumer = self.parts.admission, self.parts.consumer
+        for tp in admission.routes:
+            consumer.seek(tp, admission.fetch_position(tp))
+        await self.parts.router.record(self.name, generation, self.layout_epochs, starts)
+        self.next_checkpoint = time.monotonic() + self.app.settings.commit_interval
+        await self.parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(admission))
+        await self.regate()
+
+    async def _standbys(self, assignment: Assignment) -> None:
+        if self.services.standbys is not None:
+            await self.services.standbys.assign(
+                self.name, assignment.standbys, self.processors, assignment.p0, assignment.warmups,
+                self.parts.consumer.request_rejoin,
+            )  # fmt: skip
+
+    def _delete_retired(self) -> None:
+        job = self.services.jobs.job
+        retired = delete_retired_stores(self.app.store_path(0, self.app.settings.state_dir).parent, job.hosted)
+        if retired:
+            log.info("%s: deleted the stores of retired processors %s", self.name, retired)
+
+    async def go_live_if_caught_up(self, proc: ProcessorState) -> None:
+        """A shrink's merged processor (``sides``) goes live once none of its partitions
+        has records left that the group handled already (``rebuild_until``), none held by
+        the time-ordered merge or a key-concurrent handler either (``stable``): before,
+        each key set closes on its own stream time, as its old owner did."""
+        if proc.sides is not None and rebuilt_all(proc, self.parts.admission):
+            await self.parts.dispatcher.go_live(proc)
+
+    # -- gates -------------------------------------------------------------------------------
+    async def regate(self) -> None:
+        """Recompute the gates; fire the key callbacks they call for."""
+        self.regate_due = False
+        admission, dispatcher = self.parts.admission, self.parts.dispatcher
+        if self.left_history_due:  # a seal that landed after the assignment: our keys below it first
+            self.left_history_due = not await self._read_left_history()
+        events = admission.regate(self.services.registry.get, self.services.progress.positions)
+        for topic in self.app.handlers:
+            if (layout := self.services.registry.get(topic)) is not None:
+                self.services.adoptions.adopted(self.name, topic, layout.epoch)
+        if events.revoked:  # flush the keys' state, then commit at once: other members wait for it
+            await dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(admission, events.revoked))
+            self.next_checkpoint = 0.0
+        if events.assigned:
+            await dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(admission, events.assigned))
+
+    async def _read_left_history(self) -> bool:
+        """Each hosted processor reads what it lacks of partitions it no longer consumes
+        (``CatchUp.read_left_history``), now that a layout changed. False: not now (between
+        generations; the next regate tries again)."""
+        assignment = self.parts.assignor.assignment
+        if assignment is None or self.assigned_generation != self.parts.consumer.generation:
+            return False
+        stamp = self.stamp(self.assigned_generation)
+        for proc in self.processors.values():
+            owned = [(tp.topic, tp.partition) for tp, r in self.parts.admission if r.proc is proc and not r.swept]
+            handled = self.handled_before.get(proc.id)
+            await self.parts.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned, handled)
+        return True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Checkpoint every hosted processor (``checkpointing.checkpoint``); a zombie's is
+        refused: its uncommitted state is dropped and the member rejoins."""
+        started = time.perf_counter()
+        admission = self.parts.admission
+        slots = [
+            checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept, max(r.forwarded, default=-1) + 1,
+                               self.kafka_offsets.get(tp, -1))
+            for tp, r in admission
+        ]  # fmt: skip
+        try:
+            committed = await checkpointing.checkpoint(
+                member=self.name,
+                generation=self.assigned_generation,
+                layout_epochs=self.layout_epochs,
+                processors=self.processors.values(),
+                slots=slots,
+                progress=self.services.progress,
+                flush_output=self.services.output.flush,
+                commit_offsets=self._commit_offsets,
+                extra={PROCESSOR_COUNT: self.job_p},
+                changelog=self.services.changelog,
+            )
+        except checkpointing.ZombieCheckpointError as exc:
+            self.zombie_rejections += 1
+            log.error("%s: %s; dropping uncommitted state and rejoining", self.name, exc)
+            self.close_all(discard=True)
+            self.parts.consumer.request_rejoin()
+            return
+        for tp, route in admission:
+            route.committed = committed.get((tp, route.proc.id), route.committed)
+        self.checkpoint_seconds.observe(time.perf_counter() - started)
+
+    async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        await self.parts.consumer.commit(offsets)
+        self.kafka_offsets.update((tp, o.offset) for tp, o in offsets.items())
+
+    def routes_of(self, proc: ProcessorState) -> Iterable[TopicPartition]:
+        return [tp for tp, r in self.parts.admission if r.proc is proc]
