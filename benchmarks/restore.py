@@ -55,14 +55,14 @@ async def restore_all(bootstrap: str, app: Any, partitions: int) -> tuple[int, i
     """Every processor's store from the changelog: (keys, changelog records read, seconds)."""
     from streamkit.kafkaio import KafkaIO
     from streamkit.state.changelog import changelog_topic
-    from streamkit.state.restore import restore_store
+    from streamkit.state.restore import ChangelogSource, restore_store
 
     keys = read = 0
     started = time.perf_counter()
     async with KafkaIO(bootstrap) as io:
         for pid in range(partitions):
             plan = await restore_store(
-                io, changelog_topic(app.name), pid, app.store_path(pid), app.tables, p0=partitions
+                ChangelogSource(io, changelog_topic(app.name), app.tables, partitions), pid, app.store_path(pid)
             )
             assert plan is not None, f"processor {pid}: nothing in the changelog"
             keys += sum(1 for v in plan.state.get("stats", {}).values() if v is not None)

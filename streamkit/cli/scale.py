@@ -203,7 +203,7 @@ async def _bootstrap_start(
     """Where the bootstrap of ``job``'s next step starts reading the input (``stored``: its
     store's positions), and why."""
     from streamkit.state.changelog import changelog_topic
-    from streamkit.state.restore import seed_plan
+    from streamkit.state.restore import ChangelogSource, seed_plan
 
     step = job.bootstrap
     assert step is not None
@@ -216,9 +216,8 @@ async def _bootstrap_start(
         return await _staging_start(io, topic, job, step.pid, step.count)
     if step.beside >= p:
         return stored, f"from processor {step.beside}'s changelog once that processor has joined"
-    plan, why = await seed_plan(
-        io, topic, step.beside, step.pid, app.tables, p0=job.p0, count=step.count, incarnation=job.incarnation
-    )
+    changelog = ChangelogSource(io, topic, app.tables, job.p0, job.incarnation)
+    plan, why = await seed_plan(changelog, step.beside, step.pid, step.count)
     if plan is None:
         return stored, f"from the input history: {why}"
     return dict(plan.head.checkpoint.positions), (

@@ -45,26 +45,13 @@ from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
-from assignors.linear_hashing import partition_for_key
-from assignors.murmur2 import key_hash, key_hash_cached
+from assignors.murmur2 import key_hash_cached
 from assignors.placement import KeyFilter
 from streamkit.kafkaio import HOLE_CONFIRM_FETCHES, HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.seal import OriginSeal
-from streamkit.layout.stamps import (
-    COPY_HEADER,
-    EPOCH_HEADER,
-    STAMP_HEADER,
-    TAG_BYTES,
-    classify_record,
-    record_epoch,
-    record_producer,
-    violation_record,
-)
 from streamkit.layout.strays import (
-    STRAY_HEADER,
-    StrayRule,
     SweepEnds,
     altered_by,
     no_sweep_ends,
@@ -72,17 +59,12 @@ from streamkit.layout.strays import (
 )
 from streamkit.ops.metrics import Durations
 from streamkit.runtime.adoption import holding
+from streamkit.runtime.epoch_check import EpochCheck
 from streamkit.runtime.icranges import skip_applied
 from streamkit.runtime.routes import Route, epoch_stamp
+from streamkit.runtime.stray_check import StrayCheck, plain_and_in_place
 
 log = logging.getLogger(__name__)
-
-STAMPS_KEPT = 4096
-"""Stamp values a route remembers as current (one per producer writing the partition)."""
-
-_NONE_KNOWN: frozenset[bytes] = frozenset()
-_STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
-"""The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
 
 
 class ConsumerControl(Protocol):
@@ -144,8 +126,10 @@ class Admission:
         sweep_ends: SweepEnds | None = None,
     ) -> None:
         self.consumer = consumer
-        self.seal = seal
-        """Tells the copies of strays streamkit forwarded from records carrying the header."""
+        self.stray_check = StrayCheck(seal, name)
+        """Step 6: strays, and second copies of forwarded ones."""
+        self.epoch_check = EpochCheck(seal, group)
+        """Steps 3 and 4: gates and epoch stamps."""
         self.sweep_ends: SweepEnds = sweep_ends or no_sweep_ends
         """Where the group's sweeps of activated partitions ended (the stray rule's)."""
         self.group = group
@@ -158,28 +142,26 @@ class Admission:
         self.holes_read_past = 0
         self.amended = 0
         """Records skipped because a checkpoint's IC ranges say they were applied."""
-        self.copies_skipped = 0
-        """Copies for compaction skipped (records a streamkit producer wrote to a partition the key left)."""
-        self.copies_skipped_by: Counter[TopicPartition] = Counter()
-        """The same, per partition."""
         self.gate_closed_at: dict[TopicPartition, float] = {}
         self.gate_waits: list[tuple[str, int, float]] = []
         self.gate_wait_seconds = Durations()
         """The same waits as a histogram (the worker's metrics)."""
         """(topic, partition, seconds gated) of every gate that opened."""
-        self.stray_copies_dropped = 0
-        """Second copies of forwarded strays (a forwarder died before its checkpoint)."""
-        self.unknown_epochs: dict[str, dict[int, float]] = {}
-        """Per topic, layout epochs records were stamped with that the registry did not reach
-        when asked, and until when (monotonic seconds; ``streamkit.runtime.epochs``): such
-        records are dead letters, not a stop. Then the registry is asked again."""
-        self.strays_forwarded_before = 0
-        """Strays not forwarded because their copies exist (``Route.forwarded``)."""
-        self.unsealed_origins_by: Counter[TopicPartition] = Counter()
-        """Per partition: records whose origin header streamkit did not seal (ordinary input)."""
-        self.duplicate_strays_by: Counter[TopicPartition] = Counter()
-        """Per partition, the two above: second copies of forwarded strays dropped, and strays
-        not forwarded again (status's and the metrics' duplicate strays)."""
+
+    @property
+    def unknown_epochs(self) -> dict[str, dict[int, float]]:
+        return self.epoch_check.unknown_epochs
+
+    @property
+    def copies_skipped_by(self) -> Counter[TopicPartition]:
+        """Copies for compaction skipped, per partition (status, metrics)."""
+        return self.epoch_check.copies_skipped_by
+
+    @property
+    def duplicate_strays_by(self) -> Counter[TopicPartition]:
+        """Second copies of forwarded strays dropped and strays not forwarded again, per
+        partition (status, metrics)."""
+        return self.stray_check.duplicate_strays_by
 
     def add(self, tp: TopicPartition, route: Route) -> None:
         self.routes.setdefault(tp, []).append(route)
@@ -230,8 +212,8 @@ class Admission:
                 return None
         checked = records
         rule = route.strays
-        quiet = rule is not None and _plain_and_in_place(rule, records)  # steps 4 and 6 in one pass
-        records, stop_at, late, rejected = self._gate_and_check(tp, route, records, epochs=not quiet)
+        quiet = rule is not None and plain_and_in_place(rule, records)  # steps 4 and 6 in one pass
+        records, stop_at, late, rejected = self.epoch_check.gate_and_check(tp, route, records, epochs=not quiet)
         ahead = route.proc.ahead.get(route.position_key)
         if ahead and records:  # gap amending: applied before a restart, beyond the stable offset
             keep, amended = skip_applied([r.offset for r in records], ahead)
@@ -242,7 +224,7 @@ class Admission:
                          self.name, tp.topic, tp.partition, amended)  # fmt: skip
         strays: list[Any] = []
         if rule is not None and records and not quiet:
-            records, strays = self._take_strays(tp, route, records)
+            records, strays = self.stray_check.take(tp, route, records)
             if strays and route.key_filter is not None and not route.null_keys:
                 strays = []  # in no sharer's key range: the sharer taking keyless records takes them
         until = route.filter_until
@@ -263,12 +245,7 @@ class Admission:
             rejected = [r for r in rejected if r[0].offset >= route.rebuild_until]
         if strays and strays[0].offset < route.rebuild_until:  # forwarded when first handled
             strays = [r for r in strays if r.offset >= route.rebuild_until]
-        if strays and route.forwarded:  # copies exist: a sweep that died before its checkpoint sent them
-            unsent = [r for r in strays if r.offset not in route.forwarded]
-            self.strays_forwarded_before += len(strays) - len(unsent)
-            if len(unsent) < len(strays):
-                self.duplicate_strays_by[tp] += len(strays) - len(unsent)
-            strays = unsent
+        strays = self.stray_check.not_forwarded_before(tp, route, strays)
         rebuild: list[Any] = []
         if records and records[0].offset < route.rebuild_until:
             rebuild = [r for r in records if r.offset < route.rebuild_until]
@@ -280,67 +257,6 @@ class Admission:
                 self.consumer.pause(tp)
                 self.gated = True
         return Admitted(rebuild, records, late, strays, next_pos, len(checked), rejected)
-
-    def _take_strays(self, tp: TopicPartition, route: Route, records: list[Any]) -> tuple[list[Any], list[Any]]:
-        """(records to apply, strays): step 6. Records stamped by streamkit's producer pass
-        on the first look at their headers; copies of forwarded strays are applied once."""
-        rule = route.strays
-        assert rule is not None
-        if rule.everything:
-            return [], records
-        known = rule.known_in_place(records[0].offset) or _NONE_KNOWN  # a bare record of one is in place
-        first = records[0]
-        if not first.headers and first.key not in known and not any(r.headers for r in records):
-            # a plain producer's batch of keys not seen lately (a million keys): checked at once
-            if not rule.strays_in(records):
-                return records, []
-        if not first.headers:  # a plain producer's batch: one test per record, then the few left
-            odd = [r for r in records if r.headers or r.key not in known]
-            if odd:
-                odd = [r for r in odd if not (h := r.headers) or not _stamped(h) or h[-1][0] == STRAY_HEADER]
-        else:  # the records of a producer batch share its stamp (one object): an identity test each
-            h0 = records[0].headers
-            passes = _stamped(h0) and h0[-1][0] != STRAY_HEADER  # a stamp, not a stray's copy
-            odd = [r for r in records if r.headers is not h0] if passes else records
-            if odd:
-                odd = [
-                    r for r in odd
-                    if ((h := r.headers) and (not _stamped(h) or h[-1][0] == STRAY_HEADER))
-                    or (not h and r.key not in known)
-                ]  # fmt: skip
-        if not odd:
-            return records, []
-        seen = route.proc.seen_strays
-        # a forwarded copy ends with its sealed origin (stamped, unless its topic has no layout)
-        out: set[int] = set()
-        judged: list[Any] = []  # unstamped records that are no copy: the stray rule's
-        for r in odd:
-            h = r.headers
-            if h and h[-1][0] == STRAY_HEADER:
-                origin = self.seal.origin(tp.topic, r)
-                if origin is not None:
-                    if not seen.first_time(tp.topic, tp.partition, origin):
-                        out.add(id(r))
-                        self.stray_copies_dropped += 1
-                        self.duplicate_strays_by[tp] += 1
-                    continue
-                self._unsealed(tp, r)
-            if not h or not _stamped(h):
-                judged.append(r)
-        strays = rule.strays_in(judged) if judged else []
-        out.update(id(r) for r in strays)
-        return (records if not out else [r for r in records if id(r) not in out]), strays
-
-    def _unsealed(self, tp: TopicPartition, record: Any) -> None:
-        """A record claiming to be a forwarded stray whose seal does not verify (a plain
-        producer's header, or a copy mirrored from another cluster): ordinary input."""
-        self.unsealed_origins_by[tp] += 1
-        if self.unsealed_origins_by[tp] == 1:
-            log.warning(
-                "%s: %s[%d]@%d carries %s but streamkit did not forward it here (its seal does not verify): "
-                "handled as ordinary input (said once per partition)",
-                self.name, tp.topic, tp.partition, record.offset, STRAY_HEADER,
-            )  # fmt: skip
 
     def take_stale_epochs(self) -> dict[str, int]:
         """Per topic, the newest layout epoch records named beyond ours (then forgotten)."""
@@ -378,80 +294,6 @@ class Admission:
                     return records[:i]
             expected = r.offset + 1
         return records
-
-    def _gate_and_check(
-        self, tp: TopicPartition, route: Route, records: list[Any], *, epochs: bool = True
-    ) -> tuple[list[Any], int | None, list[tuple[Any, dict[str, Any]]], list[tuple[Any, str, str]]]:
-        """(records to deliver, offset to stop and seek back to or None, late-record reports,
-        records of an epoch the registry never reached); ``epochs=False``: the records carry
-        no stamp, so only the gate is applied."""
-        stop_at = None
-        limit = route.limit
-        if limit is not None and records[-1].offset >= limit:
-            # Never back: a gate can close below records already delivered (they came before
-            # we saw the change, so they carry our epoch and are safe); it holds from here.
-            stop_at = max(limit, records[0].offset)
-            records = [r for r in records if r.offset < limit]
-        eb = route.epoch_bytes
-        if eb is None or not records or not epochs:
-            return records, stop_at, [], []
-        current = route.stamps_current
-        h0 = records[0].headers  # shared by the records of its batch: one identity test each
-        odd = [r for r in records if (h := r.headers) is not h0 and h and h[0][1] not in current]
-        if h0 and h0[0][1] not in current:
-            odd.append(records[0])
-        if odd:  # a new producer's stamp (learnt if it carries our epoch), or another epoch
-            if len(current) > STAMPS_KEPT:
-                current.clear()
-            current.update(v for r in odd if (v := r.headers[0][1])[TAG_BYTES:] == eb)
-            odd = [r for r in odd if r.headers[0][1] not in current]
-        if not odd:
-            return records, stop_at, [], []
-        layout = route.layout
-        assert layout is not None
-        deliver: list[Any] = []
-        late: list[tuple[Any, dict[str, Any]]] = []
-        rejected: list[tuple[Any, str, str]] = []
-        given_up = self.unknown_epochs.get(tp.topic)
-        unknown = {e for e, until in given_up.items() if until > time.monotonic()} if given_up else None
-        for r in records:
-            if (h := r.headers) and h[0][0] == COPY_HEADER and _genuine_copy(tp, layout, r, self.seal):
-                self.copies_skipped += 1  # a copy for compaction: its original is where its key is placed
-                self.copies_skipped_by[tp] += 1
-                continue
-            epoch = record_epoch(r.headers)
-            if epoch is None or epoch == layout.epoch:
-                deliver.append(r)
-            elif epoch > layout.epoch and unknown and epoch in unknown:  # the registry did not get there
-                why = f"{tp.topic}[{tp.partition}]@{r.offset}: stamped with layout epoch {epoch}, which the "
-                rejected.append((r, "unknown-epoch", why + f"layout registry has not reached (it has {layout.epoch})"))
-            elif epoch > layout.epoch:  # our layout is stale: stop here, re-read, re-gate
-                route.stale_epoch = epoch
-                return deliver, r.offset, late, rejected
-            else:
-                verdict = classify_record(
-                    layout, tp.partition, r.offset, epoch, key_hash(r.key) if r.key is not None else None
-                )
-                if verdict.violation:
-                    producer = record_producer(r.headers)
-                    late.append(
-                        (
-                            r,
-                            violation_record(
-                                tp.topic,
-                                tp.partition,
-                                r.offset,
-                                r.key,
-                                verdict,
-                                producer,
-                                layout_epoch=layout.epoch,
-                                group=self.group,
-                            ),
-                        )
-                    )
-                else:
-                    deliver.append(r)
-        return deliver, stop_at, late, rejected
 
     # -- gates ----------------------------------------------------------------------------
     def regate(
@@ -564,43 +406,6 @@ class Admission:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
             self.gate_wait_seconds.observe(waited)
-
-
-def _stamped(headers: Any) -> bool:
-    """Whether a record's first header is a stamp naming a layout epoch (1 or more): a
-    record whose first header only looks like one (forged, or damaged) is judged as an
-    unstamped one, by where its key is placed."""
-    h = headers[0]
-    if h[0] not in _STAMP_KEYS:
-        return False
-    epoch = record_epoch((h,))
-    return epoch is not None and epoch >= 1
-
-
-def _genuine_copy(tp: TopicPartition, layout: TopicLayout, record: Any, seal: OriginSeal) -> bool:
-    """Whether a record whose first header marks it a copy for compaction is one: sealed by
-    a producer of this cluster, it names the partition its key is placed in (its
-    original's), which is not the one it lies in. A record that claims to be a copy but is
-    not (a header a plain producer wrote, or a mirror copied) is input like any other,
-    never skipped."""
-    if record.key is None or (named := seal.copy_of(tp.topic, record)) is None or named == tp.partition:
-        return False
-    epoch = record_epoch(record.headers)
-    active = layout.active_at(epoch) if epoch is not None and epoch <= layout.epoch else layout.active
-    return named == partition_for_key(record.key, layout.n0, active)
-
-
-def _plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:
-    """Whether ``records`` all lack headers (a plain producer's) and all have keys known in
-    place: then no record has an epoch to check or is a stray. One pass tells both, where
-    the two checks would each take one; any other batch takes the two."""
-    h0 = records[0].headers
-    if h0:
-        return False
-    known = rule.known_in_place(records[0].offset)
-    if not known or records[0].key not in known:  # at a million keys most batches end here
-        return False
-    return not [r for r in records if r.headers is not h0 or r.key not in known]
 
 
 def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:

@@ -21,6 +21,7 @@ from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import PartitionMode, TopicLayout
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.runtime import checkpointing
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
@@ -30,7 +31,7 @@ __all__ = ["CatchUp", "Stamp", "shape_of"]
 
 log = logging.getLogger(__name__)
 
-Stamp = Callable[[], tuple[Mapping[str, int], int]]
+Stamp = checkpointing.Stamp
 """The layout epochs and generation a checkpoint is stamped with, read when it is taken."""
 
 

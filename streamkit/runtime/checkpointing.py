@@ -40,7 +40,7 @@ from streamkit.errors import StreamkitError
 from streamkit.layout.epochs import ZombieError, check_stamp
 from streamkit.runtime import icranges
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.progress import Commit, ProgressLog
 from streamkit.state.changelog import (
     CHANGELOG_POSITION,
     ChangelogWriter,
@@ -52,6 +52,9 @@ from streamkit.windows import STREAM_TIME_KEY
 log = logging.getLogger(__name__)
 
 CommitOffsets = Callable[[dict[TopicPartition, OffsetAndMetadata]], Awaitable[None]]
+Stamp = Callable[[], tuple[Mapping[str, int], int]]
+"""The layout epochs and generation a processor's checkpoints are stamped with, when asked
+(a catch-up's, a rebuild's, a bootstrap's)."""
 
 
 class ZombieCheckpointError(StreamkitError):
@@ -176,27 +179,43 @@ async def _commit_kafka(
         log.warning("member %s: Kafka offset commit failed (%s); checkpoint kept", member, exc)
 
 
+@dataclass(frozen=True)
+class CheckpointStamp:
+    """Whose checkpoint it is: what every store checkpoint and progress record carries."""
+
+    member: str
+    """The member, in log lines and progress records."""
+    generation: int
+    layout_epochs: Mapping[str, int]
+    extra: Mapping[str, Any] | None = None
+    """What goes into every store checkpoint (the job's processor count)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSinks:
+    """What the commit sequence writes through, handed to it (quixstreams' collaborators)."""
+
+    progress: ProgressLog
+    flush_output: Callable[[], Awaitable[None]]
+    """Wait until the output sent so far is acknowledged."""
+    commit_offsets: CommitOffsets
+    changelog: ChangelogWriter | None = None
+    """The job's changelog (None: the app has none)."""
+
+
 async def checkpoint(
-    *,
-    member: str,
-    generation: int,
-    layout_epochs: Mapping[str, int],
-    processors: Iterable[ProcessorState],
-    slots: Iterable[Slot],
-    progress: ProgressLog,
-    flush_output: Callable[[], Awaitable[None]],
-    commit_offsets: CommitOffsets,
-    extra: Mapping[str, Any] | None = None,
-    changelog: ChangelogWriter | None = None,
+    stamp: CheckpointStamp, processors: Iterable[ProcessorState], slots: Iterable[Slot], sinks: CheckpointSinks
 ) -> dict[tuple[TopicPartition, int], int]:
     """Steps 0-3 above for one member; returns the positions committed per (partition,
     processor), beyond the last known commit of each.
 
     ``slots``: the assigned partitions (only those whose processor moved past its last
     commit are committed).
-    ``extra`` goes into every store checkpoint (the job's processor count).
-    ``changelog``: the job's changelog (None: the app has none).
     """
+    member, generation, layout_epochs, extra = stamp.member, stamp.generation, stamp.layout_epochs, stamp.extra
+    progress, flush_output, commit_offsets, changelog = (
+        sinks.progress, sinks.flush_output, sinks.commit_offsets, sinks.changelog
+    )  # fmt: skip
     processors = list(processors)
     if not processors:
         return {}
@@ -261,9 +280,8 @@ async def checkpoint(
         for s in slots
         if not s.sharers and not s.swept and (at := s.proc.loaded.extra.get(STREAM_TIME_KEY)) is not None
     }
-    await progress.record(
-        member, generation, epochs, whole, shares, ic, swept=swept, no_copies_beyond=clean, stream_times=times
-    )
+    commit = Commit(whole, shares, ic, swept=swept, no_copies_beyond=clean, stream_times=times)
+    await progress.record(member, generation, epochs, commit)
     t4 = time.monotonic()
     await _commit_kafka(member, progress, {tp for tp, _ in committed} | behind, generation, epochs, commit_offsets)
     t5 = time.monotonic()

@@ -14,6 +14,7 @@ import logging
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from assignors.linear_hashing import bucket_modulus, lh_bucket
@@ -163,24 +164,30 @@ def adopt_store(path: Path, count: int) -> str:
     return "replaced by its staging store" if ready else "emptied, to be rebuilt"
 
 
+@dataclass(frozen=True)
+class StoreOpening:
+    """How a worker opens its processors' stores (``ProcessorState.open``)."""
+
+    tables: Mapping[str, Table]
+    timeout: float
+    """Seconds to wait for a store another process still holds (``store_open_timeout``)."""
+    incarnation: str = ""
+    """The job's: a store of another incarnation is refused."""
+    app: str = ""
+    memory: StateMemory | None = None
+
+    async def open(self, pid: int, path: Path) -> ProcessorState:
+        return await ProcessorState.open(pid, path, self.tables, self.timeout, self.incarnation, self.app, self.memory)
+
+
 async def open_for_count(
-    pid: int,
-    path: Path,
-    tables: Mapping[str, Table],
-    p0: int,
-    count: int,
-    *,
-    timeout: float,
-    log_as: str,
-    adopt: bool = False,
-    incarnation: str = "",
-    app: str = "",
-    memory: StateMemory | None = None,
+    pid: int, path: Path, opening: StoreOpening, p0: int, count: int, *, log_as: str, adopt: bool = False
 ) -> ProcessorState:
     """Open processor ``pid``'s store at ``path`` holding its keys for ``count``
     processors: a store written for fewer loses the keys that moved away; one written for
     more lacks keys that came back: ``adopt`` its staging store, or start it empty."""
-    proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app, memory)
+    tables = opening.tables
+    proc = await opening.open(pid, path)
     stored = stored_count(proc, p0)
     change = key_set_change(pid, p0, stored, count)
     if change == "grew":
@@ -192,7 +199,7 @@ async def open_for_count(
             done = "emptied, to be rebuilt"
         log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
                  log_as, pid, stored, count, done)  # fmt: skip
-        proc = await ProcessorState.open(pid, path, tables, timeout, incarnation, app, memory)
+        proc = await opening.open(pid, path)
     elif change == "shrank":
         gone = purge_moved_keys(proc, tables, p0, count)
         log.info("%s: processor %d: %d keys moved to new processors, deleted", log_as, pid, gone)

@@ -242,31 +242,13 @@ class ProgressLog:
     def newest_generation(self, partitions: Iterable[TP]) -> int:
         return max((self._state[tp].generation for tp in partitions if tp in self._state), default=-1)
 
-    async def record(
-        self,
-        member: str,
-        generation: int,
-        epochs: Mapping[str, int],
-        parts: Mapping[TP, int | None],
-        shares: Mapping[Share, tuple[int | None, tuple[int, ...]]] | None = None,
-        ic: Mapping[Share, tuple[int, str]] | None = None,
-        *,
-        swept: Iterable[TP] = (),
-        sweep_ends: Mapping[tuple[str, int, int], int] | None = None,
-        no_copies_beyond: Iterable[TP] = (),
-        stream_times: Mapping[TP, int] | None = None,
-    ) -> None:
-        """Append a commit (or a fence, for offsets None) and wait until it is stored.
-
-        ``shares``: per (topic, partition, processor) of a shared partition, the
-        sharer's offset (or None) and every sharer of the partition. ``ic``: per (topic,
-        partition, processor), its stable offset and its IC ranges beyond it (``icranges.encode``).
-        ``swept``: which of ``parts`` are sweeps' positions. ``sweep_ends``: per (topic,
-        partition, activation offset), where its sweep ended (see :meth:`sweep_ends`).
-        ``no_copies_beyond``: which of ``swept`` have no copy of a stray at or beyond
-        their position anywhere: the topic's ends are read and recorded with them (see
-        :meth:`copies_after`). ``stream_times``: per partition of ``parts``, the stream time
-        of the processor that committed it (:meth:`stream_time`)."""
+    async def record(self, member: str, generation: int, epochs: Mapping[str, int], commit: Commit) -> None:
+        """Append ``member``'s ``commit`` (or fence, for offsets None) of ``generation`` under
+        the layout ``epochs``, and wait until it is stored."""
+        parts, shares, ic, swept, sweep_ends, no_copies_beyond, stream_times = (
+            commit.parts, commit.shares, commit.ic, commit.swept, commit.sweep_ends, commit.no_copies_beyond,
+            commit.stream_times,
+        )  # fmt: skip
         if not parts and not shares and not ic and not sweep_ends:
             return
         body: dict[str, Any] = {
@@ -292,6 +274,31 @@ class ProgressLog:
             body["copies_after"] = [[t, p, sorted(ends[t].items())] for t, p in bounded]
         await self.producer.send_and_wait(PROGRESS_TOPIC, orjson.dumps(body), key=self.group.encode(), partition=0)
         await self.refresh()  # read our own write in log order (applying it out of order would misjudge)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one progress record says, besides who wrote it (see :meth:`ProgressLog.record`)."""
+
+    parts: Mapping[TP, int | None]
+    """Per whole partition, its position (None: a fence, no position yet)."""
+    shares: Mapping[Share, tuple[int | None, tuple[int, ...]]] | None = None
+    """Per (topic, partition, processor) of a shared partition, the sharer's offset (or
+    None) and every sharer of the partition."""
+    ic: Mapping[Share, tuple[int, str]] | None = None
+    """Per (topic, partition, processor), its stable offset and its IC ranges beyond it
+    (``icranges.encode``)."""
+    swept: Iterable[TP] = ()
+    """Which of ``parts`` are sweeps' positions."""
+    sweep_ends: Mapping[tuple[str, int, int], int] | None = None
+    """Per (topic, partition, activation offset), where its sweep ended
+    (:meth:`ProgressLog.sweep_ends`)."""
+    no_copies_beyond: Iterable[TP] = ()
+    """Which of ``swept`` have no copy of a stray at or beyond their position anywhere: the
+    topic's ends are read and recorded with them (:meth:`ProgressLog.copies_after`)."""
+    stream_times: Mapping[TP, int] | None = None
+    """Per partition of ``parts``, the stream time of the processor that committed it
+    (:meth:`ProgressLog.stream_time`)."""
 
 
 def decode_progress(value: bytes | None) -> dict[str, Any]:

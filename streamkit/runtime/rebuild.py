@@ -50,6 +50,7 @@ from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
 from streamkit.runtime.admission import Admission
+from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.epochs import catch_up_epochs
 from streamkit.runtime.merging import apply_admitted, merged_inputs, release_merged
@@ -239,7 +240,7 @@ class HistoryReader:
 class Pace:
     """When a rebuild checkpoints, how fast it reads, and who is told."""
 
-    stamp: Callable[[], tuple[Mapping[str, int], int]]
+    stamp: Stamp
     """The layout epochs and generation its checkpoints are stamped with."""
     checkpoint_every: int
     """Records between checkpoints (a restart goes on from the last)."""
@@ -356,7 +357,7 @@ async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan
 
 def _checkpoint(
     proc: ProcessorState,
-    stamp: Callable[[], tuple[Mapping[str, int], int]],
+    stamp: Stamp,
     extra: Mapping[str, Any] | None,
     *,
     done: bool,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -70,6 +70,16 @@ def rebuilt_all(proc: Any, routes: Iterable[tuple[Any, Route]]) -> bool:
     """Whether ``proc`` has applied, on every partition ``routes`` give it, each record the
     group handled already (``rebuild_until``), none still held (``Route.stable``)."""
     return all(r.stable >= r.rebuild_until for _, r in routes if r.proc is proc)
+
+
+class SlotPlace(NamedTuple):
+    """Where an assigned slot's keys are: its key filter and sharers (a shared task; none:
+    a whole partition) and the job's processor counts."""
+
+    key_filter: KeyFilter | None
+    sharers: tuple[int, ...]
+    p0: int
+    p: int
 
 
 @dataclass
@@ -177,11 +187,8 @@ class Route:
         partition: Position,
         group_position: int,
         layout: TopicLayout | None,
+        place: SlotPlace,
         *,
-        key_filter: KeyFilter | None,
-        sharers: tuple[int, ...],
-        p0: int,
-        p: int,
         max_pending: int = 10_000,
         sweep_ends: Mapping[int, int] | None = None,
     ) -> Route:
@@ -193,11 +200,11 @@ class Route:
         if handlers[0].concurrency > 1:
             route.scheduler = KeyScheduler(handlers[0].concurrency, max_pending)
             proc.pending[partition] = route.scheduler.pending
-        if sharers:
-            route.key_filter, route.sharers, route.null_keys = key_filter, sharers, proc.id == sharers[0]
+        if sharers := place.sharers:
+            route.key_filter, route.sharers, route.null_keys = place.key_filter, sharers, proc.id == sharers[0]
             return route
         until = mixed_history_end(layout, partition[1])
         if until is None or route.position < until:
-            route.key_filter = KeyFilter(bucket_modulus(proc.id, p0, p), frozenset({proc.id}))
+            route.key_filter = KeyFilter(bucket_modulus(proc.id, place.p0, place.p), frozenset({proc.id}))
             route.filter_until = until
         return route

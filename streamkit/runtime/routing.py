@@ -26,8 +26,8 @@ from streamkit.layout.strays import activation, plain_rule, stray_rule, sweep_en
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.copies import ScannedCopies, find_copies
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.progress import ProgressLog
-from streamkit.runtime.routes import Route
+from streamkit.runtime.progress import Commit, ProgressLog
+from streamkit.runtime.routes import Route, SlotPlace
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class Router:
             if end is not None:
                 ends[end[0]] = starts.sweep_ends[(topic, part, end[0])] = end[1]
             route = Route.for_slot(
-                proc, self.handlers[topic], (topic, part), group_pos, layout,
-                key_filter=key_filter, sharers=sharers, p0=p0, p=p, max_pending=self.max_pending, sweep_ends=ends,
+                proc, self.handlers[topic], (topic, part), group_pos, layout, SlotPlace(key_filter, sharers, p0, p),
+                max_pending=self.max_pending, sweep_ends=ends,
             )  # fmt: skip
             if layout is None and topic in self.plain_partitions:
                 route.strays = plain_rule(part, self.plain_partitions[topic])
@@ -121,10 +121,8 @@ class Router:
         await self._find_copies(starts)
         swept = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept]
         clean = [(tp.topic, tp.partition) for tp, r in self.admission if r.swept and not r.forwarded]
-        await progress.record(
-            member, generation, epochs, starts.whole, starts.shared,
-            swept=swept, sweep_ends=starts.sweep_ends, no_copies_beyond=clean,
-        )  # fmt: skip
+        commit = Commit(starts.whole, starts.shared, swept=swept, sweep_ends=starts.sweep_ends, no_copies_beyond=clean)
+        await progress.record(member, generation, epochs, commit)
         decided = {(t, q) for t, q, _ in starts.sweep_ends}
         for tp, route in self.admission:
             if (tp.topic, tp.partition) in decided and not route.swept:

@@ -46,7 +46,7 @@ from stores.base import StoreError, StoreLockedError
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import KafkaIO
 from streamkit.state.changelog import position_of
-from streamkit.state.restore import restore_store
+from streamkit.state.restore import ChangelogSource, restore_store
 from streamkit.state.standby import LineageBroken, NotInChangelog, StandbyCopy
 
 log = logging.getLogger(__name__)
@@ -296,10 +296,8 @@ class StandbyKeeper:
                 self._kept(pid, copy, "from its store on disk")
                 return
         self.status[pid] = StandbyStatus(0, 0, "restoring")
-        plan = await restore_store(
-            self.io, self.topic, pid, path, self.tables, p0=self._p0, incarnation=self.incarnation,
-            log_as="standby", configure=self.configure,
-        )  # fmt: skip
+        changelog = ChangelogSource(self.io, self.topic, self.tables, self._p0, self.incarnation)
+        plan = await restore_store(changelog, pid, path, log_as="standby", configure=self.configure)
         if plan is None:  # no marker yet: tried again by ``follow``
             self.status.pop(pid, None)
             return

@@ -9,11 +9,9 @@ died simply goes stale.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -40,7 +38,6 @@ from streamkit.internal_records import (
     str_keyed,
 )
 from streamkit.kafkaio import FetchedRecord, KafkaIO
-from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.state.changelog import position_of
 
@@ -94,55 +91,14 @@ class WorkerStatus:
         return orjson.dumps(self.__dict__, option=orjson.OPT_NON_STR_KEYS)
 
 
-def snapshot(
-    *,
-    app: str,
-    worker: str,
-    hosted: Mapping[int, Iterable[tuple[str, int]]],
-    handled: int,
-    consecutive_failures: int,
-    output: Output,
-    joining: Mapping[int, Mapping[str, int]] | None = None,
-    restoring: Mapping[int, Mapping[str, int]] | None = None,
-    processors: Iterable[ProcessorState] = (),
-    query_url: str | None = None,
-    alive: bool = True,
-    global_tables: Mapping[str, Mapping[str, Any]] | None = None,
-    standbys: Mapping[int, Mapping[str, Any]] | None = None,
-    skipped: Mapping[str, Mapping[str, int]] | None = None,
-) -> WorkerStatus:
-    """A worker's heartbeat from what it hands over: the (topic, partition)s each hosted
-    processor consumes, its counts, and its output's dead-letter figures."""
-    return WorkerStatus(
-        app=app,
-        worker=worker,
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        at=time.time(),
-        alive=alive,
-        processors={pid: sorted(parts) for pid, parts in hosted.items()},
-        handled=handled,
-        dead_letters=dict(output.dead_letter_counts),
-        strays_forwarded=dict(output.strays_forwarded),
-        consecutive_failures=consecutive_failures,
-        last_error=output.last_error,
-        joining={pid: dict(v) for pid, v in (joining or {}).items()},
-        restoring={pid: dict(v) for pid, v in (restoring or {}).items()},
-        query_url=query_url,
-        global_tables={name: dict(v) for name, v in (global_tables or {}).items()},
-        ic_ranges=ic_counts(processors),
-        changelog=changelog_positions(processors),
-        standbys={pid: dict(v) for pid, v in (standbys or {}).items()},
-        skipped={kind: dict(v) for kind, v in (skipped or {}).items()},
-    )
-
-
 class SkipCounts(Protocol):
     """What a member's admission counts of the records it skips on purpose
     (``streamkit.runtime.admission.Admission``)."""
 
-    copies_skipped_by: Counter[TopicPartition]
-    duplicate_strays_by: Counter[TopicPartition]
+    @property
+    def copies_skipped_by(self) -> Counter[TopicPartition]: ...
+    @property
+    def duplicate_strays_by(self) -> Counter[TopicPartition]: ...
 
 
 SKIPPED_KINDS = ("malformed", "copies", "duplicate_strays")

@@ -27,16 +27,17 @@ from streamkit.ops.metrics import Durations
 from streamkit.runtime import checkpointing
 from streamkit.runtime.catchup import Stamp, shape_of
 from streamkit.runtime.dispatch import by_processor
-from streamkit.runtime.key_sets import delete_retired_stores, open_for_count
+from streamkit.runtime.key_sets import StoreOpening, delete_retired_stores, open_for_count
 from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.progress import Commit
 from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routes import rebuilt_all
 from streamkit.runtime.routing import Starts
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
 from streamkit.state.changelog import position_of
-from streamkit.state.restore import restore_store
+from streamkit.state.restore import ChangelogSource, restore_store
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,11 @@ class TaskManager:
     def stamp(self, generation: int) -> Stamp:
         """What the checkpoints of a catch-up in ``generation`` are stamped with."""
         return lambda: (self.layout_epochs, generation)
+
+    def opening(self, incarnation: str) -> StoreOpening:
+        """How this worker opens a processor's store for the job's ``incarnation``."""
+        s = self.app.settings
+        return StoreOpening(self.app.tables, s.store_open_timeout, incarnation, self.app.name, self.services.memory)
 
     def dirty_keys(self) -> int:
         """The keys the hosted processors changed since the last checkpoint: what the next
@@ -201,7 +207,7 @@ class TaskManager:
             for t, q, f in slots
             if f is not None
         }
-        await progress.record(self.name, generation, assignment.epochs, whole, shared)
+        await progress.record(self.name, generation, assignment.epochs, Commit(whole, shared))
         await progress.refresh()
         for topic, epoch in assignment.epochs.items():
             await registry.ensure_at_least(topic, epoch)
@@ -219,16 +225,12 @@ class TaskManager:
         changelog = services.changelog
         if changelog is not None and not path.exists():  # a lost disk, or a new machine
             try:
-                await restore_store(services.io, changelog.topic, pid, path, self.app.tables, p0=assignment.p0,
-                                    incarnation=incarnation, log_as=self.name,
-                                    on_read=self.restores.tracker(pid))  # fmt: skip
+                source = ChangelogSource(services.io, changelog.topic, self.app.tables, assignment.p0, incarnation)
+                await restore_store(source, pid, path, log_as=self.name, on_read=self.restores.tracker(pid))
             finally:
                 self.restores.done(pid)
-        proc = await open_for_count(
-            pid, path, self.app.tables, assignment.p0, assignment.p, adopt=True,
-            timeout=settings.store_open_timeout, log_as=self.name, incarnation=incarnation, app=self.app.name,
-            memory=services.memory,
-        )  # fmt: skip
+        opening = self.opening(incarnation)
+        proc = await open_for_count(pid, path, opening, assignment.p0, assignment.p, log_as=self.name, adopt=True)
         self.processors[pid] = proc
         if changelog is not None and position_of(proc.loaded) is not None:
             after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
@@ -333,18 +335,13 @@ class TaskManager:
             for tp, r in admission
         ]  # fmt: skip
         try:
-            committed = await checkpointing.checkpoint(
-                member=self.name,
-                generation=self.assigned_generation,
-                layout_epochs=self.layout_epochs,
-                processors=self.processors.values(),
-                slots=slots,
-                progress=self.services.progress,
-                flush_output=self.services.output.flush,
-                commit_offsets=self._commit_offsets,
-                extra={PROCESSOR_COUNT: self.job_p},
-                changelog=self.services.changelog,
+            stamp = checkpointing.CheckpointStamp(
+                self.name, self.assigned_generation, self.layout_epochs, {PROCESSOR_COUNT: self.job_p}
             )
+            sinks = checkpointing.CheckpointSinks(
+                self.services.progress, self.services.output.flush, self._commit_offsets, self.services.changelog
+            )
+            committed = await checkpointing.checkpoint(stamp, self.processors.values(), slots, sinks)
         except checkpointing.ZombieCheckpointError as exc:
             self.zombie_rejections += 1
             log.error("%s: %s; dropping uncommitted state and rejoining", self.name, exc)

@@ -10,7 +10,6 @@ import socket
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -27,7 +26,7 @@ from streamkit.joins.global_store import GlobalStores
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
-from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, TableView, WorkerView
+from streamkit.ops.metrics import WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
 from streamkit.ops.queries import advertised_url, serve_queries, server_tls
 from streamkit.producer import Producer, ProducerConfig
@@ -41,8 +40,9 @@ from streamkit.runtime.progress import ProgressLog
 from streamkit.runtime.queries import QueryAnswers
 from streamkit.runtime.services import Services
 from streamkit.runtime.standbys import StandbyKeeper
-from streamkit.runtime.status import STATUS_TOPIC, changelog_positions, ic_counts, skipped_counts, snapshot
+from streamkit.runtime.status import STATUS_TOPIC
 from streamkit.runtime.timers import run_timer
+from streamkit.runtime.views import worker_status, worker_view
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
 log = logging.getLogger(__name__)
@@ -281,61 +281,8 @@ class Worker:
 
     async def metrics_view(self) -> WorkerView:
         """What a metrics scrape shows (``streamkit.ops.metrics``), read on the loop."""
-        services = self.services
-        assert services is not None
-        partitions, processors, changelog = [], [], {}
-        for m in self.members:
-            for tp, route in m.admission:
-                hw = m.consumer.highwater(tp) if m.consumer.assignment() and tp in m.consumer.assignment() else None
-                partitions.append(PartitionView(tp.topic, tp.partition, route.proc.id, route.position, hw))
-            processors += [ProcessorView(pid, "active") for pid in m.processors]
-            for pid, lag in m.joining.progress.items():
-                state = "receiving" if pid in m.processors else "bootstrapping"
-                processors.append(ProcessorView(pid, state, lag.get("t2", 0), lag.get("t1", 0)))
-            processors += [
-                ProcessorView(pid, "restoring", r["at"], r["end"]) for pid, r in m.tasks.restores.running.items()
-            ]
-            changelog.update(changelog_positions(m.processors.values()))
-        checkpoints, handler_batches, gate_waits = Durations(), Durations(), Durations()
-        strays_waiting: dict[str, int] = {}
-        tables = []
-        for m in self.members:
-            checkpoints.add(m.tasks.checkpoint_seconds)
-            handler_batches.add(m.dispatcher.handler_batches)
-            gate_waits.add(m.admission.gate_wait_seconds)
-            for tp, route in m.admission:
-                if route.swept and (hw := m.consumer.highwater(tp) if tp in m.consumer.assignment() else None):
-                    strays_waiting[f"{tp.topic}/{tp.partition}"] = max(0, hw - route.position)
-            for pid, proc in m.processors.items():
-                for name, cache in proc.caches.items():
-                    keys, size = proc.store.table_size(name)
-                    tables.append(TableView(pid, name, keys, size, cache.cached_count, cache.misses))
-        return WorkerView(
-            app=self.app.name,
-            worker=self.client_id,
-            applied=sum((m.dispatcher.applied for m in self.members), Counter()),
-            sent=dict(services.output.sent),
-            dead_letters=dict(services.output.dead_letter_counts),
-            strays_forwarded=dict(services.output.strays_forwarded),
-            partitions=partitions,
-            ic_ranges=ic_counts(p for m in self.members for p in m.processors.values()),
-            processors=processors,
-            changelog={pid: at for pid, (at, _) in changelog.items()},
-            rebalances=sum(m.tasks.rebalances for m in self.members),
-            gated=sum(r.limit is not None for m in self.members for _, r in m.admission),
-            checkpoints=checkpoints,
-            handler_batches=handler_batches,
-            gate_waits=gate_waits,
-            strays_waiting=strays_waiting,
-            tables=tables,
-            holes={
-                "asked_again": sum(m.admission.holes_refetched for m in self.members),
-                "read_past": sum(m.admission.holes_read_past for m in self.members),
-            },
-            merge_held=sum(m.merge.held for m in self.members),
-            merge_lag_cuts=sum(m.merge.lag_waits_cut for m in self.members),
-            skipped=skipped_counts(m.admission for m in self.members),
-        )
+        assert self.services is not None
+        return worker_view(self.app.name, self.client_id, self.members, self.services.output)
 
     async def shutdown(self, clean: bool = True) -> None:
         """Leave the group; checkpoint first unless a failure may have left a batch half done."""
@@ -378,26 +325,11 @@ class Worker:
 
     async def _publish_status(self, alive: bool = True) -> None:
         assert self._producer is not None and self.services is not None
-        hosted: dict[int, list[tuple[str, int]]] = {}
-        for m in self.members:
-            for pid, parts in m.hosted().items():
-                hosted.setdefault(pid, []).extend(parts)
-        status = snapshot(
-            app=self.app.name,
-            worker=self.client_id,
-            hosted=hosted,
-            handled=sum(m.dispatcher.handled for m in self.members),
-            consecutive_failures=max((m.dispatcher.consecutive_failures for m in self.members), default=0),
-            output=self.services.output,
-            joining={pid: lag for m in self.members for pid, lag in m.joining.progress.items()},
-            restoring={pid: at for m in self.members for pid, at in m.tasks.restores.running.items()},
-            processors=[proc for m in self.members for proc in m.processors.values()],
-            alive=alive,
-            query_url=self.query_url,
+        status = worker_status(
+            self.app.name, self.client_id, self.members, self.services.output, alive=alive, query_url=self.query_url,
             global_tables=self._globals.status() if self._globals is not None else {},
             standbys=self._standbys.report() if self._standbys is not None else {},
-            skipped=skipped_counts(m.admission for m in self.members),
-        )
+        )  # fmt: skip
         await self._producer.send(STATUS_TOPIC, key=self.client_id.encode(), value=status.encode())
 
     async def _heartbeat(self) -> None:

@@ -218,29 +218,41 @@ async def read_plan(
         return None, len(records)
 
 
+@dataclass(frozen=True)
+class ChangelogSource:
+    """A job's changelog, as restores and seeds read it."""
+
+    io: KafkaIO
+    topic: str
+    tables: Mapping[str, Any]
+    """The app's tables (their names and windows)."""
+    p0: int
+    """The job's initial processor count (how its keys are placed)."""
+    incarnation: str = ""
+    """The job's incarnation: markers of an earlier one (before a reset) are not its own."""
+
+
 async def restore_store(
-    io: KafkaIO,
-    topic: str,
+    source: ChangelogSource,
     pid: int,
     path: Path,
-    tables: Mapping[str, Any],
     *,
-    p0: int,
-    incarnation: str = "",
     log_as: str = "",
     on_read: ReadProgress | None = None,
     configure: Any = None,
 ) -> RestorePlan | None:
     """Rebuild processor ``pid``'s store at ``path`` (which must not exist) from the
-    changelog; None (nothing written: the caller rebuilds from the input) when the
+    changelog ``source``; None (nothing written: the caller rebuilds from the input) when the
     changelog has no marker of it, or cannot be read as a chain (said in one line).
     ``on_read``: the progress of the changelog's read (what a restore spends its time on).
     ``configure``: the store's RocksDB options (``RocksDBStore.open``)."""
     t0 = time.monotonic()
-    plan, read = await read_plan(io, topic, pid, incarnation=incarnation, log_as=log_as, on_read=on_read)
+    plan, read = await read_plan(
+        source.io, source.topic, pid, incarnation=source.incarnation, log_as=log_as, on_read=on_read
+    )
     if plan is None:
         return None
-    dropped, keys = await asyncio.to_thread(_write_restored, plan, pid, path, tables, p0, configure)
+    dropped, keys = await asyncio.to_thread(_write_restored, plan, pid, path, source.tables, source.p0, configure)
     took = time.monotonic() - t0
     log.info(
         "%s: processor %d restored from the changelog in %.2f s: %d keys from %d batches (%d records read, "
@@ -270,16 +282,7 @@ def _write_restored(
 
 
 async def seed_plan(
-    io: KafkaIO,
-    topic: str,
-    source: int,
-    pid: int,
-    tables: Mapping[str, Any],
-    *,
-    p0: int,
-    count: int,
-    incarnation: str = "",
-    log_as: str = "",
+    changelog: ChangelogSource, source: int, pid: int, count: int, log_as: str = ""
 ) -> tuple[RestorePlan | None, str]:
     """Where processor ``pid``, joining as the job grows to ``count`` processors, starts:
     the state of its keys in the changelog of processor ``source`` (the one they split
@@ -287,7 +290,8 @@ async def seed_plan(
     No plan, and why (its bootstrap reads the input history instead), when ``source`` has
     no chain of markers, or its head is of a store that did not hold ``pid``'s keys (one
     written for more processors, before a shrink gave them back)."""
-    plan, read = await read_plan(io, topic, source, incarnation=incarnation, log_as=log_as)
+    topic, tables, p0 = changelog.topic, changelog.tables, changelog.p0
+    plan, read = await read_plan(changelog.io, topic, source, incarnation=changelog.incarnation, log_as=log_as)
     if plan is None:
         return None, f"processor {source} has no chain of markers in {topic}"
     held = head_count(plan, p0)

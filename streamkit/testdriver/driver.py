@@ -1,15 +1,20 @@
 """Test an app without a broker: feed records, move time, read tables, output and dead
 letters, in milliseconds (as Kafka Streams' ``TopologyTestDriver``).
 
-Everything after fetching is the worker's own code: records are decoded and applied by
-the worker's ``Dispatcher`` through the routes a worker builds (tables and their
+Everything after fetching is the worker's own code: each partition's records go through
+the worker's admission (``runtime.admission``: IC ranges after a restart, the placement
+check of keys a plain producer wrote, unreadable record times) and its apply step with
+the time-ordered merge of a processor's input topics (``runtime.merging``), then are
+decoded and applied by the worker's ``Dispatcher`` through the routes a worker builds (tables and their
 write-back caches over real RocksDB stores in a temporary directory, windows with
 stream time, late records, key-level concurrency with per-key order, dead letters), sent
 through the worker's ``Output``, checkpointed by the worker's commit step and fired by
 the worker's timers. What the driver stands in for is the broker: each input topic is a
 list of records per partition, with as many partitions as the job has processors, a key
 placed where a streamkit producer places it (linear hashing) and partition ``q`` read by
-processor ``q``; output goes to a list instead of a topic.
+processor ``q``; output goes to a list instead of a topic. What needs a broker is left
+out, and only that: a topic's layout changes (gates, epoch stamps, swept partitions) and
+holes in a partition's offsets, which the driver's lists never have.
 
 Time: the driver has its own wall clock, in seconds, starting at ``start_time``. A
 record sent without a timestamp gets the clock's; ``advance`` moves the clock and fires
@@ -34,19 +39,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from aiokafka import TopicPartition
+
 from assignors.linear_hashing import partition_for_key
 from assignors.placement import processors_for_partition
 from streamkit.app import App, HandlerSpec
+from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.context import Header
 from streamkit.joins.global_store import GlobalStores
+from streamkit.joins.merge import TimeMerge
+from streamkit.layout.seal import OriginSeal
+from streamkit.layout.strays import plain_rule
 from streamkit.runtime import checkpointing, timers
-from streamkit.runtime.admission import Admitted
+from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
-from streamkit.runtime.icranges import skip_applied
+from streamkit.runtime.merging import apply_admitted, merged_inputs, release_merged
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
-from streamkit.runtime.restamp import restamp
-from streamkit.runtime.routes import Route
+from streamkit.runtime.routes import Route, SlotPlace
 from streamkit.testdriver.capture import (
     CaptureProducer,
     DeadLetter,
@@ -108,6 +118,8 @@ class TestDriver:
         self._next_fire = {id(spec): start_time + spec.seconds for spec in app.timers}
         self._procs: dict[int, ProcessorState] = {}
         self._routes: dict[tuple[str, int], Route] = {}
+        self._admission = self._new_admission()
+        self._merge = TimeMerge(app.settings.max_task_idle_ms)
         self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)
         self._dispatcher = self._new_dispatcher()
         self._globals = (
@@ -231,7 +243,7 @@ class TestDriver:
         """Commit every processor's state and input positions, as a worker's checkpoint
         does (windows past their retention are deleted here)."""
         self._run(self._output.flush())
-        checkpointing.commit_stores(self._procs.values(), {}, 0, {"p": self.processors})
+        checkpointing.commit_stores(self._procs.values(), {}, 0, {PROCESSOR_COUNT: self.processors})
 
     def restart(self) -> None:
         """A crash and a restart: drop what was not checkpointed, reopen the stores and
@@ -241,6 +253,8 @@ class TestDriver:
             proc.close()
         self._procs.clear()
         self._routes.clear()
+        self._admission = self._new_admission()
+        self._merge.clear()
         self._dispatcher = self._new_dispatcher()
         self._open()
 
@@ -257,6 +271,10 @@ class TestDriver:
         )  # fmt: skip
         dispatcher.run_budget = math.inf  # deterministic: no wall-clock cut
         return dispatcher
+
+    def _new_admission(self) -> Admission:
+        """The worker's admission over the driver's lists (nothing to pause or seek)."""
+        return Admission(_Lists(), group=self.app.group_id, name=f"{self.app.name}-driver", seal=OriginSeal.ephemeral())
 
     def _handlers(self, topic: str) -> list[HandlerSpec]:
         found = self.app.handlers.get(topic)
@@ -276,9 +294,10 @@ class TestDriver:
             for part in range(n):
                 [pid] = processors_for_partition(part, n, n, n, n)
                 proc = self._procs[pid]
-                self._routes[(topic, part)] = Route.for_slot(
-                    proc, self._handlers(topic), (topic, part), 0, None, key_filter=None, sharers=(), p0=n, p=n
-                )
+                route = Route.for_slot(proc, self._handlers(topic), (topic, part), 0, None, SlotPlace(None, (), n, n))
+                route.strays = plain_rule(part, n)  # where the worker's keys of a topic with no layout belong
+                self._routes[(topic, part)] = route
+                self._admission.add(TopicPartition(topic, part), route)
         assigned: dict[ProcessorState, list[Any]] = {}
         for (topic, part), route in self._routes.items():
             assigned.setdefault(route.proc, []).append((topic, part))
@@ -289,20 +308,13 @@ class TestDriver:
         """Apply what each partition holds beyond its route's position, as a member's
         batch: admitted records through the dispatcher, then queued ones of
         key-concurrent routes until none is left, then the output."""
-        for key, route in self._routes.items():
-            records: list[Any] = self._log.get(key, [])[route.position :]
-            if not records:
-                continue
-            ahead = route.proc.ahead.get(key)
-            deliver = records
-            if ahead:  # applied before the restart, beyond the stable offset (IC ranges)
-                keep, _ = skip_applied([r.offset for r in records], ahead)
-                deliver = [records[i] for i in keep]
-            admitted = Admitted([], deliver, [], [], records[-1].offset + 1, len(records))
-            restamp(route, admitted)
-            await self._dispatcher.apply(route, admitted)
-            route.position = admitted.next_position
-            route.proc.uncommitted += admitted.consumed
+        merge, admission = self._merge, self._admission
+        merge.set_inputs(merged_inputs(admission))
+        for tp, _ in list(admission):
+            records: list[Any] = self._log.get((tp.topic, tp.partition), [])[admission.fetch_position(tp) :]
+            for route, admitted in admission.admit(tp, records):
+                await apply_admitted(merge, self._dispatcher, route, admitted, _nothing_lags)
+        await release_merged(merge, self._dispatcher, _nothing_lags)
         for route in self._routes.values():
             while route.scheduler is not None and route.scheduler.queued:
                 await self._dispatcher.run_queued(route)
@@ -310,3 +322,22 @@ class TestDriver:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(coro)
+
+
+class _Lists:
+    """The consumer admission drives, for lists: nothing to pause or seek (no gates, no
+    holes)."""
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        pass
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        pass
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        pass
+
+
+def _nothing_lags(pid: int, topic: str) -> bool:
+    """Every record sent is there at once: no input of the merge waits for more."""
+    return False

@@ -126,7 +126,7 @@ def test_the_admission_counts_second_copies_of_forwarded_strays_per_partition() 
     admission, _, _ = make(layout)
     headers = [(*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", 3, o, b"k", b"1"))) for o in (10, 11, 10, 11, 12)]
     admission.admit(TP, [Rec("orders", 0, i, b"k", b"1", h) for i, h in enumerate(headers)])
-    assert admission.stray_copies_dropped == 2 and admission.duplicate_strays_by == {TP: 2}
+    assert admission.stray_check.stray_copies_dropped == 2 and admission.duplicate_strays_by == {TP: 2}
     assert skipped_counts([admission])["duplicate_strays"] == {"orders/0": 2}
 
 

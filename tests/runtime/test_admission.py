@@ -316,20 +316,18 @@ def test_a_whole_partition_read_from_before_its_split_applies_only_its_processor
     but below the seal (10) partition 0 also held the keys that are processor 1's now.
     Restarted from an old checkpoint (5), it must not apply those; from 10 on, it filters nothing."""
     from assignors.murmur2 import key_hash
-    from streamkit.runtime.routes import mixed_history_end
+    from streamkit.runtime.routes import SlotPlace, mixed_history_end
 
     layout = expanded()
     assert mixed_history_end(layout, 0) == 10 and mixed_history_end(layout, 1) == 0 and mixed_history_end(None, 0) == 0
     admission, _, old = make(layout, position=5)
-    route = Route.for_slot(
-        old.proc, old.handlers, ("orders", 0), 0, layout, key_filter=None, sharers=(), p0=1, p=2
-    )  # fmt: skip
+    route = Route.for_slot(old.proc, old.handlers, ("orders", 0), 0, layout, SlotPlace(None, (), 1, 2))
     admission.routes[TP] = [route]
     keys = [f"k{i}".encode() for i in range(14)]
     [(_, out)] = admission.admit(TP, [Rec("orders", 0, o, keys[o], b"1", stamp(layout)) for o in range(5, 14)])
     assert offsets(out.deliver) == [o for o in range(5, 14) if o >= 10 or key_hash(keys[o]) % 2 == 0]
     route.position = out.next_position
-    beyond = Route.for_slot(old.proc, old.handlers, ("orders", 0), 0, layout, key_filter=None, sharers=(), p0=1, p=2)
+    beyond = Route.for_slot(old.proc, old.handlers, ("orders", 0), 0, layout, SlotPlace(None, (), 1, 2))
     assert beyond.key_filter is None  # its position (14) is past the mixed history
 
 
@@ -456,7 +454,7 @@ def test_a_second_copy_of_a_forwarded_stray_is_dropped_until_the_checkpoint_is_r
 
     batch = [copy(0, (3, 10)), copy(1, (3, 11)), copy(2, (2, 5)), copy(3, (3, 10)), copy(4, (3, 11)), copy(5, (3, 12))]
     [(_, out)] = admission.admit(TP, batch)
-    assert offsets(out.deliver) == [0, 1, 2, 5] and admission.stray_copies_dropped == 2
+    assert offsets(out.deliver) == [0, 1, 2, 5] and admission.stray_check.stray_copies_dropped == 2
     assert route.proc.checkpoint_extra({})["seen_strays"] == {"orders:3:0": 12, "orders:2:0": 5}
     route.proc.rewind()  # nothing checkpointed: after a restart the copies are new again
     route.position = 0
@@ -487,14 +485,14 @@ def test_an_origin_header_streamkit_did_not_seal_drops_nothing() -> None:
     ]
     [(_, out)] = admission.admit(TP, forged)
     assert offsets(out.deliver) == [0, 1, 3, 4] and offsets(out.strays) == [2]
-    assert admission.stray_copies_dropped == 0 and admission.unsealed_origins_by == {TP: 5}
+    assert admission.stray_check.stray_copies_dropped == 0 and admission.stray_check.unsealed_origins_by == {TP: 5}
     real = [
         Rec("orders", 0, o, b"k", b"1", (*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", 3, origin, b"k", b"1"))))
         for o, origin in ((5, 10), (6, 11))
     ]
     route.position = 5
     [(_, out)] = admission.admit(TP, real)
-    assert offsets(out.deliver) == [5, 6] and admission.stray_copies_dropped == 0
+    assert offsets(out.deliver) == [5, 6] and admission.stray_check.stray_copies_dropped == 0
 
 
 def test_a_stray_in_a_shared_partition_is_taken_by_the_lowest_sharer() -> None:

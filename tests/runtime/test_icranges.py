@@ -14,7 +14,7 @@ from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime import icranges
-from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.progress import Commit, ProgressLog
 
 
 def _applied(stable: int, ranges: list[tuple[int, int]], upto: int) -> set[int]:
@@ -91,7 +91,7 @@ def test_100_000_ranges_through_a_progress_record(broker: str) -> None:
             try:
                 log = ProgressLog(io, producer, group)
                 await log.start()
-                await log.record("m0", 0, {}, {("in", 0): stable}, ic={("in", 0, 0): (stable, text)})
+                await log.record("m0", 0, {}, Commit({("in", 0): stable}, ic={("in", 0, 0): (stable, text)}))
                 reader = ProgressLog(io, producer, group)
                 await reader.start()
                 return reader.ic_ranges("in", 0, 0)

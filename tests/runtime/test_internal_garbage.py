@@ -33,7 +33,7 @@ from streamkit.layout.registry import ACKS_TOPIC, LAYOUTS_TOPIC, LayoutRegistry,
 from streamkit.layout.registry import encode_layout_record as encode_layout
 from streamkit.producer import Producer
 from streamkit.runtime.jobmeta import JOBS_TOPIC, JobLayout, newest_jobs
-from streamkit.runtime.progress import PROGRESS_TOPIC, ProgressLog, decode_progress
+from streamkit.runtime.progress import PROGRESS_TOPIC, Commit, ProgressLog, decode_progress
 from streamkit.runtime.status import STATUS_TOPIC, parse_status
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import ROOT, Job, make_records, read_state, reference, wait_until_committed
@@ -223,11 +223,11 @@ def test_the_progress_log_skips_a_record_that_would_apply_half_way(broker: str) 
             try:
                 log = ProgressLog(io, producer, group)
                 await log.start()
-                await log.record("m1", 3, {}, {("t", 0): 7})
+                await log.record("m1", 3, {}, Commit({("t", 0): 7}))
                 await write_garbage(broker, garbage(group, "app", "t"))
                 await log.refresh()
                 assert log.position("t", 0) == 7 and log.newest_generation([("t", 0)]) == 3
-                await log.record("m1", 3, {}, {("t", 0): 9})
+                await log.record("m1", 3, {}, Commit({("t", 0): 9}))
                 assert log.position("t", 0) == 9
             finally:
                 await producer.stop()

@@ -145,13 +145,13 @@ def _positions(text: str) -> dict[str, int]:
 
 async def _restore_all(job: ScaleJob, processors: int) -> None:
     from streamkit.state.changelog import changelog_topic
-    from streamkit.state.restore import restore_store
+    from streamkit.state.restore import ChangelogSource, restore_store
 
     tables = job.app_object().tables
     async with KafkaIO(job.broker) as io:
         for pid in range(processors):
             path = job.tmp / "state" / job.app / f"processor-{pid}"
-            plan = await restore_store(io, changelog_topic(job.app), pid, path, tables, p0=job.p0)
+            plan = await restore_store(ChangelogSource(io, changelog_topic(job.app), tables, job.p0), pid, path)
             assert plan is not None, f"processor {pid} has nothing in the changelog"
 
 

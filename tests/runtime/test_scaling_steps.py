@@ -17,7 +17,7 @@ from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
 from streamkit.cli.scale import plan_moves
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
-from streamkit.runtime.key_sets import adopt_store, key_set_change, open_for_count, staging_path
+from streamkit.runtime.key_sets import StoreOpening, adopt_store, key_set_change, open_for_count, staging_path
 from streamkit.state.changelog import MARKER_PREFIX, Marker
 
 
@@ -84,7 +84,7 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
     tables = app.tables
 
     async def reopen(count: int) -> set[bytes]:
-        proc = await open_for_count(0, path, tables, 2, count, timeout=1.0, log_as="test", adopt=True)
+        proc = await open_for_count(0, path, StoreOpening(tables, 1.0), 2, count, log_as="test", adopt=True)
         proc.close()
         return _keys(path)
 

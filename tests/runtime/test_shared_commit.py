@@ -60,14 +60,10 @@ class Sharer:
             self.proc.uncommitted += 1
         slot = checkpointing.Slot(TP, self.proc, self.committed, self.sharers, kafka_offset=self.sent.get(TP, -1))
         committed = await checkpointing.checkpoint(
-            member=self.name,
-            generation=1,
-            layout_epochs={},
-            processors=[self.proc],
-            slots=[slot],
-            progress=self.log,
-            flush_output=_nothing,
-            commit_offsets=self._commit,
+            checkpointing.CheckpointStamp(self.name, 1, {}),
+            [self.proc],
+            [slot],
+            checkpointing.CheckpointSinks(self.log, _nothing, self._commit),
         )
         self.committed = committed.get((TP, self.proc.id), self.committed)
 

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.progress import PROGRESS_TOPIC, ProgressLog
 from streamkit.state.changelog import changelog_topic
-from streamkit.state.restore import restore_store
+from streamkit.state.restore import ChangelogSource, restore_store
 from streamkit.testing import create_topic, produce_json
 from tests.runtime.jobs import Job, make_records, read_state, reference, wait_until_committed
 
@@ -118,5 +118,5 @@ async def restore_all(job: Job, processors: int) -> None:
     async with KafkaIO(job.bootstrap) as io:
         for pid in range(processors):
             path = job.state_dir / job.app / f"processor-{pid}"
-            plan = await restore_store(io, changelog_topic(job.app), pid, path, app.tables, p0=processors)
+            plan = await restore_store(ChangelogSource(io, changelog_topic(job.app), app.tables, processors), pid, path)
             assert plan is not None, f"processor {pid} has nothing in the changelog"

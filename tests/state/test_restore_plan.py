@@ -22,7 +22,7 @@ from streamkit.state.changelog import (
     Marker,
     change_key,
 )
-from streamkit.state.restore import ChangelogError, keep_own_keys, plan_restore, seed_plan
+from streamkit.state.restore import ChangelogError, ChangelogSource, keep_own_keys, plan_restore, seed_plan
 
 
 @dataclass
@@ -214,19 +214,19 @@ def test_a_joining_processor_starts_only_from_a_store_that_held_its_keys() -> No
     log.batch("a", keys, base=None, gen=1, at=10, p=2)
     io = _OnePartition(log)
     # 2 -> 3: processor 2's keys split from processor 0's store of 2 processors
-    plan, why = asyncio.run(seed_plan(io, "cl", 0, 2, tables, p0=2, count=3))  # type: ignore[arg-type]
+    plan, why = asyncio.run(seed_plan(ChangelogSource(io, "cl", tables, 2), 0, 2, 3))  # type: ignore[arg-type]
     assert plan is not None, why
     assert set(plan.state["t"]) == {k for k in keys if lh_bucket(key_hash(k), 2, 3) == 2}
     assert plan.checkpoint.positions == {("in", 0): 10}
     # processor 3 (joining at 4) comes from processor 1, not 0
-    plan, why = asyncio.run(seed_plan(io, "cl", 0, 3, tables, p0=2, count=4))  # type: ignore[arg-type]
+    plan, why = asyncio.run(seed_plan(ChangelogSource(io, "cl", tables, 2), 0, 3, 4))  # type: ignore[arg-type]
     assert plan is None and "did not hold processor 3's keys" in why
     # a head written for more processors than the job has now (before a shrink gave keys back)
     log.batch("b", {}, base=len(log.records), gen=2, at=20, p=4)
-    plan, why = asyncio.run(seed_plan(io, "cl", 0, 2, tables, p0=2, count=3))  # type: ignore[arg-type]
+    plan, why = asyncio.run(seed_plan(ChangelogSource(io, "cl", tables, 2), 0, 2, 3))  # type: ignore[arg-type]
     assert plan is None and "for 4 processors" in why
     # nothing in the changelog: the input history
-    plan, why = asyncio.run(seed_plan(io, "cl", 1, 3, tables, p0=2, count=4))  # type: ignore[arg-type]
+    plan, why = asyncio.run(seed_plan(ChangelogSource(io, "cl", tables, 2), 1, 3, 4))  # type: ignore[arg-type]
     assert plan is None and "no chain of markers" in why
 
 

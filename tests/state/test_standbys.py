@@ -86,7 +86,7 @@ def _restored_state(broker: str, app: str, where: Path, processors: int = PROCES
     zombie's late writes, of an older generation, are not on any chain)."""
     from streamkit.app import App
     from streamkit.state.changelog import changelog_topic
-    from streamkit.state.restore import restore_store
+    from streamkit.state.restore import ChangelogSource, restore_store
 
     tables = App(app).table("stats", default=dict)  # the job's one table, as job_app declares it
     state: dict[str, dict[str, Any]] = {}
@@ -95,7 +95,9 @@ def _restored_state(broker: str, app: str, where: Path, processors: int = PROCES
         async with KafkaIO(broker) as io:
             for pid in range(processors):
                 path = where / f"processor-{pid}"
-                assert await restore_store(io, changelog_topic(app), pid, path, {"stats": tables}, p0=processors)
+                assert await restore_store(
+                    ChangelogSource(io, changelog_topic(app), {"stats": tables}, processors), pid, path
+                )
                 with RocksDBStore.open(str(path), ["stats"], create=False) as store:
                     part = {k.decode(): orjson.loads(v) for k, v in store.items("stats")}
                 assert not set(part) & set(state), f"processor {pid} restores keys of another"

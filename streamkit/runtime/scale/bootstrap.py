@@ -32,20 +32,18 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 from aiokafka import TopicPartition
 
 from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.errors import HistoryTruncatedError
-from streamkit.kafkaio import KafkaIO
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.jobmeta import Bootstrap, ConcurrentJobChangeError, JobLayout, publish_job
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import Pace, plan_rebuild, rebuild
 from streamkit.runtime.scale.staging_seed import seed_marks, wait_logged
-from streamkit.state.restore import live_changes, seed_plan
-from streamkit.tables import Table
+from streamkit.state.restore import ChangelogSource, live_changes, seed_plan
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +53,7 @@ the handover (it replays them during the rebalance, without output)."""
 
 
 async def seed_from_changelog(
-    proc: ProcessorState,
-    source: ProcessorState | None,
-    *,
-    io: KafkaIO,
-    topic: str,
-    count: int,
-    p0: int,
-    tables: Mapping[str, Table],
-    incarnation: str,
-    log_as: str,
+    proc: ProcessorState, source: ProcessorState | None, changelog: ChangelogSource, count: int, log_as: str
 ) -> bool:
     """Start joining processor ``proc``'s store (empty: a bootstrap that resumes goes on
     from its own positions) from the changelog of ``source``, the processor its keys split
@@ -78,16 +67,14 @@ async def seed_from_changelog(
         log.info("%s: processor %d bootstraps from the input: its source is not hosted here", log_as, proc.id)
         return False
     if not await wait_logged(source):  # its snapshot is due
-        plan, why = None, f"processor {source.id}'s store is not in {topic} yet"
+        plan, why = None, f"processor {source.id}'s store is not in {changelog.topic} yet"
     else:
-        plan, why = await seed_plan(
-            io, topic, source.id, proc.id, tables, p0=p0, count=count, incarnation=incarnation, log_as=log_as
-        )
+        plan, why = await seed_plan(changelog, source.id, proc.id, count, log_as)
     if plan is None:
         log.info("%s: processor %d bootstraps from the input history: %s", log_as, proc.id, why)
         return False
     head = plan.head.checkpoint
-    changes = live_changes(plan, tables)
+    changes = live_changes(plan, changelog.tables)
     proc.store.commit(changes, head.replace(extra=seed_marks(head, count)))
     proc.reload()
     log.info(

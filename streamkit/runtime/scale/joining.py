@@ -23,6 +23,7 @@ from streamkit.runtime.scale.bootstrap import bootstrap_step, seed_from_changelo
 from streamkit.runtime.scale.staging_seed import StagingSeed
 from streamkit.runtime.services import Services
 from streamkit.runtime.tasks import TaskManager
+from streamkit.state.restore import ChangelogSource
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,9 @@ class Joining:
         if step is None or step.pid in self._joining or step.beside not in self.tasks.processors:
             return
         path = self.app.store_path(step.pid, self.app.settings.state_dir)
-        proc = await open_for_count(
-            step.pid, staging_path(path) if step.staging else path, self.app.tables, job.p0, step.count,
-            timeout=self.app.settings.store_open_timeout, log_as=self.name, incarnation=job.incarnation,
-            app=self.app.name, memory=self.services.memory,
-        )  # fmt: skip
+        opening = self.tasks.opening(job.incarnation)
+        where = staging_path(path) if step.staging else path
+        proc = await open_for_count(step.pid, where, opening, job.p0, step.count, log_as=self.name)
         if step.staging:  # two processors' keys, each on its own stream time until it goes live
             proc.hold_sides(job.p0, step.count + 1)
         info = self.parts.assignor.info
@@ -160,10 +159,8 @@ class Joining:
             seed = StagingSeed(self.parts.catchup, changelog.topic, self.app.tables, job.p0, job.incarnation,
                                self.services.lock, self.tasks.stamp(generation), self.services.memory)  # fmt: skip
             return lambda: seed(proc, source, step.count)
-        return lambda: seed_from_changelog(
-            proc, source, io=self.services.io, topic=changelog.topic, count=step.count,
-            p0=job.p0, tables=self.app.tables, incarnation=job.incarnation, log_as=self.name,
-        )  # fmt: skip
+        seeds = ChangelogSource(self.services.io, changelog.topic, self.app.tables, job.p0, job.incarnation)
+        return lambda: seed_from_changelog(proc, source, seeds, step.count, self.name)
 
     async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:
         """A growth step whose splitting processor is hosted here, beside the joined one:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from assignors.linear_hashing import bucket_modulus
 from stores.base import Checkpoint
 from streamkit.checkpoint_keys import CHANGELOG_POSITION, PROCESSOR_COUNT
 from streamkit.runtime.catchup import CatchUp
+from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState, StateMemory
 from streamkit.runtime.rebuild import REBUILD_MARK, Pace, plan_rebuild, rebuild
 from streamkit.runtime.sides import SIDES, SideClocks
@@ -72,7 +73,7 @@ class StagingSeed:
     p0: int
     incarnation: str
     lock: asyncio.Lock
-    stamp: Callable[[], tuple[Mapping[str, int], int]]
+    stamp: Stamp
     memory: StateMemory | None = None
 
     async def __call__(self, staging: ProcessorState, receiving: ProcessorState | None, retiring: int) -> bool:
