@@ -4,6 +4,9 @@
         [--contenders raw,streamkit,streamkit-stamped,quix,faust,bytewax,pathway] [--faust-fraction 0.1]
         [--session-timeout-ms 6000] [--bootstrap HOST:PORT] [--producers 1] [--repeat 1]
 
+``--contenders streamkit,streamkit@/path/to/other/checkout`` runs the same contender from
+another checkout of the repository too (the code before a change), interleaved with this one.
+
 ``--keys 10000,100000,1000000`` sweeps key counts: one shape after the other on the same
 broker, a report (records/s, CPU per record, peak RSS, ratios) per shape.
 
@@ -45,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import INPUTS, REQUIRES, VENVS, module_for
+from benchmarks.contenders import INPUTS, REQUIRES, VENVS, checkout_of, module_for
 from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
 from benchmarks.report import medians, print_medians, print_report
 
@@ -170,7 +173,8 @@ def run_contender(
     """Run one contender process to completion; its measurements and RESULT. ``log_name``:
     what its log files are named after (default: the contender)."""
     module = f"benchmarks.contenders.{module_for(name)}"
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{module_for(name)}-"))
+    checkout = checkout_of(name)
     cmd = [
         str(venv_python(name)) if name in VENVS else sys.executable,
         "-m",
@@ -188,11 +192,13 @@ def run_contender(
         "--session-timeout-ms",
         str(session_timeout_ms),
     ]
-    base = log_name or name
+    base = (log_name or name).replace("/", "_")  # (a NAME@DIR contender: its path)
     out_path, err_path = logdir / f"{base}.stdout", logdir / f"{base}.stderr"
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": name}
+    if checkout is not None:  # its streamkit, stores and assignors, and its contender module
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     usage_path = logdir / f"{base}.rusage.json"
     usage_path.unlink(missing_ok=True)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -201,7 +207,7 @@ def run_contender(
         # so a timeout kills both with one killpg.
         proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, str(usage_path), *cmd],
-            cwd=ROOT,
+            cwd=checkout or ROOT,
             stdout=out,
             stderr=err,
             env=env,

@@ -142,8 +142,16 @@ VENVS: dict[str, tuple[str, ...]] = {"pathway": ("pathway==0.33.0", "orjson>=3.1
 
 
 def module_for(name: str) -> str:
-    """Short contender name -> module name under ``benchmarks.contenders``."""
-    return ALIASES.get(name, name)
+    """Short contender name -> module name under ``benchmarks.contenders`` (``NAME@DIR``:
+    NAME's, run from another checkout, see :func:`checkout_of`)."""
+    base = name.partition("@")[0]
+    return ALIASES.get(base, base)
+
+
+def checkout_of(name: str) -> str | None:
+    """The checkout a contender named ``NAME@DIR`` runs from (the code before a change, to
+    compare with this one in the same run), else None."""
+    return name.partition("@")[2] or None
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None):

@@ -12,7 +12,10 @@ through the worker's ``Output``, checkpointed by the worker's commit step and fi
 the worker's timers. What the driver stands in for is the broker: each input topic is a
 list of records per partition, with as many partitions as the job has processors, a key
 placed where a streamkit producer places it (linear hashing) and partition ``q`` read by
-processor ``q``; output goes to a list instead of a topic. What needs a broker is left
+processor ``q``; output goes to a list instead of a topic. With ``partitions`` other than
+the processor count, the input topics have that many partitions and the processors read
+them as a worker's would: several whole partitions each, or shares of one (each sharer
+applying its keys) when there are more processors than partitions. What needs a broker is left
 out, and only that: a topic's layout changes (gates, epoch stamps, swept partitions) and
 holes in a partition's offsets, which the driver's lists never have.
 
@@ -41,8 +44,8 @@ from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
 
+from assignors.group import TopicShape, place_job
 from assignors.linear_hashing import partition_for_key
-from assignors.placement import processors_for_partition
 from streamkit.app import App, HandlerSpec
 from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.context import Header
@@ -102,12 +105,16 @@ class TestDriver:
 
     __test__ = False  # not a pytest test class, whatever its name
 
-    def __init__(self, app: App, processors: int | None = None, *, start_time: float = 0.0) -> None:
+    def __init__(
+        self, app: App, processors: int | None = None, *, partitions: int | None = None, start_time: float = 0.0
+    ) -> None:
         if not app.handlers:
             raise ValueError(f"app {app.name!r} has no @app.processor handler: nothing to drive")
         self.app = app
         self.processors = processors or app.processor_count or 1
-        """The job's processors, and every input topic's partitions."""
+        """The job's processors."""
+        self.partitions = partitions or self.processors
+        """Every input topic's partitions."""
         self.now = start_time
         """The driver's wall clock, seconds."""
         self._loop = asyncio.new_event_loop()
@@ -117,7 +124,7 @@ class TestDriver:
         self._producer = CaptureProducer()
         self._next_fire = {id(spec): start_time + spec.seconds for spec in app.timers}
         self._procs: dict[int, ProcessorState] = {}
-        self._routes: dict[tuple[str, int], Route] = {}
+        self._routes: list[Route] = []
         self._admission = self._new_admission()
         self._merge = TimeMerge(app.settings.max_task_idle_ms)
         self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer)
@@ -163,7 +170,7 @@ class TestDriver:
         spec = self._handlers(topic)[0].topic
         kb = key if isinstance(key, bytes) else spec.encode_key(key)
         vb = value if isinstance(value, bytes) else spec.encode_value(value)
-        n = self.processors
+        n = self.partitions
         part = partition_for_key(kb, n, n) if kb is not None else next(self._round_robin) % n
         log = self._log.setdefault((topic, part), [])
         ts = self.now if timestamp is None else timestamp
@@ -285,22 +292,25 @@ class TestDriver:
         return found
 
     def _open(self) -> None:
-        """Open every processor's store and its partitions' routes, where its checkpoint is."""
-        n = self.processors
-        for pid in range(n):
+        """Open every processor's store and its partitions' routes, where its checkpoint is,
+        placed as a worker's assignment places them (``assignors.group.place_job``)."""
+        n, p = self.partitions, self.processors
+        for pid in range(p):
             path = self.app.store_path(pid, self._dir)
             self._procs[pid] = self._run(ProcessorState.open(pid, path, self.app.tables, timeout=5.0))
-        for topic in self.app.input_topics:
-            for part in range(n):
-                [pid] = processors_for_partition(part, n, n, n, n)
-                proc = self._procs[pid]
-                route = Route.for_slot(proc, self._handlers(topic), (topic, part), 0, None, SlotPlace(None, (), n, n))
-                route.strays = plain_rule(part, n)  # where the worker's keys of a topic with no layout belong
-                self._routes[(topic, part)] = route
-                self._admission.add(TopicPartition(topic, part), route)
+        placed = place_job({t: TopicShape(n, n) for t in self.app.input_topics}, p, p)  # (the job's p0: p)
         assigned: dict[ProcessorState, list[Any]] = {}
-        for (topic, part), route in self._routes.items():
-            assigned.setdefault(route.proc, []).append((topic, part))
+        for pid, slots in sorted(placed.slots.items()):
+            proc = self._procs[pid]
+            for topic, part, key_filter in slots:
+                sharers = placed.sharers.get((topic, part), ()) if key_filter is not None else ()
+                route = Route.for_slot(
+                    proc, self._handlers(topic), (topic, part), 0, None, SlotPlace(key_filter, sharers, p, p)
+                )
+                route.strays = plain_rule(part, n)  # where the worker's keys of a topic with no layout belong
+                self._routes.append(route)
+                self._admission.add(TopicPartition(topic, part), route)
+                assigned.setdefault(proc, []).append((topic, part))
         self._run(self._dispatcher.fire(self.app.keys_assigned_callbacks, assigned))
         self._run(self._pump())
 
@@ -315,7 +325,7 @@ class TestDriver:
             for route, admitted in admission.admit(tp, records):
                 await apply_admitted(merge, self._dispatcher, route, admitted, _nothing_lags)
         await release_merged(merge, self._dispatcher, _nothing_lags)
-        for route in self._routes.values():
+        for route in self._routes:
             while route.scheduler is not None and route.scheduler.queued:
                 await self._dispatcher.run_queued(route)
         await self._dispatcher.send_output()
