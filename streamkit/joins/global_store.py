@@ -37,6 +37,7 @@ from stores.base import Checkpoint, StoreError, StoreLockedError
 from stores.rocksdb import RocksDBStore
 from streamkit.joins.global_table import GlobalTable
 from streamkit.kafkaio import ACKED_HOLE_WAIT, HOLE_CONFIRM_SECONDS, KafkaIO
+from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import COPY_HEADER
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,11 @@ class GlobalStoreStats:
 class GlobalStore:
     """One global table's copy on this worker; ``get`` answers the table's lookups."""
 
-    def __init__(self, table: GlobalTable, app_dir: Path, incarnation: str = "") -> None:
+    def __init__(
+        self, table: GlobalTable, app_dir: Path, incarnation: str = "", seal: OriginSeal | None = None
+    ) -> None:
+        self._seal = seal or OriginSeal.ephemeral()
+        """Tells the copies for compaction streamkit wrote from records carrying the header."""
         self.table = table
         self.incarnation = incarnation
         self.stats = GlobalStoreStats()
@@ -159,8 +164,12 @@ class GlobalStore:
         changes: dict[bytes, bytes | None] = {}
         skipped = self.stats.skipped
         for r in records:
-            if r.headers and any(k == COPY_HEADER for k, _ in r.headers):
-                continue
+            if (
+                r.headers
+                and r.headers[0][0] == COPY_HEADER
+                and self._seal.copy_of(self.table.topic.name, r) is not None
+            ):
+                continue  # a copy for compaction streamkit wrote: its original is applied where it lies
             if r.key is None:
                 skipped["no key"] = skipped.get("no key", 0) + 1
                 continue
@@ -251,11 +260,13 @@ class GlobalStores:
     """Every global table of an app on this worker: opened, caught up before the
     processors start, then followed; bound to the app's declarations while open."""
 
-    def __init__(self, tables: Sequence[GlobalTable], app_dir: Path, incarnation: str = "") -> None:
+    def __init__(
+        self, tables: Sequence[GlobalTable], app_dir: Path, incarnation: str = "", seal: OriginSeal | None = None
+    ) -> None:
         self.stores: list[GlobalStore] = []
         try:
             for t in tables:
-                self.stores.append(GlobalStore(t, app_dir, incarnation))
+                self.stores.append(GlobalStore(t, app_dir, incarnation, seal))
         except BaseException:
             self.close()
             raise

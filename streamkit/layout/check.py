@@ -45,7 +45,7 @@ async def check_topic(bootstrap: str, topic: str, *, registry: LayoutRegistry | 
         await reg.start()
     try:
         layout = await reg.load(topic)
-        seal = await reg.load_origin_seal()
+        seal = await reg.load_origin_seal(create=False)  # a diagnostic writes nothing
         counts: Counter[str] = Counter()
         violations: list[dict[str, Any]] = []
         harmless = 0

@@ -152,13 +152,13 @@ class LayoutRegistry:
             await self._io.create_topic(self.topic, 1, replication_factor=self._rf, configs=LAYOUTS_TOPIC_CONFIGS)
         self._topic_ready = True
 
-    async def load_origin_seal(self) -> OriginSeal:
-        """Load the cluster's seal on forwarded strays' origins (``layout.seal``), written
-        first if there is none and this registry may create topics."""
+    async def load_origin_seal(self, *, create: bool | None = None) -> OriginSeal:
+        """Load the cluster's seal on what streamkit writes for itself (``layout.seal``),
+        written first if there is none and ``create`` (default: this registry may create
+        topics)."""
         if self._seal is None:
-            self._seal = await load_seal(
-                self._io, await self._producer_(), create=self._create, replication_factor=self._rf
-            )
+            may = self._create if create is None else create
+            self._seal = await load_seal(self._io, self._producer_, create=may, replication_factor=self._rf)
         return self._seal
 
     @property

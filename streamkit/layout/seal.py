@@ -27,6 +27,7 @@ import functools
 import hashlib
 import hmac
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ SEAL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1", "retenti
 SEAL_RECORD_KEY = b"origin-seal-key"
 KEY_BYTES = 32
 MAC_BYTES = 8
+ORIGIN, COPY = b"origin", b"copy"
+"""What a MAC seals (BLAKE2b's personalisation): a forwarded stray's origin, or a copy for compaction."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ class OriginSeal:
         """A key of this process only: for copies no other process has to recognise."""
         return cls(secrets.token_bytes(KEY_BYTES))
 
-    def _mac(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> bytes:
-        h = hashlib.blake2b(key=self.key, digest_size=MAC_BYTES)
+    def _mac(
+        self, kind: bytes, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> bytes:
+        h = hashlib.blake2b(key=self.key, digest_size=MAC_BYTES, person=kind)  # an origin's never opens a copy's
         for part in (topic.encode(), b"%d:%d" % (partition, offset)):
             h.update(b"%d:" % len(part))
             h.update(part)
@@ -67,12 +72,12 @@ class OriginSeal:
     def seal(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> bytes:
         """The header value naming ``topic[partition]@offset`` as the origin of a copy with
         ``key`` and ``value``."""
-        return b"%d:%d:%s" % (partition, offset, self._mac(topic, partition, offset, key, value))
+        return b"%d:%d:%s" % (partition, offset, self._mac(ORIGIN, topic, partition, offset, key, value))
 
     def seal_copy(self, topic: str, placed: int, key: bytes | None, value: bytes | None) -> bytes:
         """The value of a copy for compaction's first header (``stamps.COPY_HEADER``): the
         partition its original is placed in, sealed with the copy's key and value."""
-        return b"%d:%s" % (placed, self._mac(topic, placed, -1, key, value))
+        return b"%d:%s" % (placed, self._mac(COPY, topic, placed, -1, key, value))
 
     def copy_of(self, topic: str, record: Any) -> int | None:
         """The partition the original of a copy for compaction lies in, when the record's
@@ -86,7 +91,7 @@ class OriginSeal:
             p = int(placed)
         except (ValueError, TypeError, AttributeError):
             return None
-        return p if hmac.compare_digest(mac, self._mac(topic, p, -1, record.key, record.value)) else None
+        return p if hmac.compare_digest(mac, self._mac(COPY, topic, p, -1, record.key, record.value)) else None
 
     def origin(self, topic: str, record: Any) -> tuple[int, int] | None:
         """(partition, offset) the copy ``record`` of ``topic`` was forwarded from, when its
@@ -99,16 +104,18 @@ class OriginSeal:
             p, o = int(partition), int(offset)
         except (ValueError, TypeError, AttributeError):
             return None
-        if not hmac.compare_digest(mac, self._mac(topic, p, o, record.key, record.value)):
+        if not hmac.compare_digest(mac, self._mac(ORIGIN, topic, p, o, record.key, record.value)):
             return None
         return p, o
 
 
-async def load_seal(io: KafkaIO, producer: Any, *, create: bool = True, replication_factor: int = 1) -> OriginSeal:
+async def load_seal(
+    io: KafkaIO, producer: Callable[[], Awaitable[Any]], *, create: bool = True, replication_factor: int = 1
+) -> OriginSeal:
     """The cluster's seal: the first well-formed key in :data:`SEAL_TOPIC`, written first
-    when there is none (``producer``: an acks=all producer). Without ``create`` and
-    without a key, an :meth:`OriginSeal.ephemeral` one (nothing forwarded can be
-    recognised as such: such a reader only labels records)."""
+    when there is none (``producer()``: an acks=all producer, asked for only then).
+    Without ``create`` and without a key, an :meth:`OriginSeal.ephemeral` one (nothing
+    streamkit wrote can be recognised: such a reader, a diagnostic, only labels records)."""
     if await io.partition_count(SEAL_TOPIC) is None:
         if not create:
             return OriginSeal.ephemeral()
@@ -117,7 +124,7 @@ async def load_seal(io: KafkaIO, producer: Any, *, create: bool = True, replicat
         return found
     if not create:
         return OriginSeal.ephemeral()
-    await (await producer.send(SEAL_TOPIC, secrets.token_bytes(KEY_BYTES), key=SEAL_RECORD_KEY, partition=0))
+    await (await (await producer()).send(SEAL_TOPIC, secrets.token_bytes(KEY_BYTES), key=SEAL_RECORD_KEY, partition=0))
     if (found := await _first_key(io)) is None:
         raise KafkaIOError(f"{SEAL_TOPIC}[0]: the seal key written is not there to read back")
     return found

@@ -55,6 +55,7 @@ __all__ = [
     "classify_record",
     "is_copy",
     "record_epoch",
+    "stamp_epoch",
     "record_producer",
     "stamp",
     "violation_record",
@@ -124,6 +125,16 @@ class RecordVerdict:
     def violation(self) -> bool:
         """True when delivering it as a normal record could break per-key order."""
         return (self.status == RecordStatus.LATE and self.moved) or self.status == RecordStatus.MISPLACED
+
+
+def stamp_epoch(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
+    """The layout epoch a record's first header stamps it with (1 or more), or None: the
+    record is judged as an unstamped one (no stamp first, or one that names no epoch:
+    forged, damaged, or a topic without a layout's 0)."""
+    if not headers or headers[0][0] not in (STAMP_HEADER, EPOCH_HEADER):
+        return None
+    epoch = record_epoch(headers[:1])
+    return epoch if epoch is not None and epoch >= 1 else None
 
 
 def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:

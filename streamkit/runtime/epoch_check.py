@@ -26,6 +26,7 @@ from streamkit.layout.stamps import (
     classify_record,
     record_epoch,
     record_producer,
+    stamp_epoch,
     violation_record,
 )
 from streamkit.runtime.routes import Route
@@ -93,7 +94,7 @@ class EpochCheck:
                 self.copies_skipped += 1  # a copy for compaction: its original is where its key is placed
                 self.copies_skipped_by[tp] += 1
                 continue
-            epoch = record_epoch(r.headers)
+            epoch = stamp_epoch(r.headers)  # (the rule strays are judged by: ``stray_check.stamped``)
             if epoch is None or epoch == layout.epoch:
                 deliver.append(r)
             elif epoch > layout.epoch and unknown and epoch in unknown:  # the registry did not get there

@@ -93,24 +93,24 @@ class HeldBack:
         self.paused: set[TopicPartition] = set()
 
     def update(self, merge: TimeMerge, routes: Iterable[tuple[TopicPartition, Route]]) -> None:
-        """Pause the partitions of a (processor, topic) over the bound; resume those of
-        ours under half of it that no gate holds (a gate's pause is the admission's)."""
+        """Pause the partitions of a (processor, topic) over the bound; let go of those
+        under half of it, and of those no longer routed. ``consumer`` pauses for this
+        reason only (``group_consumer.PauseControl``): a partition a gate holds stays
+        paused until the gate lets go of it too."""
         most: dict[TopicPartition, int] = {}
-        gated: dict[TopicPartition, bool] = {}
         for tp, route in routes:
             if _merged(route):
                 most[tp] = max(most.get(tp, 0), merge.queued(route.proc.id, tp.topic))
-                at_limit = route.limit is not None and route.position >= route.limit
-                gated[tp] = gated.get(tp, True) and at_limit
         for tp, n in most.items():
             if n > HELD_PER_TOPIC and tp not in self.paused:
                 self.consumer.pause(tp)
                 self.paused.add(tp)
             elif n <= HELD_PER_TOPIC // 2 and tp in self.paused:
                 self.paused.discard(tp)
-                if not gated[tp]:
-                    self.consumer.resume(tp)
-        self.paused &= set(most)  # partitions no longer routed
+                self.consumer.resume(tp)
+        if gone := self.paused - set(most):  # partitions no longer routed
+            self.consumer.resume(*gone)
+            self.paused -= gone
 
     def clear(self) -> None:
         self.paused.clear()

@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from streamkit.layout.seal import OriginSeal
-from streamkit.layout.stamps import EPOCH_HEADER, STAMP_HEADER, record_epoch
+from streamkit.layout.stamps import EPOCH_HEADER, STAMP_HEADER, stamp_epoch
 from streamkit.layout.strays import STRAY_HEADER, StrayRule
 from streamkit.runtime.routes import Route
 
@@ -121,14 +121,10 @@ class StrayCheck:
 
 
 def stamped(headers: Any) -> bool:
-    """Whether a record's first header is a stamp naming a layout epoch (1 or more): a
-    record whose first header only looks like one (forged, or damaged) is judged as an
+    """Whether a record's first header is a stamp naming a layout epoch (``stamp_epoch``):
+    a record whose first header only looks like one (forged, or damaged) is judged as an
     unstamped one, by where its key is placed."""
-    h = headers[0]
-    if h[0] not in _STAMP_KEYS:
-        return False
-    epoch = record_epoch((h,))
-    return epoch is not None and epoch >= 1
+    return stamp_epoch(headers) is not None
 
 
 def plain_and_in_place(rule: StrayRule, records: list[Any]) -> bool:

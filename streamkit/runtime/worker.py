@@ -369,7 +369,8 @@ async def open_global_tables(app: App, io: KafkaIO, registry: LayoutRegistry, in
                 f"{layout.epoch}); a global table needs each key in one partition: give it a topic of its own"
             )
     app_dir = app.store_path(0, app.settings.state_dir).parent
-    stores = await asyncio.to_thread(GlobalStores, list(app.global_tables.values()), app_dir, incarnation)
+    tables = list(app.global_tables.values())
+    stores = await asyncio.to_thread(GlobalStores, tables, app_dir, incarnation, registry.origin_seal)
     try:
         await stores.catch_up(io)
     except BaseException:

@@ -49,11 +49,39 @@ def test_workers_starting_together_agree_on_the_first_key_and_skip_garbage(broke
                 await io.create_topic(SEAL_TOPIC, 1)
                 await producer.send_and_wait(SEAL_TOPIC, b"short", key=SEAL_RECORD_KEY)
                 await producer.send_and_wait(SEAL_TOPIC, b"x" * 32, key=b"another key")
-                a, b = await asyncio.gather(load_seal(io, producer), load_seal(io, producer))
+
+                async def make() -> AIOKafkaProducer:
+                    return producer
+
+                a, b = await asyncio.gather(load_seal(io, make), load_seal(io, make))
                 assert a == b and a.key not in (b"x" * 32,)
-                assert await load_seal(io, producer, create=False) == a
+                assert await load_seal(io, make, create=False) == a
             finally:
                 await producer.stop()
 
     with EmbeddedBroker() as own:  # garbage in an internal topic stays out of the other tests' broker
         asyncio.run(go(own.bootstrap))
+
+
+def test_a_copy_header_never_opens_as_an_origin_and_the_other_way_round() -> None:
+    from streamkit.layout.stamps import COPY_HEADER
+
+    seal = OriginSeal(b"a" * 32)
+    copy = seal.seal_copy("orders", 3, b"k", b"v")
+    assert seal.copy_of("orders", Rec(b"k", b"v", [(COPY_HEADER, copy), ("sk", b"x")])) == 3
+    placed, mac = copy.split(b":")
+    as_origin = b"%s:-1:%s" % (placed, mac)  # the same MAC, offered as a stray's origin
+    assert seal.origin("orders", Rec(b"k", b"v", [(STRAY_HEADER, as_origin)])) is None
+    origin = seal.seal("orders", 3, -1, b"k", b"v")
+    p, _, origin_mac = origin.split(b":")
+    assert seal.copy_of("orders", Rec(b"k", b"v", [(COPY_HEADER, p + b":" + origin_mac)])) is None
+    assert seal.copy_of("orders", Rec(b"k", b"v", [(COPY_HEADER, b"3")])) is None  # a plain producer's header
+
+
+def test_only_a_first_header_naming_an_epoch_stamps_a_record() -> None:
+    from streamkit.layout.stamps import EPOCH_HEADER, stamp, stamp_epoch
+
+    assert stamp_epoch([stamp(b"a1b2c3", 7)]) == 7
+    assert stamp_epoch([(EPOCH_HEADER, b"4"), ("x", b"")]) == 4
+    for headers in ([stamp(b"a1b2c3", 0)], [("sk", b"junk")], [("sk", b"")], [("x", b""), stamp(b"a1b2c3", 7)], []):
+        assert stamp_epoch(headers) is None, headers

@@ -3,6 +3,9 @@ which partitions lag, on plain objects (pure logic; the joins' worker tests run 
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from aiokafka import TopicPartition
 
 from streamkit.joins.merge import TimeMerge
@@ -15,11 +18,11 @@ class Consumer:
         self._paused: set[TopicPartition] = set()
         self.high: dict[TopicPartition, int | None] = {}
 
-    def pause(self, tp: TopicPartition) -> None:
-        self._paused.add(tp)
+    def pause(self, *tps: TopicPartition) -> None:
+        self._paused.update(tps)
 
-    def resume(self, tp: TopicPartition) -> None:
-        self._paused.discard(tp)
+    def resume(self, *tps: TopicPartition) -> None:
+        self._paused.difference_update(tps)
 
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
@@ -48,17 +51,32 @@ def test_a_topic_held_past_the_bound_stops_being_fetched_until_half_went_out() -
     assert consumer.paused() == set() and held.paused == set()
 
 
-def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge() -> None:
-    proc, consumer = Proc(0), Consumer()
-    a = FakeRoute(proc, ("a", 0), position=5, limit=5)
-    routes = [(TopicPartition("a", 0), a), (TopicPartition("b", 0), FakeRoute(proc, ("b", 0)))]
+def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_lets_go_of_its_own() -> None:
+    """The member's consumer pauses by reason (``group_consumer``): the merge letting go of
+    a partition leaves it paused while its gate holds it, and a partition the merge held
+    when its route went away is let go of too (before, the gate's check kept the merge's
+    pause for ever)."""
+    from streamkit.runtime.group_consumer import GATE, HELD
+    from tests.runtime.test_group_consumer import consumer as group_consumer
+
+    async def made() -> Any:
+        return group_consumer()
+
+    gc, fake = asyncio.run(made())
+    fake.highwater = lambda tp: 9  # type: ignore[attr-defined]
+    a, b, c = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    proc = Proc(0)
+    routes = [(a, FakeRoute(proc, ("a", 0), position=5, limit=5)), (b, FakeRoute(proc, ("b", 0)))]
     merge = TimeMerge(0)
     merge.set_inputs([(0, "a"), (0, "b")])
-    held = HeldBack(consumer)
-    held.paused.add(TopicPartition("a", 0))
-    consumer.pause(TopicPartition("a", 0))  # (the gate's pause too)
+    held = HeldBack(gc.control(HELD))
+    gc.control(GATE).pause(a)
+    gc.control(HELD).pause(a, c)
+    held.paused.update({a, c})  # c: held when its route went away
     held.update(merge, routes)
-    assert held.paused == set() and consumer.paused() == {TopicPartition("a", 0)}
+    assert held.paused == set() and gc.paused() == {a} and fake.paused == {a}
+    gc.control(GATE).resume(a)
+    assert fake.paused == set()
     # and a partition at its gate's limit does not lag
-    consumer.high[TopicPartition("a", 0)] = 9
-    assert not consumer_lagging(consumer, lambda: routes, held)(0, "a")
+    gc.control(GATE).pause(a)
+    assert not consumer_lagging(gc, lambda: routes, held)(0, "a")
