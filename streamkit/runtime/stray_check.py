@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from streamkit.layout.seal import OriginSeal
-from streamkit.layout.stamps import EPOCH_HEADER, STAMP_HEADER, stamp_epoch
+from streamkit.layout.stamps import stamp_epoch
 from streamkit.layout.strays import STRAY_HEADER, StrayRule
 from streamkit.runtime.routes import Route
 
@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 __all__ = ["StrayCheck", "plain_and_in_place", "stamped"]
 
 _NONE_KNOWN: frozenset[bytes] = frozenset()
-_STAMP_KEYS = (STAMP_HEADER, EPOCH_HEADER)
-"""The first header of a record stamped by streamkit's producer (the stamp, or an earlier one)."""
 
 
 class StrayCheck:

@@ -556,21 +556,28 @@ def test_a_former_sharer_reads_its_keys_below_a_seal_while_the_next_change_is_an
     assert plan(transitions.seal(pending, {0: 2999, 1: 950, 2: 0})) == {0: 2999}
 
 
+def two_sharers(layout: TopicLayout, position: int) -> tuple[Admission, Route, Route]:
+    """Partition 0 shared by processors 0 (even key hashes, keyless records) and 1 (odd)."""
+    from assignors.placement import KeyFilter
+
+    admission, _, even = make(layout, position=position)
+    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
+    odd_proc.positions[("orders", 0)] = position
+    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, layout)
+    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
+    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
+    admission.add(TP, odd)
+    return admission, even, odd
+
+
 def test_records_of_an_unknown_epoch_are_each_sharers_own_and_the_epoch_is_asked_again_later() -> None:
     """A record stamped with an epoch the registry did not reach is a dead letter of the
     sharer whose key it has, not of every sharer; after a while the epoch is asked again
     (a registry that was only slow)."""
     from assignors.murmur2 import key_hash
-    from assignors.placement import KeyFilter
 
     layout = expanded()
-    admission, _, even = make(layout, position=20)
-    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
-    odd_proc.positions[("orders", 0)] = 20
-    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, layout)
-    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
-    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
-    admission.add(TP, odd)
+    admission, even, odd = two_sharers(layout, position=20)
     keys = [f"k{i}".encode() for i in range(20, 26)]
     admission.unknown_epochs["orders"] = {layout.epoch + 5: time.monotonic() + 60}
     batch = [r for i, k in enumerate(keys) for r in recs([20 + i], epoch=layout.epoch + 5, key=k)]
@@ -590,16 +597,9 @@ def test_a_batch_of_late_records_only_is_reported_by_the_sharer_owning_each_key(
     """Late records are each sharer's own to report, also when the whole batch is late
     (nothing to deliver): before, every sharer reported all of them (dead letters twice)."""
     from assignors.murmur2 import key_hash
-    from assignors.placement import KeyFilter
 
     layout = expanded()
-    admission, _, even = make(layout, position=10)
-    odd_proc = ProcessorState(1, MemoryStore(()), {})  # type: ignore[arg-type]
-    odd_proc.positions[("orders", 0)] = 10
-    odd = Route.build(odd_proc, even.handlers, ("orders", 0), 0, layout)
-    even.key_filter, even.sharers = KeyFilter(2, frozenset({0})), (0, 1)
-    odd.key_filter, odd.sharers, odd.null_keys = KeyFilter(2, frozenset({1})), (0, 1), False
-    admission.add(TP, odd)
+    admission, even, odd = two_sharers(layout, position=10)
     from assignors.linear_hashing import lh_bucket
 
     moved = [k for i in range(400) if lh_bucket(key_hash(k := f"k{i}".encode()), 1, 2) == 1][:6]

@@ -155,11 +155,12 @@ class Joining:
         if changelog is None:
             return None
         source = self.tasks.processors.get(step.beside)
-        if step.staging:
-            seed = StagingSeed(self.parts.catchup, changelog.topic, self.app.tables, job.p0, job.incarnation,
-                               self.services.lock, self.tasks.stamp(generation), self.services.memory)  # fmt: skip
-            return lambda: seed(proc, source, step.count)
         seeds = ChangelogSource(self.services.io, changelog.topic, self.app.tables, job.p0, job.incarnation)
+        if step.staging:
+            seed = StagingSeed(
+                self.parts.catchup, seeds, self.services.lock, self.tasks.stamp(generation), self.services.memory
+            )
+            return lambda: seed(proc, source, step.count)
         return lambda: seed_from_changelog(proc, source, seeds, step.count, self.name)
 
     async def _hand_over_in_place(self, joined: ProcessorState, split: int, job: JobLayout, generation: int) -> bool:

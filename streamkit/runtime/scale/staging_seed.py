@@ -37,8 +37,7 @@ from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState
 from streamkit.runtime.rebuild import REBUILD_MARK, Pace, plan_rebuild, rebuild
 from streamkit.runtime.sides import SIDES, SideClocks
 from streamkit.state.changelog import position_of
-from streamkit.state.restore import RestorePlan, head_count, keep_own_keys, live_changes, read_plan
-from streamkit.tables import Table
+from streamkit.state.restore import ChangelogSource, RestorePlan, head_count, keep_own_keys, live_changes, read_plan
 
 __all__ = ["StagingSeed", "wait_logged"]
 
@@ -67,11 +66,8 @@ class StagingSeed:
     """What seeding a staging store reads with (see the module docstring)."""
 
     catchup: CatchUp
-    changelog: str
-    """The changelog topic."""
-    tables: Mapping[str, Table]
-    p0: int
-    incarnation: str
+    source: ChangelogSource
+    """The job's changelog, as it is read."""
     lock: asyncio.Lock
     stamp: Stamp
     memory: StateMemory | None = None
@@ -84,22 +80,22 @@ class StagingSeed:
             shutil.rmtree(scratch_path(staging, pid), ignore_errors=True)
         if staging.loaded.positions:
             return False
-        name = self.catchup.name
+        name, src = self.catchup.name, self.source
         count = retiring  # the job shrinks to this many processors
         if receiving is None or not await wait_logged(receiving):
-            why = f"processor {staging.id}'s store is not in {self.changelog} yet"
+            why = f"processor {staging.id}'s store is not in {self.source.topic} yet"
             log.info("%s: processor %d's staging store is rebuilt from the input history: %s", name, staging.id, why)
             return False
         plans: dict[int, RestorePlan] = {}
         for pid in (staging.id, retiring):
-            plan, _ = await read_plan(self.catchup.io, self.changelog, pid, incarnation=self.incarnation, log_as=name)
-            if plan is None or not holds_keys(pid, self.p0, head_count(plan, self.p0), count + 1):
-                why = f"processor {pid} has no chain of markers for {count + 1} processors in {self.changelog}"
+            plan, _ = await read_plan(src.io, src.topic, pid, incarnation=src.incarnation, log_as=name)
+            if plan is None or not holds_keys(pid, src.p0, head_count(plan, src.p0), count + 1):
+                why = f"processor {pid} has no chain of markers for {count + 1} processors in {self.source.topic}"
                 log.info(
                     "%s: processor %d's staging store is rebuilt from the input history: %s", name, staging.id, why
                 )
                 return False
-            keep_own_keys(plan, pid, self.p0, self._windowed(), count + 1)
+            keep_own_keys(plan, pid, src.p0, self._windowed(), count + 1)
             plans[pid] = plan
         common = aligned_positions(plans.values())
         if (behind := await self._group_behind(common)) is not None:
@@ -151,15 +147,16 @@ class StagingSeed:
             waited += 0.2
 
     def _windowed(self) -> list[str]:
-        return [name for name, t in self.tables.items() if t.window is not None]
+        return [name for name, t in self.source.tables.items() if t.window is not None]
 
     async def _scratch(self, staging: ProcessorState, pid: int, plan: RestorePlan, count: int) -> ProcessorState:
         """A scratch store of processor ``pid``'s keys at its changelog head."""
         path = scratch_path(staging, pid)
         shutil.rmtree(path, ignore_errors=True)
-        scratch = await ProcessorState.open(pid, path, self.tables, 5.0, self.incarnation, memory=self.memory)
+        tables = self.source.tables
+        scratch = await ProcessorState.open(pid, path, tables, 5.0, self.source.incarnation, memory=self.memory)
         head = plan.head.checkpoint
-        scratch.store.commit(live_changes(plan, self.tables), head.replace(extra=seed_marks(head, count)))
+        scratch.store.commit(live_changes(plan, tables), head.replace(extra=seed_marks(head, count)))
         scratch.reload()
         return scratch
 
@@ -168,7 +165,7 @@ class StagingSeed:
         records read. Raises if it could not get there (a gate held it)."""
         c = self.catchup
         plan = await plan_rebuild(
-            c.io, scratch.id, self.p0, count, await c.topics(), lambda t, q: common.get((t, q), 0)
+            c.io, scratch.id, self.source.p0, count, await c.topics(), lambda t, q: common.get((t, q), 0)
         )
         read = await rebuild(c.history(), scratch, plan, Pace(self.stamp, 1 << 62, {PROCESSOR_COUNT: count}, self.lock))
         positions, ranges = scratch.stable()
@@ -195,7 +192,7 @@ class StagingSeed:
         extra = staging.checkpoint_extra({PROCESSOR_COUNT: count, REBUILD_MARK: True})
         if staging.windows:  # one stream time per key set until the merged processor goes live
             extra[STREAM_TIME] = max(p.stream_time for p in parts)
-            extra[SIDES] = SideClocks(self.p0, count + 1, {p.id: p.stream_time for p in parts}).to_extra()
+            extra[SIDES] = SideClocks(self.source.p0, count + 1, {p.id: p.stream_time for p in parts}).to_extra()
         if seen:
             extra[SEEN_STRAYS] = seen
         staging.store.commit(
