@@ -114,7 +114,8 @@ class CatchUp:
             stamp, self.commit_every if left is None else 1 << 62, {PROCESSOR_COUNT: p},
             before_checkpoint=self.send_output,
         )  # fmt: skip
-        read = await rebuild(self.history(), proc, plan, pace)
+        history = self.history()
+        read = await rebuild(history, history.task(proc), plan, pace)
         log.info(
             "%s: processor %d rebuilt from %d records in %.1f s", self.name, proc.id, read, time.monotonic() - started
         )

@@ -41,6 +41,7 @@ from streamkit.layout.epochs import ZombieError, check_stamp
 from streamkit.runtime import icranges
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import Commit, ProgressLog
+from streamkit.runtime.task import Task
 from streamkit.state.changelog import (
     CHANGELOG_POSITION,
     ChangelogWriter,
@@ -81,29 +82,27 @@ class Slot:
 
 
 def prepare_checkpoints(
-    processors: Iterable[ProcessorState],
+    tasks: Iterable[Task],
     epochs: Mapping[str, int],
     generation: int,
     extra: Mapping[str, Any] | None,
     *,
     changelog: bool = False,
 ) -> list[tuple[ProcessorState, Checkpoint]]:
-    """Step 2's checkpoints, for every processor that moved (expired windows deleted
-    first: their deletions are part of it). Every stamp is checked before any store is
-    written: all or none (``ZombieCheckpointError``). ``changelog``: a processor whose
-    store is not in the changelog yet moved (its snapshot is due)."""
+    """Step 2's checkpoints (``Task.checkpoint_record``), for every task that moved
+    (expired windows deleted first: their deletions are part of it). Every stamp is
+    checked before any store is written: all or none (``ZombieCheckpointError``).
+    ``changelog``: a task whose store is not in the changelog yet moved (its snapshot is
+    due)."""
     writes: list[tuple[ProcessorState, Checkpoint]] = []
-    for proc in processors:
+    for task in tasks:
+        proc = task.proc
         proc.expire_windows()  # deletions go into this checkpoint's batch
-        marks = proc.checkpoint_extra(extra or {})
+        new = task.checkpoint_record(epochs, generation, extra or {})
         loaded_marks = {k: v for k, v in proc.loaded.extra.items() if k != CHANGELOG_POSITION}
-        moved = proc.uncommitted or proc.positions != proc.loaded.positions or marks != loaded_marks
+        moved = proc.uncommitted or proc.positions != proc.loaded.positions or new.extra != loaded_marks
         unlogged = changelog and position_of(proc.loaded) is None
         if moved or unlogged or any(c.dirty_count for c in proc.caches.values()):  # a timer's writes too
-            stable, ranges = proc.stable()
-            new = Checkpoint(
-                positions=stable, layout_epochs=dict(epochs), generation=generation, ic_ranges=ranges, extra=marks
-            )
             try:
                 check_stamp(proc.loaded, new, what=f"checkpoint of processor {proc.id}")
             except ZombieError as exc:  # a newer generation wrote the store: fenced, like step 0
@@ -113,11 +112,11 @@ def prepare_checkpoints(
 
 
 def commit_stores(
-    processors: Iterable[ProcessorState], epochs: Mapping[str, int], generation: int, extra: Mapping[str, Any] | None
+    tasks: Iterable[Task], epochs: Mapping[str, int], generation: int, extra: Mapping[str, Any] | None
 ) -> None:
     """Step 2 without a changelog: state changes and positions in one atomic batch per
     store (``prepare_checkpoints``)."""
-    for proc, new in prepare_checkpoints(processors, epochs, generation, extra):
+    for proc, new in prepare_checkpoints(tasks, epochs, generation, extra):
         proc.commit(new)
 
 
@@ -204,7 +203,7 @@ class CheckpointSinks:
 
 
 async def checkpoint(
-    stamp: CheckpointStamp, processors: Iterable[ProcessorState], slots: Iterable[Slot], sinks: CheckpointSinks
+    stamp: CheckpointStamp, tasks: Iterable[Task], slots: Iterable[Slot], sinks: CheckpointSinks
 ) -> dict[tuple[TopicPartition, int], int]:
     """Steps 0-3 above for one member; returns the positions committed per (partition,
     processor), beyond the last known commit of each.
@@ -216,8 +215,8 @@ async def checkpoint(
     progress, flush_output, commit_offsets, changelog = (
         sinks.progress, sinks.flush_output, sinks.commit_offsets, sinks.changelog
     )  # fmt: skip
-    processors = list(processors)
-    if not processors:
+    tasks = list(tasks)
+    if not tasks:
         return {}
     t0 = time.monotonic()
     slots = list(slots)
@@ -233,7 +232,7 @@ async def checkpoint(
     await flush_output()
     t2 = time.monotonic()
     epochs = dict(layout_epochs)
-    writes = prepare_checkpoints(processors, epochs, generation, extra, changelog=changelog is not None)
+    writes = prepare_checkpoints(tasks, epochs, generation, extra, changelog=changelog is not None)
     await log_and_commit_stores(writes, changelog)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}

@@ -21,7 +21,6 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from assignors.group import MemberInfo, StreamkitAssignor
 from streamkit.app import App
 from streamkit.errors import AssignmentError
-from streamkit.joins.merge import TimeMerge
 from streamkit.layout.model import TopicLayout
 from streamkit.runtime import collector
 from streamkit.runtime.admission import Admission
@@ -30,12 +29,13 @@ from streamkit.runtime.dispatch import Dispatcher, by_processor
 from streamkit.runtime.epochs import catch_up_epochs
 from streamkit.runtime.group_consumer import GATE, HELD, GroupConsumer
 from streamkit.runtime.jobmeta import JobLayout
-from streamkit.runtime.merging import HeldBack, apply_admitted, consumer_lagging, merged_inputs, release_merged
+from streamkit.runtime.merging import HeldBack, consumer_lagging
 from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routing import Router
 from streamkit.runtime.scale.joining import Joining
 from streamkit.runtime.services import Services
+from streamkit.runtime.task import apply_fetched
 from streamkit.runtime.tasks import TaskManager
 
 log = logging.getLogger(__name__)
@@ -114,12 +114,13 @@ class GroupMember:
             name, services.io, services.registry, services.progress, app.handlers, app.input_topics,
             dispatcher, app.group_id, s.commit_every, self._send_output,
         )  # fmt: skip
+        held_back = HeldBack(consumer.control(HELD))
+        lagging = consumer_lagging(consumer, lambda: admission, held_back)
         self.parts = MemberParts(
-            name, consumer, assignor, admission, router, dispatcher, TimeMerge(s.max_task_idle_ms),
-            HeldBack(consumer.control(HELD)), catchup,
+            name, consumer, assignor, admission, router, dispatcher, held_back=held_back, lagging=lagging,
+            catchup=catchup,
         )  # fmt: skip
-        self.admission, self.dispatcher, self.merge = admission, dispatcher, self.parts.merge
-        self._lagging = consumer_lagging(consumer, lambda: admission, self.parts.held_back)
+        self.admission, self.dispatcher = admission, dispatcher
         self.tasks = TaskManager(app, services, self.parts)
         info.layouts = self.tasks.shapes()
         self.joining = Joining(app, services, self.parts, self.tasks)
@@ -192,14 +193,14 @@ class GroupMember:
             try:
                 queued = [r for _, r in self.admission if r.scheduler is not None and r.scheduler.queued]
                 batch = await consumer.getmany(
-                    timeout_ms=0 if queued else 100 if self.admission.gated or self.merge.held else 200,
+                    timeout_ms=0 if queued else 100 if self.admission.gated or self.tasks.held() else 200,
                     max_records=settings.max_batch_records,
                 )
             finally:
                 self.awaiting_records = False
             if self.tasks.fatal is not None:
                 raise self.tasks.fatal
-            if batch or queued or self.merge.held:
+            if batch or queued or self.tasks.held():
                 async with lock:
                     await self._handle(batch)
             now = time.monotonic()
@@ -209,13 +210,13 @@ class GroupMember:
                     if self.admission.gated:
                         await self.services.progress.refresh()
                     await self.tasks.regate()
-            if wall_closes and now >= self._next_wall_tick and self.tasks.processors:
+            if wall_closes and now >= self._next_wall_tick and self.tasks.active:
                 self._next_wall_tick = now + WALL_TICK_SECONDS
                 async with lock:
                     wall_ms = int((time.time() - settings.close_allowance) * 1000)
                     if await self.dispatcher.tick_wall(self.tasks.serving(), wall_ms):
                         await self.dispatcher.send_output()
-            if self.tasks.processors and (
+            if self.tasks.active and (
                 self._since_checkpoint >= settings.commit_every
                 or now >= self.tasks.next_checkpoint
                 or self.tasks.dirty_keys() >= settings.checkpoint_dirty_keys
@@ -228,21 +229,13 @@ class GroupMember:
                 self.tasks.next_checkpoint = time.monotonic() + settings.commit_interval
 
     async def _handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        merge = self.merge
-        merge.set_inputs(merged_inputs(self.admission))
-        for tp, fetched in batch.items():
-            for route, records in self.admission.admit(tp, fetched):
-                await apply_admitted(merge, self.dispatcher, route, records, self._lagging)
-                self._since_checkpoint += records.consumed
-        await release_merged(merge, self.dispatcher, self._lagging)
-        for proc in self.tasks.processors.values():
-            if proc.sides is not None:  # (a shrink's merged processor only: the loop's hot path)
-                await self.tasks.go_live_if_caught_up(proc)
-        if merge.inputs:
-            self.parts.held_back.update(merge, self.admission)
-        for _, route in self.admission:  # key-concurrent routes' records of busy keys
-            if route.scheduler is not None and route.scheduler.queued:
-                await self.dispatcher.run_queued(route)
+        """One fetch answer: each partition batch admitted per route and applied by its
+        task, then each task's end of batch (``Task.after_batch``), the back-pressure its
+        merge calls for, the output."""
+        consumed, held = await apply_fetched(self.admission, self.tasks.active, batch)
+        self._since_checkpoint += consumed
+        if held or self.parts.held_back.paused:
+            self.parts.held_back.update(held)
         await self.dispatcher.send_output()
         if await catch_up_epochs(self.admission, self.services.registry):
             await self.tasks.regate()
@@ -255,7 +248,7 @@ class GroupMember:
         """Checkpoint (unless told not to: after a failure mid-batch), close stores, leave."""
         async with self.services.lock:
             self.tasks.stopping = True
-            if self.tasks.processors and checkpoint:
+            if self.tasks.active and checkpoint:
                 await self.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.admission))
                 await self.tasks.checkpoint()
             self.tasks.close_all(discard=not checkpoint)

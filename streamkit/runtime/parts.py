@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from assignors.group import StreamkitAssignor
-from streamkit.joins.merge import TimeMerge
+from streamkit.joins.merge import Lagging
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.dispatch import Dispatcher
@@ -29,8 +29,9 @@ class MemberParts:
     """Turns an assignment's slots into routes."""
     dispatcher: Dispatcher
     """Applies admitted records to the processors' state (handlers, output)."""
-    merge: TimeMerge
-    """The time-ordered merge of each hosted processor's input topics."""
     held_back: HeldBack
+    """The consumer's pauses for the tasks' back-pressure (``Task.back_pressure``)."""
+    lagging: Lagging
+    """Whether a topic has records for a task that no fetch brought yet (its merge's wait)."""
     catchup: CatchUp
     """Reads history into a processor (rebuilds, left history)."""

@@ -21,9 +21,9 @@ over must, with output), and applies only the processor's keys:
   rebuild killed midway resumes from where it got (T2), and the processor does not
   take its partitions over with half its state.
 
-The fetching goes through ``KafkaIO`` (holes asked for again); admission and dispatch
-are the member's own parts, so a rebuilt record is admitted and applied exactly as a
-live one.
+The fetching goes through ``KafkaIO`` (holes asked for again); admission is the
+worker's and the records are applied by a task (``task.Task``) over the member's own
+dispatcher, so a rebuilt record is admitted and applied exactly as a live one.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from streamkit.runtime.admission import Admission
 from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.epochs import catch_up_epochs
-from streamkit.runtime.merging import apply_admitted, merged_inputs, release_merged
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
+from streamkit.runtime.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,11 @@ class HistoryReader:
     sweep_ends: SweepEnds | None = None
     """Where the group's sweeps of activated partitions ended (``ProgressLog.sweep_ends``)."""
 
+    def task(self, proc: ProcessorState) -> Task:
+        """A task over ``proc`` for a history: its merge waits for nothing but the exact lag
+        of what is left to read (``rebuild`` says which topic lags)."""
+        return Task(proc, self.dispatcher, TimeMerge(0, cut_lag=False))
+
 
 @dataclass(frozen=True)
 class Pace:
@@ -260,10 +265,10 @@ class Pace:
     acknowledged before their positions are written)."""
 
 
-async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan, pace: Pace) -> int:
-    """Apply ``plan`` to ``proc``'s state (see the module docstring) as ``pace`` says;
-    returns the records read."""
-    io, registry, handlers, dispatcher = reader.io, reader.registry, reader.handlers, reader.dispatcher
+async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pace) -> int:
+    """Apply ``plan`` to ``task``'s state (see the module docstring) as ``pace`` says;
+    returns the records read. ``task`` reads the plan's partitions (``HistoryReader.task``)."""
+    io, registry, handlers, proc = reader.io, reader.registry, reader.handlers, task.proc
     group, sweep_ends, stamp, extra, lock = reader.group, reader.sweep_ends, pace.stamp, pace.extra, pace.lock
     checkpoint_every, checkpoint_interval, max_rate = pace.checkpoint_every, pace.checkpoint_interval, pace.max_rate
     on_checkpoint, before_checkpoint = pace.on_checkpoint, pace.before_checkpoint
@@ -284,11 +289,10 @@ async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan
         route.key_filter = plan.key_filter
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)
-    # The inputs in time order as live (a topic short of its target may bring an earlier
-    # record); what is held when every target is reached is applied then.
-    merge = TimeMerge(0, cut_lag=False)
-    merge.set_inputs(merged_inputs(admission))
-    short = lambda _pid, topic: any(  # noqa: E731
+        task.read(tp, route)
+    # The inputs in time order as live: a topic short of its target may bring an earlier
+    # record; what is held when every target is reached is applied then.
+    task.lagging = lambda _pid, topic: any(
         tp.topic == topic and r.position < plan.targets[tp] and tp not in fetcher.paused for tp, r in admission
     )
     read = since_checkpoint = 0
@@ -318,22 +322,22 @@ async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan
             records = [r for r in records if r.offset < target]
             for route, batch in admission.admit(tp, records):  # one route per partition here
                 async with guard:
-                    await apply_admitted(merge, dispatcher, route, batch, short)
+                    await task.apply(route, batch)
                 read += batch.consumed
                 since_checkpoint += batch.consumed
                 moved = moved or batch.consumed > 0
             if max_rate is not None and (ahead := read / max_rate - (time.monotonic() - started)) > 0:
                 await asyncio.sleep(ahead)
-        if merge.held:
+        if task.merge.held:
             async with guard:
-                await release_merged(merge, dispatcher, short)
+                await task.release()
         await catch_up_epochs(admission, registry)
         due = checkpoint_interval is not None and time.monotonic() - last_checkpoint >= checkpoint_interval
         if since_checkpoint >= checkpoint_every or (due and since_checkpoint):
             async with guard:
                 if before_checkpoint is not None:
                     await before_checkpoint()
-                _checkpoint(proc, stamp, extra, done=False)
+                _checkpoint(task, stamp, extra, done=False)
             since_checkpoint, last_checkpoint = 0, time.monotonic()
             if on_checkpoint is not None:
                 on_checkpoint(read)
@@ -348,25 +352,13 @@ async def rebuild(reader: HistoryReader, proc: ProcessorState, plan: RebuildPlan
         else:
             await asyncio.sleep(0.01)
     async with guard:
-        await release_merged(merge, dispatcher, short, flush=True)
+        await task.release(flush=True)
         if before_checkpoint is not None:
             await before_checkpoint()
-        _checkpoint(proc, stamp, extra, done=True)
+        _checkpoint(task, stamp, extra, done=True)
     return read
 
 
-def _checkpoint(
-    proc: ProcessorState,
-    stamp: Stamp,
-    extra: Mapping[str, Any] | None,
-    *,
-    done: bool,
-) -> None:
+def _checkpoint(task: Task, stamp: Stamp, extra: Mapping[str, Any] | None, *, done: bool) -> None:
     epochs, generation = stamp()
-    marks = dict(extra or {}) | ({} if done else {REBUILD_MARK: True})
-    positions, ranges = proc.stable()
-    proc.commit(
-        Checkpoint(
-            positions=positions, layout_epochs=dict(epochs), generation=generation, ic_ranges=ranges, extra=marks
-        )
-    )
+    task.commit(task.checkpoint_record(epochs, generation, dict(extra or {}) | ({} if done else {REBUILD_MARK: True})))

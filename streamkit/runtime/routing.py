@@ -25,9 +25,9 @@ from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import activation, plain_rule, stray_rule, sweep_end
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.copies import ScannedCopies, find_copies
-from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import Commit, ProgressLog
 from streamkit.runtime.routes import Route, SlotPlace
+from streamkit.runtime.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ class Router:
 
     def slots(
         self,
-        proc: ProcessorState,
+        task: Task,
         slots: list[PartitionSlot],
         sharers_of: Mapping[tuple[str, int], tuple[int, ...]],
         p0: int,
         p: int,
     ) -> Starts:
-        """Route ``proc``'s slots (the consumer is sought afterwards)."""
-        progress = self.progress
+        """Route ``task``'s slots (the consumer is sought afterwards)."""
+        progress, proc = self.progress, task.proc
         starts = Starts()
         for topic, part, key_filter in slots:
             sharers = sharers_of.get((topic, part), ()) if key_filter is not None else ()
@@ -92,7 +92,7 @@ class Router:
             )  # fmt: skip
             if layout is None and topic in self.plain_partitions:
                 route.strays = plain_rule(part, self.plain_partitions[topic])
-            self.admission.add(TopicPartition(topic, part), route)
+            self._read(task, TopicPartition(topic, part), route)
             if sharers:
                 starts.shared[(topic, part, proc.id)] = (route.position, sharers)
             else:
@@ -102,15 +102,21 @@ class Router:
                          self.name, proc.id, topic, part, route.position, group_pos)  # fmt: skip
         return starts
 
-    def sweeps(self, proc: ProcessorState, sweeps: list[tuple[str, int]]) -> Starts:
-        """Route the partitions ``proc`` reads only to forward their strays."""
+    def sweeps(self, task: Task, sweeps: list[tuple[str, int]]) -> Starts:
+        """Route the partitions ``task`` reads only to forward their strays."""
         starts = Starts()
         for topic, part in sweeps:
-            route = Route.sweeping(proc, self.handlers[topic], (topic, part), self.progress.position(topic, part, None),
-                                   self.registry.get(topic))  # fmt: skip
-            self.admission.add(TopicPartition(topic, part), route)
+            group_pos = self.progress.position(topic, part, None)
+            route = Route.sweeping(task.proc, self.handlers[topic], (topic, part), group_pos, self.registry.get(topic))
+            self._read(task, TopicPartition(topic, part), route)
             starts.whole[(topic, part)] = route.position
         return starts
+
+    def _read(self, task: Task, tp: TopicPartition, route: Route) -> None:
+        """``task`` reads ``tp`` through ``route``, which admission admits for (the
+        partition is fetched once for all its routes)."""
+        task.read(tp, route)
+        self.admission.add(tp, route)
 
     async def record(self, member: str, generation: int, epochs: Mapping[str, int], starts: Starts) -> None:
         """Look for the copies a dead sweep left beyond where the routes start (and let a

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -23,6 +23,7 @@ from assignors.group import ProcessorAssignment as Assignment
 from streamkit.app import App
 from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.errors import HistoryTruncatedError
+from streamkit.joins.merge import TimeMerge
 from streamkit.ops.metrics import Durations
 from streamkit.runtime import checkpointing
 from streamkit.runtime.catchup import Stamp, shape_of
@@ -32,10 +33,10 @@ from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import Commit
 from streamkit.runtime.rebuild import rebuild_unfinished
-from streamkit.runtime.routes import rebuilt_all
 from streamkit.runtime.routing import Starts
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
+from streamkit.runtime.task import Task
 from streamkit.state.changelog import position_of
 from streamkit.state.restore import ChangelogSource, restore_store
 
@@ -55,7 +56,8 @@ class TaskManager:
         self.services = services
         self.parts = parts
         self.name = parts.name
-        self.processors: dict[int, ProcessorState] = {}
+        self.active: dict[int, Task] = {}
+        """The hosted processors' tasks, by processor id."""
         self.layout_epochs: dict[str, int] = {}
         self.assigned_generation = -1
         """The generation whose assignment this member processes: what its checkpoints are
@@ -82,20 +84,44 @@ class TaskManager:
         self.zombie_rejections = 0
         self.on_close: list[Callable[[], None]] = []
         """Called when every processor is closed (a joining one's bootstrap with them)."""
+        self.lag_waits_cut_closed = 0
+        """``TimeMerge.lag_waits_cut`` of the tasks closed (the metric is a counter)."""
+
+    # -- tasks -------------------------------------------------------------------------------
+    def host(self, proc: ProcessorState) -> Task:
+        """Host ``proc``: its task, reading nothing yet (``routing.Router`` routes it)."""
+        merge = TimeMerge(self.app.settings.max_task_idle_ms)
+        task = self.active[proc.id] = Task(proc, self.parts.dispatcher, merge, self.parts.lagging)
+        return task
+
+    def let_go(self, task: Task) -> None:
+        """Stop hosting ``task`` (its store stays open: the caller's): its routes go out of
+        admission, its positions back to its checkpoint."""
+        self.parts.admission.remove(task.let_go())
+        self.lag_waits_cut_closed += task.merge.lag_waits_cut
+        del self.active[task.id]
 
     # -- views -------------------------------------------------------------------------------
+    @property
+    def processors(self) -> dict[int, ProcessorState]:
+        """The hosted processors' states, by id (read-only: :meth:`host` adds one)."""
+        return {pid: task.proc for pid, task in self.active.items()}
+
     def serving(self) -> list[ProcessorState]:
         """The hosted processors that have caught up with the group on every partition
         (a processor still rebuilding its state runs no timer: its state is incomplete)."""
-        behind = {id(r.proc) for _, r in self.parts.admission if r.position < r.rebuild_until}
-        return [proc for proc in self.processors.values() if id(proc) not in behind]
+        return [task.proc for task in self.active.values() if task.serving()]
 
     def hosted(self) -> dict[int, list[tuple[str, int]]]:
         """The (topic, partition)s each hosted processor consumes."""
-        out: dict[int, list[tuple[str, int]]] = {}
-        for tp, route in self.parts.admission:
-            out.setdefault(route.proc.id, []).append((tp.topic, tp.partition))
-        return out
+        return {pid: list(task.view().partitions) for pid, task in self.active.items() if task.routes}
+
+    def held(self) -> int:
+        """Records the tasks' time-ordered merges hold."""
+        return sum(task.merge.held for task in self.active.values())
+
+    def lag_waits_cut(self) -> int:
+        return self.lag_waits_cut_closed + sum(task.merge.lag_waits_cut for task in self.active.values())
 
     def shapes(self) -> dict[str, TopicShape]:
         """The input topics with a layout, as the registry knows them (no broker call): what
@@ -115,7 +141,7 @@ class TaskManager:
     def dirty_keys(self) -> int:
         """The keys the hosted processors changed since the last checkpoint: what the next
         one writes (it commits every processor at once), so its pause."""
-        return sum(c.dirty_count for p in self.processors.values() for c in p.caches.values())
+        return sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
 
     def standby_info(self, info: MemberInfo) -> None:
         """What the leader places standbys by: this worker's disk and the stores it holds."""
@@ -131,31 +157,29 @@ class TaskManager:
     async def release_all(self) -> None:
         """Partitions are being taken away: flush callbacks, checkpoint, commit, close stores."""
         async with self.services.lock:
-            if not self.processors:
+            if not self.active:
                 return
             log.info(
                 "%s: giving up processors %s (generation %d)",
-                self.name, sorted(self.processors), self.parts.consumer.generation,
+                self.name, sorted(self.active), self.parts.consumer.generation,
             )  # fmt: skip
             await self.parts.dispatcher.fire(self.app.keys_revoked_callbacks, by_processor(self.parts.admission))
             await self.checkpoint()
             if self.services.standbys is not None:  # what this disk holds, for the next assignment
-                for pid, proc in self.processors.items():
-                    self.services.standbys.note(pid, position_of(proc.loaded))
+                for pid, task in self.active.items():
+                    self.services.standbys.note(pid, position_of(task.proc.loaded))
             self.close_all()
 
     def close_all(self, discard: bool = False) -> None:
         for closing in self.on_close:  # a joining processor's bootstrap waits for the lock we hold
             closing()
-        for proc in self.processors.values():
-            if discard:
-                proc.discard()
-            proc.close()
+        for task in self.active.values():
+            self.lag_waits_cut_closed += task.merge.lag_waits_cut
+            task.close(discard=discard)
         parts = self.parts
         parts.dispatcher.binder.unbind()
-        self.processors.clear()
+        self.active.clear()
         parts.admission.clear()
-        parts.merge.clear()
         parts.held_back.clear()
         parts.consumer.forget_pauses()
         self.kafka_offsets.clear()  # each sharer commits its view once again in the next generation
@@ -174,19 +198,19 @@ class TaskManager:
             await self._fence(assignment, generation)
             starts = Starts()
             for pid, slots in sorted(assignment.processors.items()):
-                proc = await self._open(pid, assignment, generation)
-                if not await self._catch_up(proc, slots, assignment, generation):
+                task = await self._open(pid, assignment, generation)
+                if not await self._catch_up(task.proc, slots, assignment, generation):
                     return  # (the history is gone: ``fatal`` stops the worker)
-                starts.update(self.parts.router.slots(proc, slots, assignment.sharers, assignment.p0, assignment.p))
-                starts.update(self.parts.router.sweeps(proc, assignment.sweeps.get(pid, [])))
-                await self.go_live_if_caught_up(proc)
+                starts.update(self.parts.router.slots(task, slots, assignment.sharers, assignment.p0, assignment.p))
+                starts.update(self.parts.router.sweeps(task, assignment.sweeps.get(pid, [])))
+                await task.go_live_if_caught_up()
             await self._route(starts, generation)
             await self._standbys(assignment)
             if after is not None:
                 await after(generation)
             self._delete_retired()
             self.services.beat()
-            log.info("%s: hosts processors %s (generation %d): %s", self.name, sorted(self.processors), generation,
+            log.info("%s: hosts processors %s (generation %d): %s", self.name, sorted(self.active), generation,
                      sorted(self.parts.admission.routes))  # fmt: skip
             outdated = assignment.outdated(self.services.jobs.job.p, self.shapes())
             if outdated is not None:
@@ -214,7 +238,7 @@ class TaskManager:
         self.layout_epochs = {t: lay.epoch for t in self.app.input_topics if (lay := registry.get(t))}
         self.job_p = assignment.p
 
-    async def _open(self, pid: int, assignment: Assignment, generation: int) -> ProcessorState:
+    async def _open(self, pid: int, assignment: Assignment, generation: int) -> Task:
         """Step 2: the processor's store, restored from the changelog first when this disk
         has none, and put on the changelog's chain (a zombie's later markers lose)."""
         settings, services = self.app.settings, self.services
@@ -231,7 +255,7 @@ class TaskManager:
                 self.restores.done(pid)
         opening = self.opening(incarnation)
         proc = await open_for_count(pid, path, opening, assignment.p0, assignment.p, log_as=self.name, adopt=True)
-        self.processors[pid] = proc
+        task = self.host(proc)
         if changelog is not None and position_of(proc.loaded) is not None:
             after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
             proc.loaded = after.replace(generation=proc.loaded.generation)  # (unlogged: a snapshot next)
@@ -239,7 +263,7 @@ class TaskManager:
         for topic, epoch in proc.loaded.layout_epochs.items():
             if topic in self.app.handlers:  # the store saw a newer layout than we know
                 await services.registry.ensure_at_least(topic, epoch)
-        return proc
+        return task
 
     async def _catch_up(self, proc: ProcessorState, slots: Slots, assignment: Assignment, generation: int) -> bool:
         """Step 3: what the group handled beyond the store, the stream time its windows had
@@ -256,7 +280,7 @@ class TaskManager:
                 return False
         if proc.window_states:  # a partition's last owner closed what its stream time closed: sent
             taken = [progress.stream_time(t, q) for t, q, shared in slots if not shared]
-            await self.parts.dispatcher.adopt_stream_time(proc, max(taken, default=-1))
+            await self.active[proc.id].adopt_stream_time(max(taken, default=-1))
         await catchup.read_left_history(proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots])
         return True
 
@@ -284,14 +308,6 @@ class TaskManager:
         if retired:
             log.info("%s: deleted the stores of retired processors %s", self.name, retired)
 
-    async def go_live_if_caught_up(self, proc: ProcessorState) -> None:
-        """A shrink's merged processor (``sides``) goes live once none of its partitions
-        has records left that the group handled already (``rebuild_until``), none held by
-        the time-ordered merge or a key-concurrent handler either (``stable``): before,
-        each key set closes on its own stream time, as its old owner did."""
-        if proc.sides is not None and rebuilt_all(proc, self.parts.admission):
-            await self.parts.dispatcher.go_live(proc)
-
     # -- gates -------------------------------------------------------------------------------
     async def regate(self) -> None:
         """Recompute the gates; fire the key callbacks they call for."""
@@ -317,10 +333,10 @@ class TaskManager:
         if assignment is None or self.assigned_generation != self.parts.consumer.generation:
             return False
         stamp = self.stamp(self.assigned_generation)
-        for proc in self.processors.values():
-            owned = [(tp.topic, tp.partition) for tp, r in self.parts.admission if r.proc is proc and not r.swept]
-            handled = self.handled_before.get(proc.id)
-            await self.parts.catchup.read_left_history(proc, stamp, assignment.p0, self.job_p, owned, handled)
+        for task in self.active.values():
+            owned = [(tp.topic, tp.partition) for tp, r in task.routes.items() if not r.swept]
+            handled = self.handled_before.get(task.id)
+            await self.parts.catchup.read_left_history(task.proc, stamp, assignment.p0, self.job_p, owned, handled)
         return True
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -328,11 +344,10 @@ class TaskManager:
         """Checkpoint every hosted processor (``checkpointing.checkpoint``); a zombie's is
         refused: its uncommitted state is dropped and the member rejoins."""
         started = time.perf_counter()
-        admission = self.parts.admission
         slots = [
             checkpointing.Slot(tp, r.proc, r.committed, r.sharers, r.swept, max(r.forwarded, default=-1) + 1,
                                self.kafka_offsets.get(tp, -1))
-            for tp, r in admission
+            for task in self.active.values() for tp, r in task.routes.items()
         ]  # fmt: skip
         try:
             stamp = checkpointing.CheckpointStamp(
@@ -341,20 +356,18 @@ class TaskManager:
             sinks = checkpointing.CheckpointSinks(
                 self.services.progress, self.services.output.flush, self._commit_offsets, self.services.changelog
             )
-            committed = await checkpointing.checkpoint(stamp, self.processors.values(), slots, sinks)
+            committed = await checkpointing.checkpoint(stamp, self.active.values(), slots, sinks)
         except checkpointing.ZombieCheckpointError as exc:
             self.zombie_rejections += 1
             log.error("%s: %s; dropping uncommitted state and rejoining", self.name, exc)
             self.close_all(discard=True)
             self.parts.consumer.request_rejoin()
             return
-        for tp, route in admission:
-            route.committed = committed.get((tp, route.proc.id), route.committed)
+        for task in self.active.values():
+            for tp, route in task.routes.items():
+                route.committed = committed.get((tp, task.id), route.committed)
         self.checkpoint_seconds.observe(time.perf_counter() - started)
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         await self.parts.consumer.commit(offsets)
         self.kafka_offsets.update((tp, o.offset) for tp, o in offsets.items())
-
-    def routes_of(self, proc: ProcessorState) -> Iterable[TopicPartition]:
-        return [tp for tp, r in self.parts.admission if r.proc is proc]

@@ -70,8 +70,8 @@ def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: O
             "asked_again": sum(m.admission.holes_refetched for m in members),
             "read_past": sum(m.admission.holes_read_past for m in members),
         },
-        merge_held=sum(m.merge.held for m in members),
-        merge_lag_cuts=sum(m.merge.lag_waits_cut for m in members),
+        merge_held=sum(m.tasks.held() for m in members),
+        merge_lag_cuts=sum(m.tasks.lag_waits_cut() for m in members),
         skipped=skipped_counts(m.admission for m in members),
     )
 

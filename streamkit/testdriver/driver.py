@@ -3,8 +3,8 @@ letters, in milliseconds (as Kafka Streams' ``TopologyTestDriver``).
 
 Everything after fetching is the worker's own code: each partition's records go through
 the worker's admission (``runtime.admission``: IC ranges after a restart, the placement
-check of keys a plain producer wrote, unreadable record times) and its apply step with
-the time-ordered merge of a processor's input topics (``runtime.merging``), then are
+check of keys a plain producer wrote, unreadable record times) and the processor's
+task (``runtime.task``: the apply step and the time-ordered merge of its input topics), then are
 decoded and applied by the worker's ``Dispatcher`` through the routes a worker builds (tables and their
 write-back caches over real RocksDB stores in a temporary directory, windows with
 stream time, late records, key-level concurrency with per-key order, dead letters), sent
@@ -56,10 +56,10 @@ from streamkit.layout.strays import plain_rule
 from streamkit.runtime import checkpointing, timers
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.dispatch import Dispatcher
-from streamkit.runtime.merging import apply_admitted, merged_inputs, release_merged
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, SlotPlace
+from streamkit.runtime.task import Task, apply_fetched
 from streamkit.testdriver.capture import (
     CaptureProducer,
     DeadLetter,
@@ -123,12 +123,10 @@ class TestDriver:
         self._round_robin = itertools.count()
         self._producer = CaptureProducer()
         self._next_fire = {id(spec): start_time + spec.seconds for spec in app.timers}
-        self._procs: dict[int, ProcessorState] = {}
-        self._routes: list[Route] = []
+        self._tasks: dict[int, Task] = {}
         self._seal = OriginSeal.ephemeral()
         """The driver's cluster seal: on the strays its output forwards, checked by its admission."""
         self._admission = self._new_admission()
-        self._merge = TimeMerge(app.settings.max_task_idle_ms)
         self._output = Output(app.name, app.dead_letter_topic, app.topics, self._producer, self._seal)
         self._dispatcher = self._new_dispatcher()
         self._globals = (
@@ -144,11 +142,15 @@ class TestDriver:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    @property
+    def _procs(self) -> dict[int, ProcessorState]:
+        return {pid: task.proc for pid, task in self._tasks.items()}
+
     def close(self) -> None:
         """Close the stores and remove them (the driver cannot be used after)."""
-        for proc in self._procs.values():
-            proc.close()
-        self._procs.clear()
+        for task in self._tasks.values():
+            task.close()
+        self._tasks.clear()
         if self._globals is not None:
             self._globals.close()
         self._loop.close()
@@ -252,18 +254,15 @@ class TestDriver:
         """Commit every processor's state and input positions, as a worker's checkpoint
         does (windows past their retention are deleted here)."""
         self._run(self._output.flush())
-        checkpointing.commit_stores(self._procs.values(), {}, 0, {PROCESSOR_COUNT: self.processors})
+        checkpointing.commit_stores(self._tasks.values(), {}, 0, {PROCESSOR_COUNT: self.processors})
 
     def restart(self) -> None:
         """A crash and a restart: drop what was not checkpointed, reopen the stores and
         apply every record beyond the checkpoint again (with output)."""
-        for proc in self._procs.values():
-            proc.discard()
-            proc.close()
-        self._procs.clear()
-        self._routes.clear()
+        for task in self._tasks.values():
+            task.close(discard=True)
+        self._tasks.clear()
         self._admission = self._new_admission()
-        self._merge.clear()
         self._dispatcher = self._new_dispatcher()
         self._open()
 
@@ -299,18 +298,20 @@ class TestDriver:
         n, p = self.partitions, self.processors
         for pid in range(p):
             path = self.app.store_path(pid, self._dir)
-            self._procs[pid] = self._run(ProcessorState.open(pid, path, self.app.tables, timeout=5.0))
+            proc = self._run(ProcessorState.open(pid, path, self.app.tables, timeout=5.0))
+            self._tasks[pid] = Task(proc, self._dispatcher, TimeMerge(self.app.settings.max_task_idle_ms))
         placed = place_job({t: TopicShape(n, n) for t in self.app.input_topics}, p, p)  # (the job's p0: p)
         assigned: dict[ProcessorState, list[Any]] = {}
         for pid, slots in sorted(placed.slots.items()):
-            proc = self._procs[pid]
+            task = self._tasks[pid]
+            proc = task.proc
             for topic, part, key_filter in slots:
                 sharers = placed.sharers.get((topic, part), ()) if key_filter is not None else ()
                 route = Route.for_slot(
                     proc, self._handlers(topic), (topic, part), 0, None, SlotPlace(key_filter, sharers, p, p)
                 )
                 route.strays = plain_rule(part, n)  # where the worker's keys of a topic with no layout belong
-                self._routes.append(route)
+                task.read(TopicPartition(topic, part), route)
                 self._admission.add(TopicPartition(topic, part), route)
                 assigned.setdefault(proc, []).append((topic, part))
         self._run(self._dispatcher.fire(self.app.keys_assigned_callbacks, assigned))
@@ -318,18 +319,18 @@ class TestDriver:
 
     async def _pump(self) -> None:
         """Apply what each partition holds beyond its route's position, as a member's
-        batch: admitted records through the dispatcher, then queued ones of
-        key-concurrent routes until none is left, then the output."""
-        merge, admission = self._merge, self._admission
-        merge.set_inputs(merged_inputs(admission))
-        for tp in list(admission.routes):  # (once per partition: its sharers admit from one answer)
-            records: list[Any] = self._log.get((tp.topic, tp.partition), [])[admission.fetch_position(tp) :]
-            for route, admitted in admission.admit(tp, records):
-                await apply_admitted(merge, self._dispatcher, route, admitted, _nothing_lags)
-        await release_merged(merge, self._dispatcher, _nothing_lags)
-        for route in self._routes:
-            while route.scheduler is not None and route.scheduler.queued:
-                await self._dispatcher.run_queued(route)
+        batch: each partition's records admitted and applied by their task, then each
+        task's end of batch and the queued records of key-concurrent routes until none is
+        left, then the output."""
+        admission = self._admission
+        fetched = {
+            tp: self._log.get((tp.topic, tp.partition), [])[admission.fetch_position(tp) :] for tp in admission.routes
+        }
+        await apply_fetched(admission, self._tasks, fetched)  # (nothing to pause: every record is there)
+        for task in self._tasks.values():
+            for route in task.routes.values():
+                while route.scheduler is not None and route.scheduler.queued:
+                    await self._dispatcher.run_queued(route)
         await self._dispatcher.send_output()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -348,8 +349,3 @@ class _Lists:
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         pass
-
-
-def _nothing_lags(pid: int, topic: str) -> bool:
-    """Every record sent is there at once: no input of the merge waits for more."""
-    return False

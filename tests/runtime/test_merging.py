@@ -1,5 +1,6 @@
-"""What the member does around the time-ordered merge: back-pressure (``HeldBack``) and
-which partitions lag, on plain objects (pure logic; the joins' worker tests run it)."""
+"""What the runtime does around a task's time-ordered merge: back-pressure (the task
+decides, ``Task.back_pressure``; the member's ``HeldBack`` pauses) and which partitions
+lag, on plain objects (pure logic; the joins' worker tests run it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from aiokafka import TopicPartition
 
 from streamkit.joins.merge import TimeMerge
 from streamkit.runtime.merging import HELD_PER_TOPIC, HeldBack, consumer_lagging
+from streamkit.runtime.task import Task
 from tests.joins.merge_fakes import FakeRoute, Proc, Rec
+
+
+def task_of(proc: Proc, merge: TimeMerge, routes: list[tuple[TopicPartition, Any]]) -> Task:
+    """A task over plain stand-ins: only its merge and routes are read here."""
+    task = Task(proc, None, merge)  # type: ignore[arg-type]
+    task.routes.update(routes)
+    return task
 
 
 class Consumer:
@@ -37,9 +46,10 @@ def test_a_topic_held_past_the_bound_stops_being_fetched_until_half_went_out() -
     routes = [(TopicPartition("a", 0), a), (TopicPartition("b", 0), b)]
     merge = TimeMerge(0)
     merge.set_inputs([(0, "a"), (0, "b")])
+    task = task_of(proc, merge, routes)
     held = HeldBack(consumer)
     merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_TOPIC + 1)])
-    held.update(merge, routes)
+    held.update(task.back_pressure())
     assert consumer.paused() == {TopicPartition("a", 0)}
     # paused for holding too much, a still lags (it has records): b's wait for it stands
     lagging = consumer_lagging(consumer, lambda: routes, held)
@@ -47,8 +57,29 @@ def test_a_topic_held_past_the_bound_stops_being_fetched_until_half_went_out() -
     assert lagging(0, "a")
     merge.hold(b, [], [Rec("b", 0, 0, 10**9)])
     merge.release(0.0, lambda *_: False)  # a's records go out, up to b's head
-    held.update(merge, routes)
+    held.update(task.back_pressure())
     assert consumer.paused() == set() and held.paused == set()
+
+
+def test_the_bound_holds_between_half_and_full_and_a_task_lets_go_only_under_half() -> None:
+    proc = Proc(0)
+    a, b = FakeRoute(proc, ("a", 0)), FakeRoute(proc, ("b", 0))
+    merge = TimeMerge(0)
+    merge.set_inputs([(0, "a"), (0, "b")])
+    task = task_of(proc, merge, [(TopicPartition("a", 0), a), (TopicPartition("b", 0), b)])
+    merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_TOPIC // 2 + 1)])
+    assert task.back_pressure() == set()  # under the bound: fetched
+    merge.hold(a, [], [Rec("a", 0, i, 10**6 + i) for i in range(HELD_PER_TOPIC // 2)])
+    assert task.back_pressure() == {TopicPartition("a", 0)}  # over it: paused
+    b_lags = lambda _pid, topic: topic == "b"  # noqa: E731 - b has more to bring: a waits once b is empty
+    merge.hold(b, [], [Rec("b", 0, 0, 1100)])
+    merge.release(0.0, b_lags)  # a's 100 records before b's head go out
+    assert HELD_PER_TOPIC // 2 < merge.queued(0, "a") <= HELD_PER_TOPIC
+    assert task.back_pressure() == {TopicPartition("a", 0)}  # between half and the bound: still paused
+    merge.hold(b, [], [Rec("b", 0, 1, 10**6 + HELD_PER_TOPIC // 4)])
+    merge.release(0.0, b_lags)
+    assert merge.queued(0, "a") <= HELD_PER_TOPIC // 2
+    assert task.back_pressure() == set()  # under half: fetched again
 
 
 def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_lets_go_of_its_own() -> None:
@@ -69,11 +100,12 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
     routes = [(a, FakeRoute(proc, ("a", 0), position=5, limit=5)), (b, FakeRoute(proc, ("b", 0)))]
     merge = TimeMerge(0)
     merge.set_inputs([(0, "a"), (0, "b")])
+    task = task_of(proc, merge, routes)
     held = HeldBack(gc.control(HELD))
     gc.control(GATE).pause(a)
     gc.control(HELD).pause(a, c)
     held.paused.update({a, c})  # c: held when its route went away
-    held.update(merge, routes)
+    held.update(task.back_pressure())
     assert held.paused == set() and gc.paused() == {a} and fake.paused == {a}
     gc.control(GATE).resume(a)
     assert fake.paused == set()

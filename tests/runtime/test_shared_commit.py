@@ -15,10 +15,12 @@ from aiokafka.errors import CommitFailedError
 from aiokafka.structs import OffsetAndMetadata
 
 from stores.rocksdb import RocksDBStore
+from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import KafkaIO
 from streamkit.runtime import checkpointing
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import ProgressLog
+from streamkit.runtime.task import Task
 
 TP = TopicPartition("in", 0)
 SHARERS = (0, 1)
@@ -40,6 +42,7 @@ class Sharer:
         self.sharers = sharers
         self.fail = False  # the group rebalanced: a commit fails (the checkpoint is kept)
         self.proc = ProcessorState(pid, RocksDBStore.open(str(path), []), {})
+        self.task = Task(self.proc, None, TimeMerge(0))  # type: ignore[arg-type]  # (only its checkpoint is taken)
         self.log = log
         self.kafka = kafka  # the group's committed offsets: the last commit to land wins
         self.sent: dict[TopicPartition, int] = {}
@@ -61,7 +64,7 @@ class Sharer:
         slot = checkpointing.Slot(TP, self.proc, self.committed, self.sharers, kafka_offset=self.sent.get(TP, -1))
         committed = await checkpointing.checkpoint(
             checkpointing.CheckpointStamp(self.name, 1, {}),
-            [self.proc],
+            [self.task],
             [slot],
             checkpointing.CheckpointSinks(self.log, _nothing, self._commit),
         )

@@ -139,7 +139,8 @@ async def bootstrap_step(
             reached = {tp: end for tp, end in plan.targets.items() if tp not in owned_ever}
             owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
             paced = dataclasses.replace(pace, extra={PROCESSOR_COUNT: p_new}, on_checkpoint=checkpointed)
-            replayed += await rebuild(catchup.history(), proc, plan, paced)
+            history = catchup.history()
+            replayed += await rebuild(history, history.task(proc), plan, paced)
             async with pace.lock or contextlib.nullcontext():
                 await progress.refresh()
             t2 = sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)

@@ -173,45 +173,42 @@ class Joining:
         theirs is shared with a processor elsewhere): the caller asks for a rebalance.
         Call with the lock held."""
         tasks, parts = self.tasks, self.parts
-        old = tasks.processors.get(split)
-        if generation != tasks.assigned_generation or old is None:
+        old_task = tasks.active.get(split)
+        if generation != tasks.assigned_generation or old_task is None:
             return False
+        old = old_task.proc
         placed = place_job(await parts.catchup.shapes(), job.p0, job.p)
         if not placed.shared_only_among((split, joined.id)):
             return False
-        moving = [tp for tp, r in parts.admission if r.proc is old]
+        moving = list(old_task.routes)
         await parts.dispatcher.fire(self.app.keys_revoked_callbacks, {old: moving})
         await tasks.checkpoint()  # its positions are T1; a zombie's is refused and it lets go of everything
-        if generation != tasks.assigned_generation or tasks.processors.get(split) is not old:
+        if generation != tasks.assigned_generation or tasks.active.get(split) is not old_task:
             return False
-        parts.admission.remove([r for _, r in parts.admission if r.proc is old])
-        parts.merge.drop(old.id)
-        old.rewind()  # what its routes had not finished goes back to the checkpoint: refetched
+        tasks.let_go(old_task)  # what its routes had not finished goes back to the checkpoint: refetched
         self._joining.pop(joined.id, None)
         self.progress.pop(joined.id, None)
-        tasks.processors[joined.id] = joined
+        hosted = (tasks.host(old), tasks.host(joined))
         tasks.job_p = parts.assignor.info.p = job.p
-        parts.assignor.info.hosted = sorted(tasks.processors)
+        parts.assignor.info.hosted = sorted(tasks.active)
         stamp = tasks.stamp(generation)
         if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
             await parts.catchup.rebuild(joined, stamp, job.p0, job.p)
             adopt_windows(joined, old, self.app.tables, job.p0, job.p)
-            await parts.dispatcher.adopt_stream_time(joined, min(old.stream_time, old.fired_through))
+            await hosted[1].adopt_stream_time(min(old.stream_time, old.fired_through))
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         handled = tasks.handled_before[joined.id] = dict(old.positions)
         owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
         await parts.catchup.read_left_history(joined, stamp, job.p0, job.p, owned, handled)
         starts = Starts()
-        for proc in (old, joined):
-            starts.update(parts.router.slots(proc, placed.slots.get(proc.id, []), placed.sharers, job.p0, job.p))
-            starts.update(parts.router.sweeps(proc, placed.sweeps.get(proc.id, [])))
+        for task in hosted:
+            starts.update(parts.router.slots(task, placed.slots.get(task.id, []), placed.sharers, job.p0, job.p))
+            starts.update(parts.router.sweeps(task, placed.sweeps.get(task.id, [])))
         for tp in moving:
             parts.consumer.seek(tp, parts.admission.fetch_position(tp))
         await parts.router.record(self.name, generation, tasks.layout_epochs, starts)
-        await parts.dispatcher.fire(
-            self.app.keys_assigned_callbacks, by_processor((tp, r) for tp, r in parts.admission if r.proc is joined)
-        )
+        await parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(hosted[1].routes.items()))
         await tasks.regate()
         log.info("%s: processor %d took over its partitions from processor %d in place (no rebalance); "
                  "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip

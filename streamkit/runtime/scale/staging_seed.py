@@ -167,7 +167,9 @@ class StagingSeed:
         plan = await plan_rebuild(
             c.io, scratch.id, self.source.p0, count, await c.topics(), lambda t, q: common.get((t, q), 0)
         )
-        read = await rebuild(c.history(), scratch, plan, Pace(self.stamp, 1 << 62, {PROCESSOR_COUNT: count}, self.lock))
+        history = c.history()
+        pace = Pace(self.stamp, 1 << 62, {PROCESSOR_COUNT: count}, self.lock)
+        read = await rebuild(history, history.task(scratch), plan, pace)
         positions, ranges = scratch.stable()
         short = {
             f"{tp.topic}[{tp.partition}]": (positions.get((tp.topic, tp.partition), 0), end)
