@@ -61,7 +61,7 @@ has brought yet."""
 
 
 class TimeMerge:
-    """The merge queues of one member's processors (or of one rebuild)."""
+    """The merge queues of one task's processor (live, or a rebuild's)."""
 
     def __init__(self, idle_ms: int, cut_lag: bool = True) -> None:
         """``cut_lag``: pass over a topic said to lag that brings nothing for
@@ -75,7 +75,7 @@ class TimeMerge:
         self._empty_since: dict[tuple[int, str], float] = {}
         self._lag_since: dict[tuple[int, str], float] = {}
         self.held = 0
-        """Records held now (every processor)."""
+        """Records held now."""
         self.lag_waits_cut = 0
         """Times a topic said to lag brought nothing for ``LAG_WAIT_SECONDS`` and was passed."""
 

@@ -116,7 +116,7 @@ class Dispatcher:
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
             if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
-                proc.merge_sides()  # (at the latest: GroupMember._go_live_if_caught_up may come first)
+                proc.merge_sides()  # (at the latest: Task.go_live_if_caught_up may come first)
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:

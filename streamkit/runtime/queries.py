@@ -73,7 +73,8 @@ class QueryAnswers:
             return Answer(400, {"error": f"key {key_text!r} is not a key of table {table!r}: {exc}"})
         job, h = self.jobs.job, key_hash(key_bytes)
         for member in self.members():  # by the count its processors hold their keys for (the job record may be ahead)
-            proc = member.processors.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
+            task = member.tasks.active.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
+            proc = task.proc if task is not None else None
             if proc is not None:  # a joining processor's store is not among them until its handover
                 answer: dict[str, Any] = {"table": table, "key": key_text}
                 if windows:

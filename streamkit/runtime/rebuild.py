@@ -272,6 +272,7 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
     group, sweep_ends, stamp, extra, lock = reader.group, reader.sweep_ends, pace.stamp, pace.extra, pace.lock
     checkpoint_every, checkpoint_interval, max_rate = pace.checkpoint_every, pace.checkpoint_interval, pace.max_rate
     on_checkpoint, before_checkpoint = pace.on_checkpoint, pace.before_checkpoint
+    assert not task.routes, "a history reader's task reads the plan's partitions only (HistoryReader.task)"
     await check_history(io, plan, proc.positions)
     guard = lock if lock is not None else contextlib.nullcontext()
     fetcher = _Reader()

@@ -8,8 +8,8 @@ receiving processor's records have moved time further. That would lose its close
 retiring processor never sent it, and the merged one would take it for sent. So each
 key set keeps its own stream time (``SideClocks``), checkpointed with the store; the
 windows of a key set close on its own time, without output, as in any replay; and once
-the merged processor has applied every record the group handled already (the member
-checks, ``GroupMember._go_live_if_caught_up``) the two times become one (the larger),
+the merged processor has applied every record the group handled already (its task
+checks, ``Task.go_live_if_caught_up``) the two times become one (the larger),
 and what that closes is sent then, once; at the latest when it delivers its first
 record live.
 """

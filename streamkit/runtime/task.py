@@ -35,7 +35,7 @@ from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.merging import HELD_PER_TOPIC, merged, merged_inputs
 from streamkit.runtime.processor import Position, ProcessorState
 from streamkit.runtime.restamp import restamp
-from streamkit.runtime.routes import Route
+from streamkit.runtime.routes import Route, rebuilt_all
 
 __all__ = ["Task", "TaskView", "apply_fetched", "nothing_lags"]
 
@@ -86,7 +86,7 @@ class Task:
     # -- what it reads -----------------------------------------------------------------------
     def read(self, tp: TopicPartition, route: Route) -> None:
         """Read ``tp`` through ``route`` (the driver admits for it)."""
-        assert route.proc is self.proc, "a route of another processor"
+        assert route.proc is self.proc and tp not in self.routes, "one route per partition, of this processor"
         self.routes[tp] = route
         self.merge.set_inputs(merged_inputs(self.routes.items()))
 
@@ -149,7 +149,7 @@ class Task:
         has records left that the group handled already (``rebuild_until``), none held by
         the merge or a key-concurrent handler either (``stable``): before, each key set
         closes on its own stream time, as its old owner did."""
-        if self.proc.sides is not None and all(r.stable >= r.rebuild_until for r in self.routes.values()):
+        if self.proc.sides is not None and rebuilt_all(self.proc, self.routes.items()):
             await self.dispatcher.go_live(self.proc)
 
     async def adopt_stream_time(self, stream_time: int) -> int:

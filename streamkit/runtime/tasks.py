@@ -114,7 +114,9 @@ class TaskManager:
 
     def hosted(self) -> dict[int, list[tuple[str, int]]]:
         """The (topic, partition)s each hosted processor consumes."""
-        return {pid: list(task.view().partitions) for pid, task in self.active.items() if task.routes}
+        return {
+            pid: [(tp.topic, tp.partition) for tp in task.routes] for pid, task in self.active.items() if task.routes
+        }
 
     def held(self) -> int:
         """Records the tasks' time-ordered merges hold."""
