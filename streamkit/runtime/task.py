@@ -76,6 +76,8 @@ class Task:
         self.merge = merge
         self.lagging = lagging
         self.routes: dict[TopicPartition, Route] = {}
+        self.concurrent: list[Route] = []
+        """The routes of key-concurrent handlers (their queued records run after a batch)."""
         self.holding: set[TopicPartition] = set()
         """Partitions whose topic the merge holds too many records of (``back_pressure``)."""
 
@@ -88,6 +90,8 @@ class Task:
         """Read ``tp`` through ``route`` (the driver admits for it)."""
         assert route.proc is self.proc and tp not in self.routes, "one route per partition, of this processor"
         self.routes[tp] = route
+        if route.scheduler is not None:
+            self.concurrent.append(route)
         self.merge.set_inputs(merged_inputs(self.routes.items()))
 
     def let_go(self) -> list[Route]:
@@ -96,6 +100,7 @@ class Task:
         what was held pending: fetched again by whoever reads them next."""
         routes = list(self.routes.values())
         self.routes.clear()
+        self.concurrent.clear()
         self.merge.clear()
         self.holding.clear()
         self.proc.rewind()
@@ -138,9 +143,11 @@ class Task:
     async def after_batch(self) -> None:
         """After a fetch's batches: what the merge releases, going live once caught up (a
         shrink's merged processor), then the queued records of busy keys."""
-        await self.release()
-        await self.go_live_if_caught_up()
-        for route in self.routes.values():
+        if self.merge.held:
+            await self.release()
+        if self.proc.sides is not None:
+            await self.go_live_if_caught_up()
+        for route in self.concurrent:
             if route.scheduler is not None and route.scheduler.queued:
                 await self.dispatcher.run_queued(route)
 
@@ -231,5 +238,6 @@ async def apply_fetched(
     held: set[TopicPartition] = set()
     for task in tasks.values():
         await task.after_batch()
-        held |= task.back_pressure()
+        if task.merge.held or task.holding:
+            held |= task.back_pressure()
     return consumed, held
