@@ -1,20 +1,26 @@
-"""Inputs merged in time order: a processor that reads several topics applies their
-records by timestamp, as Kafka Streams' tasks do (``max.task.idle.ms``).
+"""Inputs merged in time order: a processor that reads several partitions, of one topic
+or of several, applies their records by timestamp, as Kafka Streams' tasks do
+(``max.task.idle.ms``).
 
 Why: a handler of ``orders`` that reads a table fed by ``customers`` must see the
-customer as it was when the order was placed, whatever the fetches delivered first. A
-live run, a restart and a rebuild then apply the same records in the same order.
+customer as it was when the order was placed, whatever the fetches delivered first; and
+a processor that reads two partitions of one topic must not judge one partition's
+records late against the other's newer ones because a fetch brought that one first. A
+live run, a restart and a rebuild then apply the same records in the same order, and
+decide alike what is late and when a window closes.
 
-How: each processor has one queue per input topic. Admission puts the records it would
-apply into their topic's queue (in the order it admits them, so that per-key order and
-the gates' order within a topic stand); :meth:`TimeMerge.release` then takes, again and
-again, the head with the smallest (timestamp, topic, partition, offset), as long as no
-other topic of the processor with an empty queue may still bring an earlier record: one
-with records fetched by nobody yet (lag: ``lagging``), or one that has been empty for
-less than the idle wait while others had records (as Kafka Streams' deadline: once
-passed, a quiet topic holds nothing back until it brings a record again). A held record
-is *pending* for its partition: a checkpoint records the stable offset below it (and IC
-ranges beyond), so a crash re-reads it.
+How: each processor has one queue per partition it reads (a *source*). Admission puts
+the records it would apply into their partition's queue in offset order;
+:meth:`TimeMerge.release` then takes, again and again, the head with the smallest
+(timestamp, topic, partition, offset), as long as no other source of the processor with
+an empty queue may still bring an earlier record: one with records fetched by nobody
+yet (lag: ``lagging``), or one that has been empty for less than the idle wait while
+others had records (as Kafka Streams' deadline: once passed, a quiet partition holds
+nothing back until it brings a record again). A held record is *pending* for its
+partition: a checkpoint records the stable offset below it (and IC ranges beyond), so a
+crash re-reads it. Gates see held records as not applied (they look at stable offsets),
+so a partition whose keys came from another after a layout change delivers only once
+that one's records below the seal went out of the merge: per-key order stands.
 
 The merge looks at heads only, as Kafka Streams' does: within a partition records keep
 their offset order, so a record stuck behind a later timestamp waits for it.
@@ -26,10 +32,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "TimeMerge"]
+__all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "Source", "TimeMerge"]
+
+Source = tuple[str, int]
+"""One input of the merge: a (topic, partition) the processor reads."""
 
 LAG_WAIT_SECONDS = 5.0
-"""The longest a processor waits for a topic said to have unfetched records (its high
+"""The longest a processor waits for a partition said to have unfetched records (its high
 watermark beyond the position) that brings none: a broker that reports a wrong high
 watermark would otherwise hold the others for ever. Counted when it happens (the metric
 ``streamkit_merge_lag_waits_cut_total``)."""
@@ -55,42 +64,42 @@ Run = tuple[Any, list[Any], list[Any]]
 """(route, records to rebuild without output, records to deliver): consecutive released
 records of one route."""
 
-Lagging = Callable[[int, str], bool]
-"""``lagging(processor, topic)``: the topic has records for the processor that no fetch
-has brought yet."""
+Lagging = Callable[[int, Source], bool]
+"""``lagging(processor, source)``: the partition has records for the processor that no
+fetch has brought yet."""
 
 
 class TimeMerge:
     """The merge queues of one task's processor (live, or a rebuild's)."""
 
     def __init__(self, idle_ms: int, cut_lag: bool = True) -> None:
-        """``cut_lag``: pass over a topic said to lag that brings nothing for
+        """``cut_lag``: pass over a partition said to lag that brings nothing for
         ``LAG_WAIT_SECONDS`` (live; a rebuild, whose lag is exact, waits)."""
         self.idle = idle_ms / 1000 if idle_ms >= 0 else -1.0
         self.cut_lag = cut_lag
-        self.inputs: dict[int, frozenset[str]] = {}
-        """Per processor, the topics merged (set by :meth:`set_inputs`); one topic or
+        self.inputs: dict[int, frozenset[Source]] = {}
+        """Per processor, the sources merged (set by :meth:`set_inputs`); one source or
         none: its records pass at once."""
-        self._queues: dict[int, dict[str, deque[tuple[Any, Any, bool]]]] = {}
-        self._empty_since: dict[tuple[int, str], float] = {}
-        self._lag_since: dict[tuple[int, str], float] = {}
+        self._queues: dict[int, dict[Source, deque[tuple[Any, Any, bool]]]] = {}
+        self._empty_since: dict[tuple[int, Source], float] = {}
+        self._lag_since: dict[tuple[int, Source], float] = {}
         self.held = 0
         """Records held now."""
         self.lag_waits_cut = 0
-        """Times a topic said to lag brought nothing for ``LAG_WAIT_SECONDS`` and was passed."""
+        """Times a partition said to lag brought nothing for ``LAG_WAIT_SECONDS`` and was passed."""
 
     # -- what is merged --------------------------------------------------------------------
-    def set_inputs(self, routes: Iterable[tuple[int, str]]) -> None:
-        """The (processor, topic) pairs whose records are merged: every input route but
+    def set_inputs(self, routes: Iterable[tuple[int, Source]]) -> None:
+        """The (processor, source) pairs whose records are merged: every input route but
         those read only to forward strays and the key-concurrent ones."""
-        topics: dict[int, set[str]] = {}
-        for pid, topic in routes:
-            topics.setdefault(pid, set()).add(topic)
-        self.inputs = {pid: frozenset(t) for pid, t in topics.items() if len(t) > 1}
+        sources: dict[int, set[Source]] = {}
+        for pid, source in routes:
+            sources.setdefault(pid, set()).add(source)
+        self.inputs = {pid: frozenset(t) for pid, t in sources.items() if len(t) > 1}
 
-    def queued(self, pid: int, topic: str) -> int:
-        """Records held for processor ``pid`` from ``topic``."""
-        queue = self._queues.get(pid, {}).get(topic)
+    def queued(self, pid: int, source: Source) -> int:
+        """Records held for processor ``pid`` from ``source``."""
+        queue = self._queues.get(pid, {}).get(source)
         return len(queue) if queue else 0
 
     def merges(self, route: MergeRoute) -> bool:
@@ -99,33 +108,33 @@ class TimeMerge:
     # -- in and out --------------------------------------------------------------------------
     def passes(self, route: MergeRoute, now: float, lagging: Lagging) -> bool:
         """Whether a batch of ``route`` may be applied at once, unheld: its processor holds
-        nothing and no other topic of it may bring an earlier record (what :meth:`release`
+        nothing and no other source of it may bring an earlier record (what :meth:`release`
         would let through anyway, without a hold and a release per record)."""
-        pid, topic = route.proc.id, route.position_key[0]
-        self._brought(pid, topic)  # held or not, the topic brought records: its silence ended
+        pid, source = route.proc.id, route.position_key
+        self._brought(pid, source)  # held or not, the partition brought records: its silence ended
         if self._queues.get(pid) and any(self._queues[pid].values()):
             return False
-        others = [t for t in self.inputs.get(pid, ()) if t != topic]
+        others = [t for t in self.inputs.get(pid, ()) if t != source]
         return not any(self._may_bring_earlier(pid, t, now, lagging) for t in others)
 
-    def _brought(self, pid: int, topic: str) -> None:
-        self._empty_since.pop((pid, topic), None)
-        self._lag_since.pop((pid, topic), None)
+    def _brought(self, pid: int, source: Source) -> None:
+        self._empty_since.pop((pid, source), None)
+        self._lag_since.pop((pid, source), None)
 
     def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
         """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
         order); each is pending for its partition until released."""
         if not rebuild and not deliver:
             return
-        pid, topic = route.proc.id, route.position_key[0]
-        queue = self._queues.setdefault(pid, {}).setdefault(topic, deque())
+        pid, source = route.proc.id, route.position_key
+        queue = self._queues.setdefault(pid, {}).setdefault(source, deque())
         pending = route.proc.pending.setdefault(route.position_key, set())
         for records, again in ((rebuild, True), (deliver, False)):
             for rec in records:
                 queue.append((route, rec, again))
                 pending.add(rec.offset)
         self.held += len(rebuild) + len(deliver)
-        self._brought(pid, topic)
+        self._brought(pid, source)
 
     def release(self, now: float, lagging: Lagging, flush: bool = False) -> list[Run]:
         """The records that may be applied now, in merged order, as runs of one route.
@@ -138,31 +147,31 @@ class TimeMerge:
         return runs
 
     def _release_one(
-        self, pid: int, queues: dict[str, deque[tuple[Any, Any, bool]]], now: float, lagging: Lagging, flush: bool,
+        self, pid: int, queues: dict[Source, deque[tuple[Any, Any, bool]]], now: float, lagging: Lagging, flush: bool,
         runs: list[Run],
     ) -> None:  # fmt: skip
         inputs = self.inputs.get(pid, ())
         while True:
-            full = [(topic, q) for topic, q in queues.items() if q]
+            full = [(source, q) for source, q in queues.items() if q]
             if not full:
                 return
             if not flush:
-                filled = {topic for topic, _ in full}
+                filled = {source for source, _ in full}
                 empty = [t for t in inputs if t not in filled]
-                if any(self._may_bring_earlier(pid, topic, now, lagging) for topic in empty):
-                    return  # an empty topic may still bring the earliest record
+                if any(self._may_bring_earlier(pid, source, now, lagging) for source in empty):
+                    return  # an empty partition may still bring the earliest record
             if len(full) == 1:
                 self._take_all(full[0][1], runs)
                 continue
             while all(q for _, q in full):  # the order among these is known until one runs dry
                 self._take_head(full, runs)
 
-    def _take_head(self, full: list[tuple[str, deque[tuple[Any, Any, bool]]]], runs: list[Run]) -> None:
+    def _take_head(self, full: list[tuple[Source, deque[tuple[Any, Any, bool]]]], runs: list[Run]) -> None:
         best_q = None
         best_key: tuple[int, str, int, int] | None = None
-        for topic, q in full:
+        for (topic, partition), q in full:
             rec = q[0][1]
-            key = (rec.timestamp, topic, rec.partition, rec.offset)
+            key = (rec.timestamp, topic, partition, rec.offset)
             if best_key is None or key < best_key:
                 best_key, best_q = key, q
         assert best_q is not None
@@ -181,19 +190,19 @@ class TimeMerge:
             return
         runs.append((route, [rec], []) if again else (route, [], [rec]))
 
-    def _may_bring_earlier(self, pid: int, topic: str, now: float, lagging: Lagging) -> bool:
-        """Whether ``topic``'s empty queue holds the processor's other topics back."""
+    def _may_bring_earlier(self, pid: int, source: Source, now: float, lagging: Lagging) -> bool:
+        """Whether ``source``'s empty queue holds the processor's other inputs back."""
         if self.idle < 0:
             return False
-        if lagging(pid, topic):
-            since = self._lag_since.setdefault((pid, topic), now)
+        if lagging(pid, source):
+            since = self._lag_since.setdefault((pid, source), now)
             if not self.cut_lag or now - since < LAG_WAIT_SECONDS:
                 return True
             self.lag_waits_cut += 1
-            self._lag_since[(pid, topic)] = now  # counted once per wait
+            self._lag_since[(pid, source)] = now  # counted once per wait
             return False
-        self._lag_since.pop((pid, topic), None)
-        since = self._empty_since.setdefault((pid, topic), now)
+        self._lag_since.pop((pid, source), None)
+        since = self._empty_since.setdefault((pid, source), now)
         return now - since < self.idle
 
     # -- when routes go ----------------------------------------------------------------------

@@ -155,9 +155,9 @@ METRICS: dict[str, str] = {
     "streamkit_fetch_holes_total": "gaps in the offsets of a fetch answer: asked_again (each gap seen), "
     "read_past (still there after a second of asking: compaction, transaction markers or retention; anything "
     "else is records lost)",
-    "streamkit_merge_held_records": "records the time-ordered merge of a processor's input topics holds (an "
-    "earlier record of another topic may still come)",
-    "streamkit_merge_lag_waits_cut_total": "times a topic said to have unfetched records brought none for 5 s and "
+    "streamkit_merge_held_records": "records the time-ordered merge of a processor's input partitions holds (an "
+    "earlier record of another partition may still come)",
+    "streamkit_merge_lag_waits_cut_total": "times a partition said to have unfetched records brought none for 5 s and "
     "the merge went on without it (a wrong high watermark, or a partition ending in a transaction marker)",
     "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
     "streamkit_handler_batch_seconds": "time in the handlers per partition batch",

@@ -10,16 +10,16 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from streamkit.joins.merge import Lagging
+from streamkit.joins.merge import Lagging, Source
 from streamkit.runtime.routes import Route
 
-__all__ = ["HELD_PER_TOPIC", "HeldBack", "consumer_lagging", "merged", "merged_inputs"]
+__all__ = ["HELD_PER_PARTITION", "HeldBack", "consumer_lagging", "merged", "merged_inputs"]
 
-HELD_PER_TOPIC = 20_000
-"""Records the merge may hold for one processor from one topic before that topic's
-partitions stop being fetched (Kafka Streams' ``buffered.records.per.partition``): a topic
-far ahead in time while another catches up does not pile up in memory. Fetched again
-once half of them went out."""
+HELD_PER_PARTITION = 20_000
+"""Records the merge may hold for one processor from one partition before the partition
+stops being fetched (Kafka Streams' ``buffered.records.per.partition``): a partition far
+ahead in time while another catches up does not pile up in memory. Fetched again once
+half of them went out."""
 
 
 def merged(route: Route) -> bool:
@@ -27,9 +27,9 @@ def merged(route: Route) -> bool:
     return route.scheduler is None and not route.swept
 
 
-def merged_inputs(routes: Iterable[tuple[TopicPartition, Route]]) -> Iterator[tuple[int, str]]:
-    """The (processor, topic) pairs of ``routes`` that the merge orders."""
-    return ((r.proc.id, tp.topic) for tp, r in routes if merged(r))
+def merged_inputs(routes: Iterable[tuple[TopicPartition, Route]]) -> Iterator[tuple[int, Source]]:
+    """The (processor, source) pairs of ``routes`` that the merge orders."""
+    return ((r.proc.id, r.position_key) for _, r in routes if merged(r))
 
 
 class HeldBack:
@@ -57,21 +57,21 @@ class HeldBack:
 def consumer_lagging(
     consumer: Any, routes: Callable[[], Iterable[tuple[TopicPartition, Route]]], held_back: HeldBack | None = None
 ) -> Lagging:
-    """``lagging`` for a member: a topic lags for a processor when one of its partitions
-    there has records beyond the route's position by the last high watermark a fetch
-    reported (or none was reported yet). A partition paused by its gate, or a route at
+    """``lagging`` for a member: a partition lags for a processor when it has records
+    beyond the route's position by the last high watermark a fetch reported (or none was
+    reported yet). A partition paused by its gate, or a route at
     its gate's limit, does not lag: it brings nothing until the gate opens (one paused
     for holding too much, ``HeldBack``, does).
 
     The route's position, not the consumer's: aiokafka moves its position over records it
     has fetched and not yet handed over. (A partition ending in a transaction marker keeps
-    its position below the high watermark: such a topic is passed over after
+    its position below the high watermark: such a partition is passed over after
     ``LAG_WAIT_SECONDS`` each time.)"""
 
-    def lagging(pid: int, topic: str) -> bool:
+    def lagging(pid: int, source: Source) -> bool:
         paused = consumer.paused() - (held_back.paused if held_back is not None else set())
         for tp, route in routes():
-            if tp.topic != topic or route.proc.id != pid or not merged(route) or tp in paused:
+            if route.position_key != source or route.proc.id != pid or not merged(route) or tp in paused:
                 continue
             if route.limit is not None and route.position >= route.limit:
                 continue

@@ -291,10 +291,10 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
         route.null_keys = tp in plan.keyless
         admission.add(tp, route)
         task.read(tp, route)
-    # The inputs in time order as live: a topic short of its target may bring an earlier
-    # record; what is held when every target is reached is applied then.
-    task.lagging = lambda _pid, topic: any(
-        tp.topic == topic and r.position < plan.targets[tp] and tp not in fetcher.paused for tp, r in admission
+    # The inputs in time order as live: a partition short of its target may bring an
+    # earlier record; what is held when every target is reached is applied then.
+    task.lagging = lambda _pid, source: any(
+        r.position_key == source and r.position < plan.targets[tp] and tp not in fetcher.paused for tp, r in admission
     )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()

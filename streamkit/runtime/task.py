@@ -29,10 +29,10 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from stores.base import Checkpoint
-from streamkit.joins.merge import Lagging, TimeMerge
+from streamkit.joins.merge import Lagging, Source, TimeMerge
 from streamkit.runtime.admission import Admission, Admitted
 from streamkit.runtime.dispatch import Dispatcher
-from streamkit.runtime.merging import HELD_PER_TOPIC, merged, merged_inputs
+from streamkit.runtime.merging import HELD_PER_PARTITION, merged, merged_inputs
 from streamkit.runtime.processor import Position, ProcessorState
 from streamkit.runtime.restamp import restamp
 from streamkit.runtime.routes import Route, rebuilt_all
@@ -40,7 +40,7 @@ from streamkit.runtime.routes import Route, rebuilt_all
 __all__ = ["Task", "TaskView", "apply_fetched", "nothing_lags"]
 
 
-def nothing_lags(pid: int, topic: str) -> bool:
+def nothing_lags(pid: int, source: Source) -> bool:
     """Every record of every input is there already (a driver over lists): no input of
     the merge waits for more."""
     return False
@@ -79,7 +79,7 @@ class Task:
         self.concurrent: list[Route] = []
         """The routes of key-concurrent handlers (their queued records run after a batch)."""
         self.holding: set[TopicPartition] = set()
-        """Partitions whose topic the merge holds too many records of (``back_pressure``)."""
+        """Partitions the merge holds too many records of (``back_pressure``)."""
 
     @property
     def id(self) -> int:
@@ -165,17 +165,17 @@ class Task:
         return await self.dispatcher.adopt_stream_time(self.proc, stream_time)
 
     def back_pressure(self) -> set[TopicPartition]:
-        """The partitions to stop fetching: those of a topic the merge holds more than
-        ``HELD_PER_TOPIC`` records of, until it holds half of them (Kafka Streams'
+        """The partitions to stop fetching: those the merge holds more than
+        ``HELD_PER_PARTITION`` records of, until it holds half of them (Kafka Streams'
         ``buffered.records.per.partition``)."""
         if not self.merge.held and not self.holding:
             return self.holding
         for tp, route in self.routes.items():
             if merged(route):
-                n = self.merge.queued(self.id, tp.topic)
-                if n > HELD_PER_TOPIC:
+                n = self.merge.queued(self.id, route.position_key)
+                if n > HELD_PER_PARTITION:
                     self.holding.add(tp)
-                elif n <= HELD_PER_TOPIC // 2:
+                elif n <= HELD_PER_PARTITION // 2:
                     self.holding.discard(tp)
         return self.holding
 

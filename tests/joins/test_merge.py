@@ -11,7 +11,7 @@ from tests.joins.merge_fakes import FakeRoute as R
 from tests.joins.merge_fakes import Proc, Rec
 
 
-def never(_pid: int, _topic: str) -> bool:
+def never(_pid: int, _source: tuple[str, int]) -> bool:
     return False
 
 
@@ -26,7 +26,7 @@ def recs(topic: str, stamps: list[int]) -> list[Rec]:
 def setup(idle_ms: int = 0) -> tuple[TimeMerge, R, R]:
     merge = TimeMerge(idle_ms)
     proc = Proc(0)
-    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
     return merge, R(proc, ("a", 0)), R(proc, ("b", 0))
 
 
@@ -42,7 +42,7 @@ def test_heads_go_out_by_timestamp_then_topic_and_a_caught_up_empty_topic_holds_
 def test_a_lagging_topic_holds_the_others_and_held_records_are_pending() -> None:
     merge, a, b = setup()
     merge.hold(a, [], recs("a", [1, 2, 3]))
-    lagging = lambda _pid, topic: topic == "b"  # noqa: E731
+    lagging = lambda _pid, source: source == ("b", 0)  # noqa: E731
     assert merge.release(0.0, lagging) == []
     assert a.proc.pending[("a", 0)] == {0, 1, 2}
     merge.hold(b, [], recs("b", [2]))
@@ -90,9 +90,23 @@ def test_flush_and_drop() -> None:
     assert merge.held == 0 and merge.release(0.0, never) == []
 
 
+def test_the_partitions_of_one_topic_are_merged_as_topics_are() -> None:
+    """A processor reading two partitions of one topic applies their records by time too
+    (each partition in its offset order): which partition a fetch brought first decides
+    nothing, and a partition with unfetched records holds the other back."""
+    merge, proc = TimeMerge(0), Proc(0)
+    merge.set_inputs([(0, ("a", 0)), (0, ("a", 1))])
+    p0, p1 = R(proc, ("a", 0)), R(proc, ("a", 1))
+    merge.hold(p0, [], [Rec("a", 0, i, ts) for i, ts in enumerate([1, 4, 9])])
+    assert merge.release(0.0, lambda _pid, source: source == ("a", 1)) == []  # partition 1 lags
+    merge.hold(p1, [], [Rec("a", 1, i, ts) for i, ts in enumerate([2, 3])])
+    runs = merge.release(0.0, never)
+    assert [(r.partition, r.offset) for _, _, d in runs for r in d] == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2)]
+
+
 def test_a_single_input_processor_is_not_merged() -> None:
     merge = TimeMerge(0)
-    merge.set_inputs([(0, "a"), (1, "a"), (1, "b")])
+    merge.set_inputs([(0, ("a", 0)), (1, ("a", 0)), (1, ("b", 0))])
     assert not merge.merges(R(Proc(0), ("a", 0)))
     assert merge.merges(R(Proc(1), ("a", 0)))
 
@@ -105,13 +119,13 @@ def test_random_arrivals_give_the_order_of_the_whole_streams() -> None:
         streams = {t: recs(t, [rng.randrange(50) for _ in range(rng.randrange(1, 12))]) for t in ("a", "b", "c")}
         whole = TimeMerge(0)
         proc = Proc(0)
-        whole.set_inputs([(0, t) for t in streams])
+        whole.set_inputs([(0, (t, 0)) for t in streams])
         for t, rs in streams.items():
             whole.hold(R(proc, (t, 0)), [], rs)
         expected = flat(whole.release(0.0, never))
         merge = TimeMerge(0)
         proc = Proc(0)
-        merge.set_inputs([(0, t) for t in streams])
+        merge.set_inputs([(0, (t, 0)) for t in streams])
         routes = {t: R(proc, (t, 0)) for t in streams}
         cursor = dict.fromkeys(streams, 0)
         out: list[tuple[str, int]] = []
@@ -121,7 +135,7 @@ def test_random_arrivals_give_the_order_of_the_whole_streams() -> None:
             merge.hold(routes[t], [], streams[t][cursor[t] : cursor[t] + n])
             cursor[t] += n
             short = {topic for topic, rs in streams.items() if cursor[topic] < len(rs)}
-            out += flat(merge.release(0.0, lambda _p, topic, short=short: topic in short))
+            out += flat(merge.release(0.0, lambda _p, source, short=short: source[0] in short))
         out += flat(merge.release(0.0, never))
         assert out == expected
 
@@ -146,7 +160,7 @@ def test_a_passed_idle_wait_holds_nothing_back_until_the_quiet_topic_brings_a_re
 def test_a_rebuild_waits_for_a_lagging_topic_however_long() -> None:
     merge = TimeMerge(0, cut_lag=False)
     proc = Proc(0)
-    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
     merge.hold(R(proc, ("a", 0)), [], recs("a", [1]))
     assert merge.release(0.0, lambda *_: True) == []
     assert merge.release(10 * LAG_WAIT_SECONDS, lambda *_: True) == []
@@ -155,7 +169,7 @@ def test_a_rebuild_waits_for_a_lagging_topic_however_long() -> None:
 def test_a_batch_passes_unheld_only_when_nothing_could_come_before_it() -> None:
     merge, a, b = setup()
     assert merge.passes(a, 0.0, never)
-    assert not merge.passes(a, 0.0, lambda _pid, topic: topic == "b")  # b has unfetched records
+    assert not merge.passes(a, 0.0, lambda _pid, source: source == ("b", 0))  # b has unfetched records
     merge.hold(b, [], recs("b", [5]))
     assert not merge.passes(a, 0.0, never)  # b holds a record: a's go through the merge
     idle, a2, _ = setup(idle_ms=500)

@@ -10,7 +10,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from streamkit.joins.merge import TimeMerge
-from streamkit.runtime.merging import HELD_PER_TOPIC, HeldBack, consumer_lagging
+from streamkit.runtime.merging import HELD_PER_PARTITION, HeldBack, consumer_lagging
 from streamkit.runtime.task import Task
 from tests.joins.merge_fakes import FakeRoute, Proc, Rec
 
@@ -45,16 +45,16 @@ def test_a_topic_held_past_the_bound_stops_being_fetched_until_half_went_out() -
     a, b = FakeRoute(proc, ("a", 0)), FakeRoute(proc, ("b", 0))
     routes = [(TopicPartition("a", 0), a), (TopicPartition("b", 0), b)]
     merge = TimeMerge(0)
-    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
     task = task_of(proc, merge, routes)
     held = HeldBack(consumer)
-    merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_TOPIC + 1)])
+    merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_PARTITION + 1)])
     held.update(task.back_pressure())
     assert consumer.paused() == {TopicPartition("a", 0)}
     # paused for holding too much, a still lags (it has records): b's wait for it stands
     lagging = consumer_lagging(consumer, lambda: routes, held)
     consumer.high[TopicPartition("a", 0)] = 10**9
-    assert lagging(0, "a")
+    assert lagging(0, ("a", 0))
     merge.hold(b, [], [Rec("b", 0, 0, 10**9)])
     merge.release(0.0, lambda *_: False)  # a's records go out, up to b's head
     held.update(task.back_pressure())
@@ -65,20 +65,20 @@ def test_the_bound_holds_between_half_and_full_and_a_task_lets_go_only_under_hal
     proc = Proc(0)
     a, b = FakeRoute(proc, ("a", 0)), FakeRoute(proc, ("b", 0))
     merge = TimeMerge(0)
-    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
     task = task_of(proc, merge, [(TopicPartition("a", 0), a), (TopicPartition("b", 0), b)])
-    merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_TOPIC // 2 + 1)])
+    merge.hold(a, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_PARTITION // 2 + 1)])
     assert task.back_pressure() == set()  # under the bound: fetched
-    merge.hold(a, [], [Rec("a", 0, i, 10**6 + i) for i in range(HELD_PER_TOPIC // 2)])
+    merge.hold(a, [], [Rec("a", 0, i, 10**6 + i) for i in range(HELD_PER_PARTITION // 2)])
     assert task.back_pressure() == {TopicPartition("a", 0)}  # over it: paused
-    b_lags = lambda _pid, topic: topic == "b"  # noqa: E731 - b has more to bring: a waits once b is empty
+    b_lags = lambda _pid, source: source == ("b", 0)  # noqa: E731 - b has more to bring: a waits once b is empty
     merge.hold(b, [], [Rec("b", 0, 0, 1100)])
     merge.release(0.0, b_lags)  # a's 100 records before b's head go out
-    assert HELD_PER_TOPIC // 2 < merge.queued(0, "a") <= HELD_PER_TOPIC
+    assert HELD_PER_PARTITION // 2 < merge.queued(0, ("a", 0)) <= HELD_PER_PARTITION
     assert task.back_pressure() == {TopicPartition("a", 0)}  # between half and the bound: still paused
-    merge.hold(b, [], [Rec("b", 0, 1, 10**6 + HELD_PER_TOPIC // 4)])
+    merge.hold(b, [], [Rec("b", 0, 1, 10**6 + HELD_PER_PARTITION // 4)])
     merge.release(0.0, b_lags)
-    assert merge.queued(0, "a") <= HELD_PER_TOPIC // 2
+    assert merge.queued(0, ("a", 0)) <= HELD_PER_PARTITION // 2
     assert task.back_pressure() == set()  # under half: fetched again
 
 
@@ -99,7 +99,7 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
     proc = Proc(0)
     routes = [(a, FakeRoute(proc, ("a", 0), position=5, limit=5)), (b, FakeRoute(proc, ("b", 0)))]
     merge = TimeMerge(0)
-    merge.set_inputs([(0, "a"), (0, "b")])
+    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
     task = task_of(proc, merge, routes)
     held = HeldBack(gc.control(HELD))
     gc.control(GATE).pause(a)
@@ -111,4 +111,4 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
     assert fake.paused == set()
     # and a partition at its gate's limit does not lag
     gc.control(GATE).pause(a)
-    assert not consumer_lagging(gc, lambda: routes, held)(0, "a")
+    assert not consumer_lagging(gc, lambda: routes, held)(0, ("a", 0))

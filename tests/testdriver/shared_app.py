@@ -1,7 +1,6 @@
 """An app for the driver/worker equivalence test with more processors than partitions: a
 concurrent async handler (per-key order; IC ranges in its checkpoints), a handler that
-fails on some records, output; no windows (a processor reading several partitions closes
-windows on one stream time, which the order of partitions in a fetch decides)."""
+fails on some records, output."""
 
 from __future__ import annotations
 

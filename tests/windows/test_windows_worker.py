@@ -39,7 +39,7 @@ PARTITIONS = 2
 KILLS = int(os.environ.get("STREAMKIT_WINDOW_KILLS", "2"))  # 2 in CI, more on demand
 
 
-async def produce(broker: str, topic: str, records: list[tuple[str, int, int]]) -> None:
+async def produce(broker: str, topic: str, records: list[tuple[str, int, int]], partitions: int = PARTITIONS) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", linger_ms=5)
     await producer.start()
     try:
@@ -49,7 +49,7 @@ async def produce(broker: str, topic: str, records: list[tuple[str, int, int]]) 
                 orjson.dumps({"n": n}),
                 key=key.encode(),
                 timestamp_ms=ts,
-                partition=partition_for_key(key.encode(), PARTITIONS, PARTITIONS),
+                partition=partition_for_key(key.encode(), partitions, partitions),
             )  # fmt: skip
             for key, ts, n in records
         ]
