@@ -126,10 +126,11 @@ class Settings(BaseSettings):
     max_task_idle_ms: int = Field(
         0,
         ge=-1,
-        description="a processor reading several topics applies their records in timestamp order, holding a topic "
-        "that is ahead while another has records it has not fetched yet; this is how long it also waits for a "
-        "topic that has none (Kafka Streams' max.task.idle.ms; once passed, that topic holds nothing back until "
-        "it brings a record again; 0: not at all, -1: never waits, not even for records known to be unfetched)",
+        description="a processor reading several partitions (of one topic or several) applies their records in "
+        "timestamp order, holding a partition that is ahead while another has records it has not fetched yet; this "
+        "is how long it also waits for a partition that has none (Kafka Streams' max.task.idle.ms; once passed, "
+        "that partition holds nothing back until it brings a record again; 0: not at all, -1: never waits, not even "
+        "for records known to be unfetched)",
     )
     latency: Literal["throughput", "low"] = Field(
         "throughput",

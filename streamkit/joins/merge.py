@@ -83,6 +83,10 @@ class TimeMerge:
         self._queues: dict[int, dict[Source, deque[tuple[Any, Any, bool]]]] = {}
         self._empty_since: dict[tuple[int, Source], float] = {}
         self._lag_since: dict[tuple[int, Source], float] = {}
+        self._lag_cut: set[tuple[int, Source]] = set()
+        """Sources said to lag that brought nothing for ``LAG_WAIT_SECONDS``: passed over
+        until they bring a record (a partition ending in a transaction marker lags for
+        ever by its high watermark)."""
         self.held = 0
         """Records held now."""
         self.lag_waits_cut = 0
@@ -120,6 +124,7 @@ class TimeMerge:
     def _brought(self, pid: int, source: Source) -> None:
         self._empty_since.pop((pid, source), None)
         self._lag_since.pop((pid, source), None)
+        self._lag_cut.discard((pid, source))
 
     def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
         """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
@@ -195,11 +200,14 @@ class TimeMerge:
         if self.idle < 0:
             return False
         if lagging(pid, source):
+            if (pid, source) in self._lag_cut:
+                return False
             since = self._lag_since.setdefault((pid, source), now)
             if not self.cut_lag or now - since < LAG_WAIT_SECONDS:
                 return True
             self.lag_waits_cut += 1
-            self._lag_since[(pid, source)] = now  # counted once per wait
+            self._lag_cut.add((pid, source))  # counted once, passed over until it brings a record
+            del self._lag_since[(pid, source)]
             return False
         self._lag_since.pop((pid, source), None)
         since = self._empty_since.setdefault((pid, source), now)
@@ -215,6 +223,7 @@ class TimeMerge:
             del self._empty_since[key]
         for key in [k for k in self._lag_since if k[0] == pid]:
             del self._lag_since[key]
+        self._lag_cut = {k for k in self._lag_cut if k[0] != pid}
 
     def clear(self) -> None:
         for pid in list(self._queues):

@@ -66,7 +66,7 @@ def consumer_lagging(
     The route's position, not the consumer's: aiokafka moves its position over records it
     has fetched and not yet handed over. (A partition ending in a transaction marker keeps
     its position below the high watermark: such a partition is passed over after
-    ``LAG_WAIT_SECONDS`` each time.)"""
+    ``LAG_WAIT_SECONDS``, then until it brings a record.)"""
 
     def lagging(pid: int, source: Source) -> bool:
         paused = consumer.paused() - (held_back.paused if held_back is not None else set())

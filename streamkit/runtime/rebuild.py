@@ -53,6 +53,7 @@ from streamkit.runtime.admission import Admission
 from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.epochs import catch_up_epochs
+from streamkit.runtime.merging import HELD_PER_PARTITION
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.routes import Route, mixed_history_end, sealed_history_end
 from streamkit.runtime.task import Task
@@ -293,8 +294,13 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
         task.read(tp, route)
     # The inputs in time order as live: a partition short of its target may bring an
     # earlier record; what is held when every target is reached is applied then.
+    # (A partition at its gate's limit brings nothing until the gate opens: it does not lag.)
     task.lagging = lambda _pid, source: any(
-        r.position_key == source and r.position < plan.targets[tp] and tp not in fetcher.paused for tp, r in admission
+        r.position_key == source
+        and r.position < plan.targets[tp]
+        and tp not in fetcher.paused
+        and (r.limit is None or r.position < r.limit)
+        for tp, r in admission
     )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()
@@ -312,8 +318,8 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
             break
         moved = False
         for tp, route in todo:
-            if tp in fetcher.paused:
-                continue
+            if tp in fetcher.paused or task.merge.queued(proc.id, route.position_key) > HELD_PER_PARTITION:
+                continue  # (held records of a partition far ahead in time: read on once they went out)
             target = plan.targets[tp]
             # The test broker answers with what it gathered within max_wait_ms, down to
             # nothing on a busy machine: wait longer after an empty answer.

@@ -4,7 +4,7 @@ letters, in milliseconds (as Kafka Streams' ``TopologyTestDriver``).
 Everything after fetching is the worker's own code: each partition's records go through
 the worker's admission (``runtime.admission``: IC ranges after a restart, the placement
 check of keys a plain producer wrote, unreadable record times) and the processor's
-task (``runtime.task``: the apply step and the time-ordered merge of its input topics), then are
+task (``runtime.task``: the apply step and the time-ordered merge of its input partitions), then are
 decoded and applied by the worker's ``Dispatcher`` through the routes a worker builds (tables and their
 write-back caches over real RocksDB stores in a temporary directory, windows with
 stream time, late records, key-level concurrency with per-key order, dead letters), sent
@@ -284,6 +284,13 @@ class TestDriver:
         """The worker's admission over the driver's lists (nothing to pause or seek)."""
         return Admission(_Lists(), group=self.app.group_id, name=f"{self.app.name}-driver", seal=self._seal)
 
+    def _unadmitted(self, pid: int, source: tuple[str, int]) -> bool:
+        """Whether processor ``pid``'s ``source`` has records its route has not admitted
+        (the merge waits for them, as a member's for a partition its fetches have not
+        brought yet): within one batch, each processor's partitions are merged by time."""
+        route = self._tasks[pid].routes.get(TopicPartition(*source))
+        return route is not None and route.position < len(self._log.get(source, ()))
+
     def _handlers(self, topic: str) -> list[HandlerSpec]:
         found = self.app.handlers.get(topic)
         if not found:
@@ -299,7 +306,8 @@ class TestDriver:
         for pid in range(p):
             path = self.app.store_path(pid, self._dir)
             proc = self._run(ProcessorState.open(pid, path, self.app.tables, timeout=5.0))
-            self._tasks[pid] = Task(proc, self._dispatcher, TimeMerge(self.app.settings.max_task_idle_ms))
+            # every record sent is there: a partition lags only until admitted, and none is waited for more
+            self._tasks[pid] = Task(proc, self._dispatcher, TimeMerge(0), self._unadmitted)
         placed = place_job({t: TopicShape(n, n) for t in self.app.input_topics}, p, p)  # (the job's p0: p)
         assigned: dict[ProcessorState, list[Any]] = {}
         for pid, slots in sorted(placed.slots.items()):

@@ -63,11 +63,20 @@ def test_minus_one_never_waits_and_a_lag_that_brings_nothing_is_cut() -> None:
     merge, a, _ = setup(idle_ms=-1)
     merge.hold(a, [], recs("a", [1]))
     assert flat(merge.release(0.0, lambda *_: True)) == [("a", 0)]
-    merge, a, _ = setup()
+    merge, a, b = setup()
     merge.hold(a, [], recs("a", [1]))
     assert merge.release(0.0, lambda *_: True) == []
     assert flat(merge.release(LAG_WAIT_SECONDS, lambda *_: True)) == [("a", 0)]
     assert merge.lag_waits_cut == 1
+    # passed over until it brings a record (a partition ending in a transaction marker
+    # lags by its high watermark for ever): not 5 s more per batch
+    merge.hold(a, [], [Rec("a", 0, 1, 2)])
+    assert flat(merge.release(LAG_WAIT_SECONDS + 0.1, lambda *_: True)) == [("a", 1)]
+    assert merge.lag_waits_cut == 1
+    merge.hold(b, [], recs("b", [3]))  # b brought one: its next lag is waited for again
+    merge.hold(a, [], [Rec("a", 0, 2, 4)])
+    assert flat(merge.release(LAG_WAIT_SECONDS + 0.2, lambda *_: True)) == [("b", 0)]
+    assert merge.held == 1 and merge.lag_waits_cut == 1  # a's 4 waits for b again
 
 
 def test_runs_keep_a_routes_rebuilt_records_before_its_delivered_ones() -> None:
