@@ -214,7 +214,8 @@ class GroupMember:
                 self._next_wall_tick = now + WALL_TICK_SECONDS
                 async with lock:
                     wall_ms = int((time.time() - settings.close_allowance) * 1000)
-                    if await self.dispatcher.tick_wall(self.tasks.serving(), wall_ms):
+                    closed = [await task.tick_wall(wall_ms) for task in self.tasks.active.values() if task.serving()]
+                    if any(closed):
                         await self.dispatcher.send_output()
             if self.tasks.active and (
                 self._since_checkpoint >= settings.commit_every

@@ -164,6 +164,11 @@ class Task:
         recorded as sent (``Dispatcher.adopt_stream_time``); how many."""
         return await self.dispatcher.adopt_stream_time(self.proc, stream_time)
 
+    async def tick_wall(self, now_ms: int) -> int:
+        """``close_on="wall"``: stream time moves up to ``now_ms`` and the closes that makes
+        due are sent (``Dispatcher.tick_wall``); how many."""
+        return await self.dispatcher.tick_wall([self.proc], now_ms)
+
     def back_pressure(self) -> set[TopicPartition]:
         """The partitions to stop fetching: those the merge holds more than
         ``HELD_PER_PARTITION`` records of, until it holds half of them (Kafka Streams'

@@ -214,7 +214,8 @@ class TestDriver:
         self.now = end
         if self.app.settings.close_on == "wall":  # the worker's wall tick, on the driver's clock
             wall_ms = int((self.now - self.app.settings.close_allowance) * 1000)
-            self._run(self._dispatcher.tick_wall(self._procs.values(), wall_ms))
+            for task in self._tasks.values():
+                self._run(task.tick_wall(wall_ms))
             self._run(self._dispatcher.send_output())
 
     def table(self, name: str) -> dict[Any, Any]:
