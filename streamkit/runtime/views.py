@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiokafka import TopicPartition
+
 from streamkit.ops.metrics import Durations, PartitionView, ProcessorView, TableView, WorkerView
 from streamkit.runtime.member import GroupMember
 from streamkit.runtime.output import Output
@@ -22,10 +24,18 @@ __all__ = ["worker_status", "worker_view"]
 def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: Output) -> WorkerView:
     """What a metrics scrape shows (read on the worker's loop)."""
     partitions, processors, changelog = [], [], {}
+    held = 0
     for m in members:
-        for tp, route in m.admission:
-            hw = m.consumer.highwater(tp) if m.consumer.assignment() and tp in m.consumer.assignment() else None
-            partitions.append(PartitionView(tp.topic, tp.partition, route.proc.id, route.position, hw))
+        assigned = m.consumer.assignment()
+        for task in m.tasks.active.values():  # what each hosted processor reads, and where it is
+            view = task.view()
+            held += view.held
+            for topic, partition in view.partitions:
+                tp = TopicPartition(topic, partition)
+                hw = m.consumer.highwater(tp) if assigned and tp in assigned else None
+                partitions.append(
+                    PartitionView(topic, partition, view.processor, view.positions[(topic, partition)], hw)
+                )
         processors += [ProcessorView(pid, "active") for pid in m.processors]
         for pid, lag in m.joining.progress.items():
             state = "receiving" if pid in m.processors else "bootstrapping"
@@ -70,7 +80,7 @@ def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: O
             "asked_again": sum(m.admission.holes_refetched for m in members),
             "read_past": sum(m.admission.holes_read_past for m in members),
         },
-        merge_held=sum(m.tasks.held() for m in members),
+        merge_held=held,
         merge_lag_cuts=sum(m.tasks.lag_waits_cut() for m in members),
         skipped=skipped_counts(m.admission for m in members),
     )
