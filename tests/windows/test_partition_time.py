@@ -24,12 +24,11 @@ from aiokafka import AIOKafkaProducer
 
 from assignors.linear_hashing import partition_for_key
 from assignors.placement import partitions_for_processor
-from streamkit.errors import TopicNotFoundError
 from streamkit.testing import create_topic, read_topic, unique_topic_name
 from tests.runtime.jobs import committed
 from tests.windows import reference
 from tests.windows.test_windows_driver import expected, history
-from tests.windows.test_windows_worker import Worker, produce, stores
+from tests.windows.test_windows_worker import Worker, _read_if_any, produce, sent_closes, stores
 from tests.windows.windows_app import KINDS
 
 PARTITIONS, PROCESSORS = 4, 2
@@ -50,13 +49,9 @@ def merged_order(records: Applied, pid: int) -> Applied:
     return [(key, ts, n) for ts, _, _, key, n in heapq.merge(*mine)]
 
 
-def test_a_processor_reading_several_partitions_judges_time_as_the_merged_reference(
-    broker: str, tmp_path: Path
-) -> None:
-    records = history(53, n=1600, keys=16)
-    topic, app = unique_topic_name("ptime"), unique_topic_name("ptimeapp")
-    create_topic(broker, topic, partitions=PARTITIONS)
-    asyncio.run(produce(broker, topic, records, PARTITIONS))
+def merged_reference(records: Applied) -> dict[str, reference.Result]:
+    """Per kind, the windows (as stored), closes and late records of every processor
+    applying its records in merged order."""
     want = {kind: reference.Result() for kind in KINDS}
     for pid in range(PROCESSORS):
         applied = merged_order(records, pid)
@@ -65,26 +60,30 @@ def test_a_processor_reading_several_partitions_judges_time_as_the_merged_refere
             want[kind].windows.update(one.stored or one.windows)  # as stored (sliding: per record time)
             want[kind].closes.update(one.closes)
             want[kind].late += one.late
+    return want
+
+
+def test_a_processor_reading_several_partitions_judges_time_as_the_merged_reference(
+    broker: str, tmp_path: Path
+) -> None:
+    records = history(53, n=1600, keys=16)
+    topic, app = unique_topic_name("ptime"), unique_topic_name("ptimeapp")
+    create_topic(broker, topic, partitions=PARTITIONS)
+    asyncio.run(produce(broker, topic, records, PARTITIONS))
+    want = merged_reference(records)
     assert all(want[k].late for k in ("tumbling", "session")), "the history has late records"
 
     worker = Worker(broker, tmp_path, app, topic)
     worker.env["STREAMKIT_PROCESSORS"] = str(PROCESSORS)
     worker.start()
     worker.wait_for("hosts processors")
-    deadline = time.monotonic() + 120
-    while sum((at := committed(broker, f"streamkit-{app}", topic, PARTITIONS)).values()) < len(records):
-        assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
-        assert time.monotonic() < deadline, f"stuck at {at} of {len(records)}: {worker.stacks()}"
-        time.sleep(0.3)
+    worker.wait_committed(broker, topic, PARTITIONS, len(records))
     assert worker.stop() == 0, worker.log()[-3000:]
 
     held = stores(tmp_path, app)
     for kind in KINDS:
         assert held[kind] == want[kind].windows, f"{kind}: windows differ from the merged reference"
-    sent: dict[tuple[str, str, int], list[int]] = {}
-    for rec in read_topic(broker, f"{app}-closes"):
-        v = orjson.loads(rec.value)
-        sent.setdefault((v["kind"], rec.key.decode(), v["start"]), []).append(v["total"])
+    sent = sent_closes(broker, app)
     for kind in KINDS:
         mine = {(k, s): totals for (kd, k, s), totals in sent.items() if kd == kind}
         assert mine == {w: [total] for w, total in want[kind].closes.items()}, f"{kind}: closes differ"
@@ -148,14 +147,9 @@ def test_records_written_live_within_the_grace_are_never_late_through_a_kill(bro
     records = live_history(54, n=3000, keys=30)
     topic, app = unique_topic_name("plive"), unique_topic_name("pliveapp")
     create_topic(broker, topic, partitions=PARTITIONS)
-    want = {kind: reference.Result() for kind in KINDS}
-    for pid in range(PROCESSORS):
-        applied = merged_order(records, pid)
-        for kind in KINDS:
-            one = expected(kind, applied)
-            want[kind].windows.update(one.stored or one.windows)
-            want[kind].closes.update(one.closes)
-            assert one.late == 0, f"{kind}: the reference has late records"
+    want = merged_reference(records)
+    for kind in KINDS:
+        assert want[kind].late == 0, f"{kind}: the reference has late records"
 
     worker = Worker(broker, tmp_path, app, topic)
     worker.env["STREAMKIT_PROCESSORS"] = str(PROCESSORS)
@@ -176,25 +170,15 @@ def test_records_written_live_within_the_grace_are_never_late_through_a_kill(bro
     worker.start()
     worker.wait_for("hosts processors")
     writer.join(60)
-    deadline = time.monotonic() + 120
-    while sum((at := committed(broker, f"streamkit-{app}", topic, PARTITIONS)).values()) < len(records):
-        assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
-        assert time.monotonic() < deadline, f"stuck at {at} of {len(records)}: {worker.stacks()}"
-        time.sleep(0.3)
+    worker.wait_committed(broker, topic, PARTITIONS, len(records))
     assert worker.stop() == 0, worker.log()[-3000:]
 
-    try:
-        late = read_topic(broker, f"{app}-closes-late")
-    except TopicNotFoundError:
-        late = []
+    late = _read_if_any(broker, f"{app}-closes-late")
     assert not late, f"{len(late)} records judged late, e.g. {[orjson.loads(r.value) for r in late[:3]]}"
     held = stores(tmp_path, app)
     for kind in KINDS:
         assert held[kind] == want[kind].windows, f"{kind}: windows differ from the reference"
-    sent: dict[tuple[str, str, int], set[int]] = {}
-    for rec in read_topic(broker, f"{app}-closes"):
-        v = orjson.loads(rec.value)
-        sent.setdefault((v["kind"], rec.key.decode(), v["start"]), set()).add(v["total"])
+    sent = sent_closes(broker, app)
     for kind in KINDS:
-        mine = {(k, s): totals for (kd, k, s), totals in sent.items() if kd == kind}
+        mine = {(k, s): set(totals) for (kd, k, s), totals in sent.items() if kd == kind}
         assert mine == {w: {total} for w, total in want[kind].closes.items()}, f"{kind}: closes differ"

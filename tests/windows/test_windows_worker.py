@@ -94,6 +94,15 @@ class Worker:
         lines = self.log().splitlines()
         return "\n".join(line for line in lines if "acknowledged epoch" not in line)[-6000:]
 
+    def wait_committed(self, broker: str, topic: str, partitions: int, count: int, timeout: float = 120) -> None:
+        """Until the group committed ``count`` records of ``topic`` (the worker alive all along)."""
+        deadline = time.monotonic() + timeout
+        while sum((at := committed(broker, f"streamkit-{self.app}", topic, partitions)).values()) < count:
+            assert self.proc is not None and self.proc.poll() is None, self.log()[-3000:]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stuck at {at} of {count}: {self.stacks()}")
+            time.sleep(0.3)
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
         self.proc.send_signal(sig)
@@ -106,6 +115,15 @@ def _read_if_any(broker: str, topic: str) -> list[Any]:
         return read_topic(broker, topic)
     except TopicNotFoundError:
         return []
+
+
+def sent_closes(broker: str, app: str) -> dict[tuple[str, str, int], list[int]]:
+    """(kind, key, window start) -> the totals its closes were sent with, in order."""
+    sent: dict[tuple[str, str, int], list[int]] = {}
+    for rec in read_topic(broker, f"{app}-closes"):
+        v = orjson.loads(rec.value)
+        sent.setdefault((v["kind"], rec.key.decode(), v["start"]), []).append(v["total"])
+    return sent
 
 
 def stores(tmp: Path, app: str) -> dict[str, dict[tuple[str, int], int]]:
@@ -151,21 +169,13 @@ def test_every_kind_of_window_is_exact_through_sigkills_and_each_close_is_sent(b
     sent_by_killed = len(_read_if_any(broker, f"{app}-closes"))
     worker.start()
     worker.wait_for("hosts processors")  # (a SIGTERM before the worker is up kills it)
-    deadline = time.monotonic() + 120
-    while sum((at := committed(broker, f"streamkit-{app}", topic, PARTITIONS)).values()) < len(records):
-        assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"stuck at {at} of {len(records)}: {worker.stacks()}")
-        time.sleep(0.3)
+    worker.wait_committed(broker, topic, PARTITIONS, len(records))
     assert worker.stop() == 0, worker.log()[-3000:]
 
     held = stores(tmp_path, app)
     for kind in KINDS:
         assert held[kind] == want[kind].windows, f"{kind}: windows differ from the reference"
-    sent: dict[tuple[str, str, int], list[int]] = {}
-    for rec in read_topic(broker, f"{app}-closes"):
-        v = orjson.loads(rec.value)
-        sent.setdefault((v["kind"], rec.key.decode(), v["start"]), []).append(v["total"])
+    sent = sent_closes(broker, app)
     for kind in KINDS:
         mine = {(k, s): totals for (kd, k, s), totals in sent.items() if kd == kind}
         assert set(mine) == set(want[kind].closes), f"{kind}: closes sent differ from the reference"
