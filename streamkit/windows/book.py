@@ -21,13 +21,13 @@ records go, expiry and reads.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamkit.tables import TableBackend as Backend
+from streamkit.windows import sliding
 from streamkit.windows.kinds import Count, Session, Sliding, Window, WindowKind
 
 __all__ = ["BOOK_SLOT", "ENDED", "FULL", "OPEN", "WindowBook"]
@@ -35,9 +35,6 @@ __all__ = ["BOOK_SLOT", "ENDED", "FULL", "OPEN", "WindowBook"]
 OPEN, ENDED, FULL = 0, 1, 2
 BOOK_SLOT = 0
 """The window start of every book entry's key: one entry per key."""
-
-_NEVER = -(1 << 62)
-"""The book's ``x`` (the last record time a sliding table deleted) while it deleted none."""
 
 
 class WindowBook:
@@ -91,10 +88,9 @@ class WindowBook:
         for (key, _), entry in self.book.items():
             if isinstance(kind, Sliding):
                 closed = entry.get("c", -1)
-                for t in entry["t"]:
-                    for w in (kind.left(t), kind.right(t)):
-                        if kind.close_time(w) > closed:
-                            self._push(key, w)
+                for w in sliding.candidates(kind, entry):
+                    if kind.close_time(w) > closed:
+                        self._push(key, w)
                 continue
             for start, end, state in entry["w"]:
                 if state == OPEN:
@@ -133,23 +129,20 @@ class WindowBook:
             finally:
                 for entry in kept:
                     heapq.heappush(heap, entry)
-        sliding = self.kind if isinstance(self.kind, Sliding) else None
+        slides = self.kind if isinstance(self.kind, Sliding) else None
         seen: set[tuple[Any, int]] = set()
         while heap and heap[0][0] <= bound:
             at, _, key, start = heapq.heappop(heap)
             entry = book.get((key, BOOK_SLOT))
             if entry is None:
                 continue
-            if sliding is not None:  # due unless closed already, or empty (a right window nothing joined)
-                window = Window(start, start + sliding.size_ms)
-                times = entry["t"]
-                i = bisect.bisect_left(times, window.start)
+            if slides is not None:  # due unless closed already, gone, or empty (a right window nothing joined)
+                window = Window(start, start + slides.size_ms)
                 if (
                     (key, start) not in seen
-                    and sliding.close_time(window) > entry.get("c", -1)
-                    and window.start > entry.get("x", _NEVER)
-                    and i < len(times)
-                    and times[i] <= window.end
+                    and slides.close_time(window) > entry.get("c", -1)
+                    and window.start > entry.get("x", sliding.NEVER_DELETED)
+                    and sliding.holds(entry, window)
                 ):
                     seen.add((key, start))
                     out.append((key, window))

@@ -229,10 +229,12 @@ class Sliding(_TimeKind):
     starts right after it; both ends are included (``Window.end`` is the last
     millisecond a record may have). A window's value is ``reduce`` (default ``+``)
     over the values its records added (``table.add(key, value)``), in timestamp order,
-    so ``reduce`` must be associative. A window closes ``grace`` seconds after its end;
-    a record is late when the window ending with it has closed (then every window
-    holding it has). Records are kept ``retention`` seconds after the last window
-    holding them ends."""
+    so ``reduce`` must be associative. A window closes ``grace`` seconds after its end.
+    A record joins every window holding it that is still open when it comes, and the
+    windows closed before it keep their value: a record whose own window has closed
+    still counts in the later ones, and is late only when every window that could hold
+    it has closed (Kafka Streams' rule; ``streamkit.windows.sliding``). Records are kept
+    ``retention`` seconds after the last window holding them ends."""
 
     size: float = 0.0
     reduce: Callable[[Any, Any], Any] = field(default=operator.add, compare=False)
@@ -270,16 +272,6 @@ class Sliding(_TimeKind):
     def right(self, t: int) -> Window:
         """The window that starts right after a record at ``t`` (it exists when it holds one)."""
         return Window(t + 1, t + 1 + self.size_ms)
-
-    def windows_over(self, times: list[int]) -> list[Window]:
-        """Every window the records at ``times`` (sorted, distinct) define, oldest first."""
-        found = {self.left(t) for t in times}
-        for t in times:
-            w = self.right(t)
-            i = bisect.bisect_left(times, w.start)
-            if i < len(times) and times[i] <= w.end:
-                found.add(w)
-        return sorted(found)
 
     def last_end_holding(self, t: int, times: list[int]) -> int:
         """The latest end of a window that holds a record at ``t`` (``times``: the key's)."""

@@ -10,12 +10,12 @@ there): whether a window has closed is part of the state.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 from typing import Any
 
 from streamkit.tables import TableBackend as Backend
-from streamkit.windows.book import _NEVER, BOOK_SLOT, ENDED, FULL, OPEN, WindowBook
+from streamkit.windows import sliding
+from streamkit.windows.book import BOOK_SLOT, ENDED, FULL, OPEN, WindowBook
 from streamkit.windows.kinds import (
     Count,
     LateRecordError,
@@ -46,7 +46,7 @@ class WindowState(WindowBook):
         if isinstance(kind, Session):
             return [self._place_session(key, timestamp, stream_time, kind)]
         if isinstance(kind, Sliding):
-            return [self._place_sliding(key, timestamp, stream_time, kind)]
+            return [self.place_sliding(key, timestamp, stream_time, kind).window]
         return self._place_count(key, record, kind)
 
     def _place_time(self, key: Any, timestamp: int, stream_time: int, kind: Tumbling) -> list[Window]:
@@ -111,25 +111,26 @@ class WindowState(WindowBook):
             self._push(key, window)
         return window
 
-    def _place_sliding(self, key: Any, timestamp: int, stream_time: int, kind: Sliding) -> Window:
-        """The window ending with the record; its time joins the key's (booked). Every window
-        holding a record ends at or after it, so if the one ending with it is open, all are."""
-        left = kind.left(timestamp)
-        if stream_time >= 0 and kind.close_time(left) <= stream_time:
+    def place_sliding(self, key: Any, timestamp: int, stream_time: int, kind: Sliding) -> sliding.Placed:
+        """The first window the record joins (the one ending with it, when that is open)
+        and the slot of its value; its time joins the key's (booked). It joins every window
+        holding it that is still open, so it is late only when all have closed
+        (``streamkit.windows.sliding``)."""
+        first = sliding.first_open(kind, timestamp, stream_time)
+        if first > timestamp:
             raise LateRecordError(
-                f"table {self.name!r}: the sliding window ending with the record ({timestamp} ms) closed (stream "
-                f"time {stream_time} ms, grace {kind.grace:g} s): the record is late",
-                self.name, left.start, left.end, stream_time,
+                f"table {self.name!r}: every sliding window that could hold the record ({timestamp} ms) closed "
+                f"(stream time {stream_time} ms, grace {kind.grace:g} s): the record is late",
+                self.name, timestamp, timestamp + kind.size_ms, stream_time,
             )  # fmt: skip
         assert self.book is not None
-        entry = self.book.get((key, BOOK_SLOT)) or {"t": []}
-        times = entry["t"]
-        i = bisect.bisect_left(times, timestamp)
-        if i == len(times) or times[i] != timestamp:
-            self.book[(key, BOOK_SLOT)] = {**entry, "t": [*times[:i], timestamp, *times[i:]]}
-            self._push(key, left)
+        entry, placed, new = sliding.add_record(kind, self.book.get((key, BOOK_SLOT)), timestamp, first)
+        if new:
+            self.book[(key, BOOK_SLOT)] = entry
+            if placed.slot == timestamp:
+                self._push(key, placed.window)
             self._push(key, kind.right(timestamp))
-        return left
+        return placed
 
     def value_of(self, key: Any, window: Window, default: Any = None) -> Any:
         """``window``'s value: its entry, or for a sliding window the ``reduce`` of the values
@@ -140,10 +141,9 @@ class WindowState(WindowBook):
         entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
         if not entry:
             return default
-        times = entry["t"]
         value: Any = _NONE
-        for t in times[bisect.bisect_left(times, window.start) : bisect.bisect_right(times, window.end)]:
-            v = self.data.get((key, t), _NONE)
+        for slot in sliding.slots_in(entry, window):
+            v = self.data.get((key, slot), _NONE)
             if v is not _NONE:
                 value = v if value is _NONE else kind.reduce(value, v)
         return default if value is _NONE else value
@@ -212,28 +212,19 @@ class WindowState(WindowBook):
             return 0
         self._expiry_mark = mark
         assert self.book is not None
-        # kept at least size + grace past its last window: a record still on time then lies
-        # beyond ``size`` after it, so no window of a record to come reaches back to it
-        keep = max(kind.retention_ms, kind.size_ms + kind.grace_ms)
         deleted = 0
         for (key, _), entry in list(self.book.items()):
-            times, closed = entry["t"], entry.get("c", -1)
-            gone = 0
-            for t in times:
-                last = kind.last_end_holding(t, times)
-                if last + 1 + keep > stream_time or last + 1 + kind.grace_ms > closed:
-                    break
-                gone += 1
-            if not gone:
+            left, slots = sliding.delete_through(kind, entry, stream_time)
+            if not slots:
                 continue
-            for t in times[:gone]:
-                if (key, t) in self.data:
-                    del self.data[(key, t)]
-            deleted += gone
-            if gone == len(times):
+            for slot in slots:
+                if (key, slot) in self.data:
+                    del self.data[(key, slot)]
+            deleted += len(slots)
+            if left is None:
                 del self.book[(key, BOOK_SLOT)]
             else:
-                self.book[(key, BOOK_SLOT)] = {**entry, "t": times[gone:], "x": times[gone - 1]}
+                self.book[(key, BOOK_SLOT)] = left
         return deleted
 
     # -- reads ------------------------------------------------------------------------------------
@@ -258,11 +249,7 @@ class WindowState(WindowBook):
             entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None
             if not entry:
                 return []
-            return [
-                (w, self.value_of(key, w))
-                for w in kind.windows_over(entry["t"])
-                if w.start > entry.get("x", _NEVER)
-            ]  # fmt: skip
+            return [(w, self.value_of(key, w)) for w in sliding.windows_of(kind, entry)]
         ends: dict[int, int] = {}
         if isinstance(kind, Session):
             entry = self.book.get((key, BOOK_SLOT)) if self.book is not None else None

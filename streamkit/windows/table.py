@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from stores.serde import Serde, serde_for
 from streamkit.tables import Table, TableBackend
+from streamkit.windows import sliding
 from streamkit.windows.kinds import Count, Hopping, Session, Sliding, Tumbling, Window, WindowKind, window_closed
 from streamkit.windows.state import WindowState
 
@@ -178,9 +179,13 @@ class WindowedTable(Table):
         return value
 
     def _current(self, key: Any, default: Any) -> Any:
-        """A sliding table's value in the window ending with the record being handled."""
+        """A sliding table's value in the window ending with the record being handled (or,
+        when that one has closed, the first open window holding it)."""
         window: Sliding = self.window
-        return self._bound().value_of(key, window.left(self._clock.timestamp), default)
+        clock = self._clock
+        first = sliding.first_open(window, clock.timestamp, getattr(clock, "stream_time", -1))
+        start = first if first <= clock.timestamp else clock.timestamp - window.size_ms
+        return self._bound().value_of(key, Window(start, start + window.size_ms), default)
 
     def add(self, key: Any, value: Any) -> Window:
         """Add the record's ``value`` to ``key``'s sliding windows (each window's value is
@@ -191,12 +196,13 @@ class WindowedTable(Table):
                 f"table {self.name!r} has {_kind_name(self.window)} windows: update them with "
                 f"{self.name}.update(key, fn) (add is for sliding windows)"
             )
-        window = self._place(key)[0]
+        clock = self._clock
+        placed = self._bound().place_sliding(key, clock.timestamp, getattr(clock, "stream_time", -1), self.window)
         backend = self._backend
-        k = (key, window.end)  # one entry per record time: the values added at that time, reduced
+        k = (key, placed.slot)  # one entry per slot: the values added there, reduced
         old = backend.get(k, _MISSING)
         backend[k] = value if old is _MISSING else self.window.reduce(old, value)
-        return window
+        return placed.window
 
     def update(self, key: Any, fn: Callable[[Any], Any]) -> list[Window]:  # type: ignore[override]
         """Apply ``fn(value) -> new value`` to every window of ``key`` that the record being

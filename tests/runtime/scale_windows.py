@@ -33,7 +33,7 @@ import orjson
 from stores.rocksdb import RocksDBStore
 from stores.serde import serde_for
 from streamkit.kafkaio import KafkaIO
-from streamkit.windows import Count, Sliding, WindowKeySerde
+from streamkit.windows import Count, Sliding, WindowKeySerde, sliding
 from tests.runtime.scale_app import GRACE_S, OTHER_WINDOWS
 
 Window = tuple[str, int]
@@ -182,15 +182,11 @@ def _sliding(data: dict[Window, int], books: dict[str, Any], kind: Sliding) -> t
     """Sliding windows, from their records' times (each window ending with a record, and
     each starting right after one when it holds a record) with their values, and those
     closed up to the book's mark."""
-    size, grace = kind.size_ms, kind.grace_ms
     values: dict[Window, int] = {}
     closed: set[Window] = set()
     for key, entry in books.items():
-        times = entry["t"]
-        for start in {t - size for t in times} | {t + 1 for t in times}:
-            inside = [t for t in times if start <= t <= start + size]
-            if inside and start > entry.get("x", -(1 << 62)):
-                values[(key, start)] = sum(data[(key, t)] for t in inside)
-                if start + size + 1 + grace <= entry.get("c", -1):
-                    closed.add((key, start))
+        for window in sliding.windows_of(kind, entry):
+            values[(key, window.start)] = sum(data[(key, slot)] for slot in sliding.slots_in(entry, window))
+            if kind.close_time(window) <= entry.get("c", -1):
+                closed.add((key, window.start))
     return values, closed

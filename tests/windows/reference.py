@@ -22,8 +22,10 @@ class Result:
     """(key, start) -> the value each close saw, once per window."""
     late: int = 0
     stored: dict[tuple[str, int], int] = field(default_factory=dict)
-    """What the table stores where it differs from its windows: per (key, record time), the
-    values the records at that time added (sliding windows)."""
+    """What the table stores where it differs from its windows (sliding windows): per
+    (key, slot), the values added there: a record on time in the slot of its time, one
+    whose own window had closed in a negative slot per (time, first window joined), the
+    first such of a key in -1, the next in -2."""
 
 
 def time_windows(records: list[tuple[str, int, int]], size: int, advance: int, grace: int) -> Result:
@@ -93,28 +95,32 @@ def counts(records: list[tuple[str, int, int]], n: int, step: int) -> Result:
 
 def sliding(records: list[tuple[str, int, int]], size: int, grace: int) -> Result:
     """Kafka Streams' sliding windows: for each record at t, [t - size, t]; and
-    [t + 1, t + 1 + size] when a record lies in it. Both ends included."""
+    [t + 1, t + 1 + size] when a record lies in it. Both ends included. A window is open
+    until stream time passes its end + grace; a record joins every window holding it
+    that is open when it comes (closed windows keep their value), so it is late only when
+    every window that could hold it has closed (t + 1 + size + grace <= stream time); the
+    window ending with it exists only if it was open then."""
     out = Result()
     stream = -1
-    kept: dict[str, list[tuple[int, int]]] = {}  # key -> (time, value) of its accepted records
+    kept: dict[str, list[tuple[int, int, int]]] = {}  # key -> (time, value, first start joined)
     closed: set[tuple[str, int]] = set()
 
     def windows(key: str) -> dict[int, int]:
-        times = sorted({t for t, _ in kept[key]})
-        bounds = {t - size for t in times} | {t + 1 for t in times}
+        on_time = {t for t, _, first in kept[key] if first == t - size}
         found = {}
-        for start in bounds:
-            inside = [v for t, v in kept[key] if start <= t <= start + size]
+        for start in {t - size for t in on_time} | {t + 1 for t, _, _ in kept[key]}:
+            inside = [v for t, v, first in kept[key] if start <= t <= start + size and first <= start]
             if inside:
                 found[start] = sum(inside)
         return found
 
     for key, ts, value in records:
         stream = max(stream, ts)
-        if ts + 1 + grace <= stream:
+        first = max(ts - size, stream - grace - size)  # the earliest open window holding ts starts here
+        if first > ts:
             out.late += 1
         else:
-            kept.setdefault(key, []).append((ts, value))
+            kept.setdefault(key, []).append((ts, value, first))
         for k in kept:
             for start, total in windows(k).items():
                 if (k, start) not in closed and start + size + 1 + grace <= stream:
@@ -122,6 +128,8 @@ def sliding(records: list[tuple[str, int, int]], size: int, grace: int) -> Resul
                     out.closes[(k, start)] = total
     out.windows = {(k, start): total for k in kept for start, total in windows(k).items()}
     for k, added in kept.items():
-        for t, v in added:
-            out.stored[(k, t)] = out.stored.get((k, t), 0) + v
+        late_slots: dict[tuple[int, int], int] = {}
+        for t, v, first in added:
+            slot = t if first == t - size else late_slots.setdefault((t, first), -1 - len(late_slots))
+            out.stored[(k, slot)] = out.stored.get((k, slot), 0) + v
     return out

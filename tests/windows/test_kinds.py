@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import streamkit
-from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling, Window
+from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling, Window, sliding
 
 
 def test_settings_are_checked_with_a_line_that_names_them() -> None:
@@ -60,10 +60,20 @@ def test_sliding_windows_are_the_ones_records_end_and_start_both_ends_included()
     w = Sliding(10, grace=2)
     # records at 0, 4 and 10 s: each ends a window; 0 and 4 start one (a later record lies
     # in it), 10 does not (nothing after it). [0.001, 10.001] holds 4 and 10; [4.001, 14.001] 10.
-    assert w.windows_over([0, 4_000, 10_000]) == [
+    assert sliding.windows_of(w, {"t": [0, 4_000, 10_000]}) == [
         Window(-10_000, 0), Window(-6_000, 4_000), Window(0, 10_000), Window(1, 10_001), Window(4_001, 14_001)
     ]  # fmt: skip
-    assert w.windows_over([0, 10_001]) == [Window(-10_000, 0), Window(1, 10_001)]  # 10.001 s apart: never together
+    together = sliding.windows_of(w, {"t": [0, 10_001]})
+    assert together == [Window(-10_000, 0), Window(1, 10_001)]  # 10.001 s apart: never together
+    # a record at 9 s that came at stream time 20 s: the windows starting before 8 s had
+    # closed (its own, [-1, 9], among them), so it joined only those from 8 s on
+    late = {"t": [0, 10_001], "l": [[9_000, 8_000, -1]], "k": 1}
+    assert sliding.first_open(w, 9_000, 20_000) == 8_000 and sliding.first_open(w, 9_000, -1) == -1_000
+    assert sliding.windows_of(w, late) == [Window(-10_000, 0), Window(1, 10_001), Window(9_001, 19_001)]
+    assert sliding.slots_in(late, Window(1, 10_001)) == [10_001] and sliding.slots_in(late, Window(8_000, 18_000)) == [
+        -1,
+        10_001,
+    ]
     assert w.close_time(Window(0, 10_000)) == 10_000 + 1 + 2_000  # the end is the window's last millisecond
     # the latest window holding a record: the one ending with the last record within size
     # after it, or the one starting right after the last record before it

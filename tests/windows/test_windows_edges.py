@@ -79,10 +79,13 @@ def test_the_offline_replay_runs_session_and_count_tables_one_key_at_a_time() ->
     assert {ks.loads(k): orjson.loads(v) for k, v in out["per_2"].items()} == {("k", 0): 2, ("k", 2): 1}
 
 
-def test_sliding_windows_take_a_record_until_stream_time_passes_its_time_plus_grace() -> None:
-    """Both ends of a sliding window are included: a record is on time while stream time
-    is at most its time plus grace, and the window ending with it closes one millisecond
-    after that. ``t[key]`` reads that window; writes other than ``add`` are refused."""
+def test_sliding_windows_take_a_record_while_a_window_that_holds_it_is_open() -> None:
+    """Both ends of a sliding window are included, and a window closes one millisecond
+    after its end plus grace. A record joins every window holding it that is still open
+    (Kafka Streams' rule): one whose own window has closed still joins the later ones,
+    and the windows closed before it keep their value; it is late only when every window
+    that could hold it has closed. ``t[key]`` reads the first open window holding the
+    record; writes other than ``add`` are refused."""
     app = streamkit.App("sliding")
     events = app.topic("events")
     last_10s = app.table("last_10s", default=int, window=Sliding(10, grace=2))
@@ -99,15 +102,18 @@ def test_sliding_windows_take_a_record_until_stream_time_passes_its_time_plus_gr
     with TestDriver(app) as driver:
         driver.send("events", "k", {"n": 1}, timestamp=10.0)
         driver.send("events", "k", {"n": 2}, timestamp=20.0)  # 10 s apart: in one window
-        driver.send("events", "k", {"n": 4}, timestamp=18.0)  # 18 + 2 = stream time: on time
-        driver.send("events", "k", {"n": 8}, timestamp=17.999)  # 1 ms later than that: late
-        assert [r.value for r in driver.output("sums")] == [1, 3, 5]
+        driver.send("events", "k", {"n": 4}, timestamp=18.0)  # 18 + 2 = stream time: its own window is open
+        driver.send("events", "k", {"n": 8}, timestamp=17.999)  # its own window closed; [8, 18] is open
+        driver.send("events", "k", {"n": 16}, timestamp=7.999)  # every window holding it closed: late
+        assert [r.value for r in driver.output("sums")] == [1, 3, 5, 13]
         assert [d.reason for d in driver.dead_letters()] == ["late"]
         driver.send("events", "j", {"n": 0}, timestamp=32.001)  # closes what ends by 30
         assert [r.value for r in driver.output("closes")] == [
-            [0, 10_000, 1], [8_000, 18_000, 5], [10_000, 20_000, 7], [10_001, 20_001, 6], [18_001, 28_001, 2],
+            [0, 10_000, 1], [8_000, 18_000, 13], [10_000, 20_000, 15], [10_001, 20_001, 14],
+            [18_000, 28_000, 6], [18_001, 28_001, 2],
         ]  # fmt: skip
-        assert driver.windows("last_10s")[("k", 8_000)] == 5
+        assert driver.windows("last_10s")[("k", 8_000)] == 13
+        assert ("k", 7_999) not in driver.windows("last_10s")  # the late-ish record's own window was never open
 
 
 def test_a_sliding_table_refuses_writes_but_add() -> None:
