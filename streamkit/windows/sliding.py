@@ -10,7 +10,8 @@ and the table keeps one value per slot (the ``reduce`` of the values added there
   rule: a record is late only when every window that could hold it has closed). Such a
   record joined only the windows starting at ``first`` or later (those open when it
   came), so the windows closed before it keep their value; its values are in ``slot``,
-  a negative number (``"k"`` counts them), apart from the values of the records on time;
+  ``LATE_SLOTS`` plus the count of such records before it (``"k"``), apart from the
+  values of the records on time;
 - ``"c"``: the close time of the last window closed; ``"x"``: the last record time
   deleted (windows starting there or before are gone).
 
@@ -28,6 +29,10 @@ from streamkit.windows.kinds import Sliding, Window
 
 NEVER_DELETED = -(1 << 62)
 """The book's ``x`` while it deleted no record."""
+
+LATE_SLOTS = -(1 << 62)
+"""Where the slots of a key's records that came after their own window closed begin: far
+below any record time (a record may have none: -1)."""
 
 
 class Placed(NamedTuple):
@@ -63,7 +68,7 @@ def add_record(
     for t, f, slot in late:
         if t == timestamp and f == first:
             return entry, Placed(Window(first, first + kind.size_ms), slot), False
-    slot = -1 - entry.get("k", 0)
+    slot = LATE_SLOTS + entry.get("k", 0)
     entry["k"] = entry.get("k", 0) + 1
     entry["l"] = sorted([*late, [timestamp, first, slot]])
     return entry, Placed(Window(first, first + kind.size_ms), slot), True

@@ -24,8 +24,8 @@ class Result:
     stored: dict[tuple[str, int], int] = field(default_factory=dict)
     """What the table stores where it differs from its windows (sliding windows): per
     (key, slot), the values added there: a record on time in the slot of its time, one
-    whose own window had closed in a negative slot per (time, first window joined), the
-    first such of a key in -1, the next in -2."""
+    whose own window had closed in a slot per (time, first window joined): the first such
+    of a key in -2**62, the next in -2**62 + 1."""
 
 
 def time_windows(records: list[tuple[str, int, int]], size: int, advance: int, grace: int) -> Result:
@@ -130,6 +130,6 @@ def sliding(records: list[tuple[str, int, int]], size: int, grace: int) -> Resul
     for k, added in kept.items():
         late_slots: dict[tuple[int, int], int] = {}
         for t, v, first in added:
-            slot = t if first == t - size else late_slots.setdefault((t, first), -1 - len(late_slots))
+            slot = t if first == t - size else late_slots.setdefault((t, first), -(1 << 62) + len(late_slots))
             out.stored[(k, slot)] = out.stored.get((k, slot), 0) + v
     return out
