@@ -1,18 +1,21 @@
-"""Benchmark: a live 2 -> 3 processor scale-out at a fixed input rate.
+"""Benchmark: a live 2 -> 3 processor scale-out, then 3 -> 2 back, at a fixed input rate.
 
     python -m benchmarks.scaling [--rate 4000] [--keys 10000] [--before 20] [--after 20]
 
 Two worker processes run `benchmarks/scaling_app.py` (count per key, one output per
 input record) on a 4-partition topic; this process produces at a fixed rate with the
-streamkit producer, runs `streamkit scale --processors 3` after `--before` seconds, and
-goes on for `--after` seconds once the handover is done. Printed, from the output topic
-and the workers' logs of the same run:
+streamkit producer, runs `streamkit scale --processors 3` after `--before` seconds, goes
+on for `--after` seconds once the handover is done, then runs `streamkit scale
+--processors 2` (the joined processor retires into the one it split from, hosted by the
+same worker: a shrink in place) and goes on for `--after` seconds more. Printed, from the
+output topic and the workers' logs of the same run:
 
 - output records/s before, during (from the scale command to the handover) and after;
 - the joining processor's replay rate (records it rebuilt per second of bootstrap) next
   to the input rate;
-- the longest per-key output stall around the handover: the time between a key's
-  consecutive outputs minus the time between their inputs (goal: under 1 s);
+- the longest per-key output stall around each handover, growth and shrink: the time
+  between a key's consecutive outputs minus the time between their inputs (goal: under
+  1 s), and whether the shrink handed over in place;
 - the keys that moved, as a share of all keys (one bucket: about 1/p);
 - the bootstrap: where it started (the splitting processor's changelog, or the input
   history), its seconds from start to caught up, and the input records it replayed.
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +114,18 @@ async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
                 job = await read_job(io, app)
                 assert job is not None and job.p == 3
                 await asyncio.sleep(a.after)
+                moved = _keys_of(Path(work) / "state" / app / "processor-2")
+                t_shrink = time.time()
+                back = await asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "streamkit.cli", "scale", "benchmarks.scaling_app:app", "--processors", "2",
+                     "--wait", "--timeout", "300"],
+                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                if back.returncode != 0:
+                    raise SystemExit(f"scale back failed: {back.stdout}{back.stderr}")
+                t_shrunk = time.time()
+                await asyncio.sleep(a.after)
             finally:
                 stop.set()
                 sent = await producer
@@ -126,9 +142,18 @@ async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
             ((r.key.decode(), orjson.loads(r.value)["sent"], r.timestamp / 1000) for r in records), key=lambda o: o[2]
         )
         text = "".join(log.read_text() for log in logs)
-        moved = _keys_of(Path(work) / "state" / app / "processor-2")
         total = len({o[0] for o in outputs})
-    return report(console, a, outputs, t_scale, t_done, text, moved, total, mode)
+    shrink = Shrink(t_shrink, t_shrunk, "in place (no rebalance)" in text)
+    return report(console, a, outputs, (t_scale, t_done, shrink), text, moved, total, mode)
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """When the scale back to 2 started and ended, and whether it handed over in place."""
+
+    started: float
+    done: float
+    in_place: bool
 
 
 def _keys_of(path: Path) -> int:
@@ -139,9 +164,11 @@ def _keys_of(path: Path) -> int:
 
 
 def report(
-    console: Console, a: Any, outputs: list[tuple[str, float, float]], t_scale: float, t_done: float, log: str,
+    console: Console, a: Any, outputs: list[tuple[str, float, float]], times: tuple[float, float, Shrink], log: str,
     moved: int, total: int, mode: str,
 ) -> tuple[float, int]:  # fmt: skip
+    t_scale, t_done, shrink = times
+
     def rate(t0: float, t1: float) -> float:
         return sum(1 for _, _, at in outputs if t0 <= at < t1) / max(t1 - t0, 1e-9)
 
@@ -155,8 +182,9 @@ def report(
     seeded = re.search(r"seeded from processor \d+'s changelog: (\d+) keys", log)
     until_caught = _parse(caught.group(1)) - t_scale if caught is not None else 0.0
     worst, key = stalls(outputs, (t_scale, t_done + 5))
+    back, back_key = stalls(outputs, (shrink.started, shrink.done + 5))
     table = Table(
-        title=f"live scale-out 2 -> 3 processors at {a.rate:,.0f} records/s, {a.keys:,} keys, "
+        title=f"live scale-out 2 -> 3 processors and back at {a.rate:,.0f} records/s, {a.keys:,} keys, "
         f"session timeout {a.session_timeout_ms} ms, bootstrap from the {mode}"
     )
     table.add_column("measure")
@@ -165,7 +193,7 @@ def report(
     table.add_row(
         f"output records/s during ({t_done - t_scale:.1f} s, scale to handover)", f"{rate(t_scale, t_done):,.0f}"
     )
-    table.add_row("output records/s after", f"{rate(t_done + 2, last - 1):,.0f}")
+    table.add_row("output records/s after", f"{rate(t_done + 2, shrink.started):,.0f}")
     table.add_row("input records/s (fixed)", f"{a.rate:,.0f}")
     table.add_row("bootstrap replay records/s", f"{replay_rate:,.0f}")
     where = f"processor 0's changelog ({seeded.group(1)} keys)" if seeded else "the input history"
@@ -174,6 +202,13 @@ def report(
     table.add_row("input records the bootstrap replayed", f"{replayed:,}")
     table.add_row("longest per-key output stall around the handover", f"{worst:.3f} s ({key})")
     table.add_row("keys moved to the new processor", f"{moved:,} of {total:,} ({moved / max(total, 1):.1%})")
+    table.add_row(
+        f"output records/s during the shrink ({shrink.done - shrink.started:.1f} s, scale to settled)",
+        f"{rate(shrink.started, shrink.done):,.0f}",
+    )
+    table.add_row("output records/s after the shrink", f"{rate(shrink.done + 2, last - 1):,.0f}")
+    table.add_row("the shrink's handover", "in place (no rebalance)" if shrink.in_place else "through a rebalance")
+    table.add_row("longest per-key output stall around the shrink's handover", f"{back:.3f} s ({back_key})")
     console.print(table)
     console.print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return until_caught, replayed

@@ -18,7 +18,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from assignors.group import MemberInfo, TopicShape
+from assignors.group import JobPlacement, MemberInfo, TopicShape
 from assignors.group import ProcessorAssignment as Assignment
 from streamkit.app import App
 from streamkit.checkpoint_keys import PROCESSOR_COUNT
@@ -199,18 +199,17 @@ class TaskManager:
             log.info("%s: assigned processors %s (generation %d)", self.name, sorted(assignment.processors), generation)
             await self._fence(assignment, generation)
             starts = Starts()
-            for pid, slots in sorted(assignment.processors.items()):
-                task = await self._open(pid, assignment, generation)
-                if not await self._catch_up(task.proc, slots, assignment, generation):
+            for pid in sorted(assignment.processors):
+                slots = assignment.processors[pid]
+                taken = await self._take(pid, slots, assignment, assignment.p0, assignment.p, generation)
+                if taken is None:
                     return  # (the history is gone: ``fatal`` stops the worker)
-                starts.update(self.parts.router.slots(task, slots, assignment.sharers, assignment.p0, assignment.p))
-                starts.update(self.parts.router.sweeps(task, assignment.sweeps.get(pid, [])))
-                await task.go_live_if_caught_up()
+                starts.update(taken)
             await self._route(starts, generation)
             await self._standbys(assignment)
             if after is not None:
                 await after(generation)
-            self._delete_retired()
+            self.delete_retired()
             self.services.beat()
             log.info("%s: hosts processors %s (generation %d): %s", self.name, sorted(self.active), generation,
                      sorted(self.parts.admission.routes))  # fmt: skip
@@ -218,6 +217,27 @@ class TaskManager:
             if outdated is not None:
                 log.info("%s: %s: rebalancing again", self.name, outdated)
                 self.parts.consumer.request_rejoin()
+
+    async def take_in_place(self, pid: int, placed: JobPlacement, p0: int, p: int, generation: int) -> Starts | None:
+        """Host processor ``pid`` where ``placed`` (``p`` processors) puts it, without a rebalance (a shrink
+        whose two processors are both hosted here): steps 2 and 3 of an assignment for it,
+        and its routes; the caller seeks and records them. None: its history is gone
+        (``fatal``)."""
+        return await self._take(pid, placed.slots.get(pid, []), placed, p0, p, generation)
+
+    async def _take(
+        self, pid: int, slots: Slots, placed: JobPlacement | Assignment, p0: int, p: int, generation: int
+    ) -> Starts | None:
+        """Steps 2 and 3 for processor ``pid`` reading ``slots``, and its routes (where each
+        starts)."""
+        task = await self._open(pid, p0, p, generation)
+        if not await self._catch_up(task.proc, slots, p0, p, generation):
+            return None
+        starts = Starts()
+        starts.update(self.parts.router.slots(task, slots, placed.sharers, p0, p))
+        starts.update(self.parts.router.sweeps(task, placed.sweeps.get(pid, [])))
+        await task.go_live_if_caught_up()
+        return starts
 
     async def _fence(self, assignment: Assignment, generation: int) -> None:
         """Step 1: from now on, commits of these partitions from older generations are refused;
@@ -240,7 +260,7 @@ class TaskManager:
         self.layout_epochs = {t: lay.epoch for t in self.app.input_topics if (lay := registry.get(t))}
         self.job_p = assignment.p
 
-    async def _open(self, pid: int, assignment: Assignment, generation: int) -> Task:
+    async def _open(self, pid: int, p0: int, p: int, generation: int) -> Task:
         """Step 2: the processor's store, restored from the changelog first when this disk
         has none, and put on the changelog's chain (a zombie's later markers lose)."""
         settings, services = self.app.settings, self.services
@@ -251,12 +271,12 @@ class TaskManager:
         changelog = services.changelog
         if changelog is not None and not path.exists():  # a lost disk, or a new machine
             try:
-                source = ChangelogSource(services.io, changelog.topic, self.app.tables, assignment.p0, incarnation)
+                source = ChangelogSource(services.io, changelog.topic, self.app.tables, p0, incarnation)
                 await restore_store(source, pid, path, log_as=self.name, on_read=self.restores.tracker(pid))
             finally:
                 self.restores.done(pid)
         opening = self.opening(incarnation)
-        proc = await open_for_count(pid, path, opening, assignment.p0, assignment.p, log_as=self.name, adopt=True)
+        proc = await open_for_count(pid, path, opening, p0, p, log_as=self.name, adopt=True)
         task = self.host(proc)
         if changelog is not None and position_of(proc.loaded) is not None:
             after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
@@ -267,7 +287,7 @@ class TaskManager:
                 await services.registry.ensure_at_least(topic, epoch)
         return task
 
-    async def _catch_up(self, proc: ProcessorState, slots: Slots, assignment: Assignment, generation: int) -> bool:
+    async def _catch_up(self, proc: ProcessorState, slots: Slots, p0: int, p: int, generation: int) -> bool:
         """Step 3: what the group handled beyond the store, the stream time its windows had
         closed at, the history of partitions it no longer reads. False: the history to
         catch up from is gone (``fatal``)."""
@@ -276,14 +296,14 @@ class TaskManager:
         behind = [(t, q) for t, q, f in slots if progress.position(t, q, proc.id if f else None) > at.get((t, q), 0)]
         if behind or rebuild_unfinished(proc.loaded):
             try:
-                await catchup.rebuild(proc, stamp, assignment.p0, assignment.p)
+                await catchup.rebuild(proc, stamp, p0, p)
             except HistoryTruncatedError as exc:  # the member's loop raises it: the worker stops
                 self.fatal = exc
                 return False
         if proc.window_states:  # a partition's last owner closed what its stream time closed: sent
             taken = [progress.stream_time(t, q) for t, q, shared in slots if not shared]
             await self.active[proc.id].adopt_stream_time(max(taken, default=-1))
-        await catchup.read_left_history(proc, stamp, assignment.p0, assignment.p, [(t, q) for t, q, _ in slots])
+        await catchup.read_left_history(proc, stamp, p0, p, [(t, q) for t, q, _ in slots])
         return True
 
     async def _route(self, starts: Starts, generation: int) -> None:
@@ -304,7 +324,8 @@ class TaskManager:
                 self.parts.consumer.request_rejoin,
             )  # fmt: skip
 
-    def _delete_retired(self) -> None:
+    def delete_retired(self) -> None:
+        """Delete the stores of the processors the job retired that nobody holds."""
         job = self.services.jobs.job
         retired = delete_retired_stores(self.app.store_path(0, self.app.settings.state_dir).parent, job.hosted)
         if retired:

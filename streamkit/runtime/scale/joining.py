@@ -132,7 +132,10 @@ class Joining:
             return
         async with self.services.lock:
             try:
-                done = not step.staging and await self._hand_over_in_place(proc, step.beside, stepped, generation)
+                if step.staging:
+                    done = await self._shrink_in_place(proc, step, stepped, generation)
+                else:
+                    done = await self._hand_over_in_place(proc, step.beside, stepped, generation)
             except Exception:  # noqa: BLE001 - the rebalance below hands over from the stores
                 log.exception("%s: the handover of processor %d in place failed", self.name, proc.id)
                 self.tasks.close_all()
@@ -141,8 +144,9 @@ class Joining:
                 log.info("%s: job epoch %d has %d processors: rebalancing", self.name, stepped.epoch, stepped.p)
                 self.parts.assignor.info.p = stepped.p
                 self.parts.consumer.request_rejoin()
-            elif self.services.standbys is not None:  # the leader places the new processor's copies
-                log.info("%s: processor %d joined: rebalancing to place its standbys", self.name, proc.id)
+            elif self.services.standbys is not None:  # the leader places the processors' copies
+                log.info("%s: processor %d %s: rebalancing to place its standbys", self.name, proc.id,
+                         "took the retiring processor's keys" if step.staging else "joined")  # fmt: skip
                 self.parts.consumer.request_rejoin()
 
     def _changelog_seed(
@@ -212,4 +216,53 @@ class Joining:
         await tasks.regate()
         log.info("%s: processor %d took over its partitions from processor %d in place (no rebalance); "
                  "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip
+        return True
+
+    async def _shrink_in_place(self, staging: ProcessorState, step: Bootstrap, job: JobLayout, generation: int) -> bool:
+        """A shrink step whose receiving and retiring processors are both hosted here: both
+        checkpoint (their positions are T1) and let go, the staging store replaces the
+        receiving processor's store (``adopt_store``) and the receiving processor takes
+        every partition of the two inside this member, as an assignment would (it replays
+        from the staging store's positions to T1 without output, its key sets on their own
+        clocks until it goes live), with no group rebalance; the retiring processor's
+        store is deleted. False if it cannot be done here (the member lost one of them,
+        or a partition of the receiving processor is shared with a processor elsewhere):
+        the caller asks for a rebalance. Call with the lock held."""
+        tasks, parts = self.tasks, self.parts
+        receiving, retiring = tasks.active.get(step.pid), tasks.active.get(job.p)
+        if generation != tasks.assigned_generation or receiving is None or retiring is None:
+            return False
+        placed = place_job(await parts.catchup.shapes(), job.p0, job.p)
+        if not placed.shared_only_among((step.pid,)):
+            return False
+        moving = [*receiving.routes, *retiring.routes]
+        revoked = {receiving.proc: list(receiving.routes), retiring.proc: list(retiring.routes)}
+        await parts.dispatcher.fire(self.app.keys_revoked_callbacks, revoked)
+        await tasks.checkpoint()  # their positions are T1; a zombie's is refused and it lets go of everything
+        if generation != tasks.assigned_generation or [tasks.active.get(step.pid), tasks.active.get(job.p)] != [
+            receiving,
+            retiring,
+        ]:
+            return False
+        for task in (receiving, retiring):
+            tasks.let_go(task)  # what its routes had not finished goes back to the checkpoint: refetched
+            task.close()
+        self._joining.pop(step.pid, None)
+        self.progress.pop(step.pid, None)
+        staging.close()  # (its directory becomes the receiving processor's store)
+        tasks.job_p = parts.assignor.info.p = job.p
+        starts = await tasks.take_in_place(step.pid, placed, job.p0, job.p, generation)
+        parts.assignor.info.hosted = sorted(tasks.active)
+        if starts is None:
+            return True  # the history to catch up from is gone: ``fatal`` stops the worker
+        for tp in moving:
+            parts.consumer.seek(tp, parts.admission.fetch_position(tp))
+        await parts.router.record(self.name, generation, tasks.layout_epochs, starts)
+        await parts.dispatcher.fire(
+            self.app.keys_assigned_callbacks, by_processor(tasks.active[step.pid].routes.items())
+        )
+        await tasks.regate()
+        tasks.delete_retired()
+        log.info("%s: processor %d took over the keys of retiring processor %d in place (no rebalance)",
+                 self.name, step.pid, job.p)  # fmt: skip
         return True
