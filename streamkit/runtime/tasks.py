@@ -28,6 +28,7 @@ from streamkit.ops.metrics import Durations
 from streamkit.runtime import checkpointing
 from streamkit.runtime.catchup import Stamp, shape_of
 from streamkit.runtime.dispatch import by_processor
+from streamkit.runtime.jobmeta import JobLayout
 from streamkit.runtime.key_sets import StoreOpening, delete_retired_stores, open_for_count
 from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
@@ -324,9 +325,10 @@ class TaskManager:
                 self.parts.consumer.request_rejoin,
             )  # fmt: skip
 
-    def delete_retired(self) -> None:
-        """Delete the stores of the processors the job retired that nobody holds."""
-        job = self.services.jobs.job
+    def delete_retired(self, job: JobLayout | None = None) -> None:
+        """Delete the stores of the processors ``job`` (default: the job as last read)
+        retired that nobody holds."""
+        job = job or self.services.jobs.job
         retired = delete_retired_stores(self.app.store_path(0, self.app.settings.state_dir).parent, job.hosted)
         if retired:
             log.info("%s: deleted the stores of retired processors %s", self.name, retired)

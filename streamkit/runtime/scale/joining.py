@@ -262,7 +262,7 @@ class Joining:
             self.app.keys_assigned_callbacks, by_processor(tasks.active[step.pid].routes.items())
         )
         await tasks.regate()
-        tasks.delete_retired()
+        tasks.delete_retired(job)
         log.info("%s: processor %d took over the keys of retiring processor %d in place (no rebalance)",
                  self.name, step.pid, job.p)  # fmt: skip
         return True
