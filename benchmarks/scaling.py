@@ -16,7 +16,8 @@ output topic and the workers' logs of the same run:
 - the longest per-key output stall around each handover, growth and shrink: the time
   between a key's consecutive outputs minus the time between their inputs (goal: under
   1 s), and whether the shrink handed over in place;
-- the keys that moved, as a share of all keys (one bucket: about 1/p);
+- the keys that moved (those linear hashing gives the new processor), as a share of all
+  keys (one bucket: about 1/p);
 - the bootstrap: where it started (the splitting processor's changelog, or the input
   history), its seconds from start to caught up, and the input records it replayed.
 
@@ -78,6 +79,8 @@ def stalls(outputs: list[tuple[str, float, float]], window: tuple[float, float])
 async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
     """One run, the joining processor bootstrapping from ``mode`` ("changelog" or "input");
     (bootstrap seconds, input records it replayed)."""
+    from assignors.linear_hashing import lh_bucket
+    from assignors.murmur2 import key_hash
     from streamkit.broker import resolve_broker
     from streamkit.kafkaio import KafkaIO
     from streamkit.runtime.jobmeta import read_job
@@ -114,7 +117,6 @@ async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
                 job = await read_job(io, app)
                 assert job is not None and job.p == 3
                 await asyncio.sleep(a.after)
-                moved = _keys_of(Path(work) / "state" / app / "processor-2")
                 t_shrink = time.time()
                 back = await asyncio.to_thread(
                     subprocess.run,
@@ -142,8 +144,13 @@ async def main(a: argparse.Namespace, mode: str) -> tuple[float, int]:
             ((r.key.decode(), orjson.loads(r.value)["sent"], r.timestamp / 1000) for r in records), key=lambda o: o[2]
         )
         text = "".join(log.read_text() for log in logs)
-        total = len({o[0] for o in outputs})
-    shrink = Shrink(t_shrink, t_shrunk, "in place (no rebalance)" in text)
+        if a.logs:
+            Path(a.logs).mkdir(parents=True, exist_ok=True)
+            for log in logs:
+                (Path(a.logs) / f"{mode}-{log.name}").write_text(log.read_text())
+        keys = {r.key for r in records if r.key is not None}
+        moved, total = sum(1 for k in keys if lh_bucket(key_hash(k), 2, 3) == 2), len(keys)
+    shrink = Shrink(t_shrink, t_shrunk, "of retiring processor 2 in place (no rebalance)" in text)
     return report(console, a, outputs, (t_scale, t_done, shrink), text, moved, total, mode)
 
 
@@ -154,13 +161,6 @@ class Shrink:
     started: float
     done: float
     in_place: bool
-
-
-def _keys_of(path: Path) -> int:
-    from stores.rocksdb import RocksDBStore
-
-    with RocksDBStore.open(str(path), ["counts"]) as store:
-        return sum(1 for _ in store.items("counts"))
 
 
 def report(
@@ -208,6 +208,12 @@ def report(
     )
     table.add_row("output records/s after the shrink", f"{rate(shrink.done + 2, last - 1):,.0f}")
     table.add_row("the shrink's handover", "in place (no rebalance)" if shrink.in_place else "through a rebalance")
+    assigned = re.finditer(r"^(\S+ \S+) .*assigned processors", log, re.M)
+    after = [m for m in assigned if _parse(m.group(1)) >= shrink.started]
+    table.add_row("group rebalances from the shrink on (workers' assignments)", f"{len(after)}")
+    handed = _log_time(log, "of retiring processor 2 in place (no rebalance)")
+    if handed is not None:
+        table.add_row("seconds from `scale` to the shrink's handover", f"{handed - shrink.started:.2f}")
     table.add_row("longest per-key output stall around the shrink's handover", f"{back:.3f} s ({back_key})")
     console.print(table)
     console.print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -249,4 +255,5 @@ if __name__ == "__main__":
         help="where the joining processor starts: changelog, input (the job without a changelog), or both: "
         "changelog,input",
     )  # fmt: skip
+    ap.add_argument("--logs", default=None, help="a directory to keep the workers' logs in")
     asyncio.run(run_modes(ap.parse_args()))

@@ -148,13 +148,15 @@ class GroupMember:
         self.services.adoptions.register(self.name, self.app.input_topics)
 
     def on_job_change(self, job: JobLayout) -> None:
-        """The job changed: a new active count moves partitions (a rebalance); the next step
-        of a scale change starts its bootstrap beside the processor it comes from, with no
-        rebalance (``scale.joining``)."""
+        """The job changed: a new active count moves partitions (a rebalance, unless one step
+        of a scale change: its bootstrap's host hands them over in place, ``scale.joining``);
+        the next step of a scale change starts its bootstrap beside the processor it comes
+        from, with no rebalance."""
         info = self.parts.assignor.info
-        if job.p == info.p + 1 and self.tasks.assigned_generation >= 0:
-            # one growth step: only the splitting processor's partitions move, and its host
-            # hands them over in place (or asks for a rebalance itself if it cannot)
+        if abs(job.p - info.p) == 1 and self.tasks.assigned_generation >= 0:
+            # one growth or shrink step: only the partitions of the splitting (or retiring and
+            # receiving) processors move, and the host of the bootstrap hands them over in
+            # place (or asks for a rebalance itself if it cannot)
             info.p = job.p
         elif job.p != info.p:
             info.p = job.p
