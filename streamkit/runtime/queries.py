@@ -83,8 +83,9 @@ class QueryAnswers:
                 else:
                     value = proc.caches[table].get(key)
                     answer.update(value=_json(value), found=value is not None)
+                applied, _ = proc.stable()  # (a record its merge or a handler still holds is not in the value)
                 answer.update(processor=proc.id, worker=self.worker,
-                              positions={f"{t_}/{p}": o for (t_, p), o in sorted(proc.positions.items())})  # fmt: skip
+                              positions={f"{t_}/{p}": o for (t_, p), o in sorted(applied.items())})  # fmt: skip
                 return Answer(200, answer)
         pid = lh_bucket(h, job.p0, job.p)
         busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
