@@ -144,7 +144,7 @@ def test_records_written_live_within_the_grace_are_never_late_through_a_kill(bro
     SIGKILLed midway (the restarted processors read two partitions each from their
     checkpoints, one far ahead of the other): no record is late, every window holds the
     reference's value, and every close sent carries the window's final value."""
-    records = live_history(54, n=3000, keys=30)
+    records = live_history(54, n=2000, keys=30)
     topic, app = unique_topic_name("plive"), unique_topic_name("pliveapp")
     create_topic(broker, topic, partitions=PARTITIONS)
     want = merged_reference(records)
