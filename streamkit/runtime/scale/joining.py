@@ -94,7 +94,9 @@ class Joining:
             proc.hold_sides(job.p0, step.count + 1)
         info = self.parts.assignor.info
         info.hosted = sorted({*info.hosted, step.pid})  # keep it here at the handover
-        task = asyncio.create_task(self._bootstrap(proc, step, generation), name=f"bootstrap of processor {step.pid}")
+        task = asyncio.create_task(
+            self._bootstrap(proc, job, step, generation), name=f"bootstrap of processor {step.pid}"
+        )
         task.add_done_callback(self._ended)
         self._joining[step.pid] = (proc, task)
 
@@ -114,8 +116,9 @@ class Joining:
         if not self.tasks.stopping:
             self.parts.consumer.request_rejoin()
 
-    async def _bootstrap(self, proc: ProcessorState, step: Bootstrap, generation: int) -> None:
-        """Bootstrap ``proc`` for the scale change's next step beside the member's loop."""
+    async def _bootstrap(self, proc: ProcessorState, job: JobLayout, step: Bootstrap, generation: int) -> None:
+        """Bootstrap ``proc`` for the step of ``job``'s scale change beside the member's loop
+        (``job``: the one the step comes from, which the job watcher may not have read yet)."""
 
         def report(progress: dict[str, int]) -> None:
             self.progress[proc.id] = progress
@@ -126,8 +129,8 @@ class Joining:
             self.tasks.stamp(generation), s.commit_every, lock=self.services.lock,
             checkpoint_interval=s.commit_interval, max_rate=s.bootstrap_rate,
         )  # fmt: skip
-        seed = self._changelog_seed(proc, step, generation)
-        stepped = await bootstrap_step(proc, self.services.jobs.job, step, self.parts.catchup, pace, report, seed)
+        seed = self._changelog_seed(proc, job, step, generation)
+        stepped = await bootstrap_step(proc, job, step, self.parts.catchup, pace, report, seed)
         if stepped is None:
             return
         async with self.services.lock:
@@ -150,12 +153,12 @@ class Joining:
                 self.parts.consumer.request_rejoin()
 
     def _changelog_seed(
-        self, proc: ProcessorState, step: Bootstrap, generation: int
+        self, proc: ProcessorState, job: JobLayout, step: Bootstrap, generation: int
     ) -> Callable[[], Awaitable[bool]] | None:
         """A bootstrap's start from changelogs (None: the job has no changelog): a joining
         processor's from its source's, a shrink's staging store from those of the two
         processors it merges (``staging_seed``)."""
-        changelog, job = self.services.changelog, self.services.jobs.job
+        changelog = self.services.changelog
         if changelog is None:
             return None
         source = self.tasks.processors.get(step.beside)
@@ -265,4 +268,5 @@ class Joining:
         tasks.delete_retired(job)
         log.info("%s: processor %d took over the keys of retiring processor %d in place (no rebalance)",
                  self.name, step.pid, job.p)  # fmt: skip
+        await self.host(job, generation)  # the next step, if it comes from here (no rebalance will start it)
         return True
