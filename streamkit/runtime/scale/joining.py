@@ -227,7 +227,7 @@ class Joining:
         receiving processor's store (``adopt_store``) and the receiving processor takes
         every partition of the two inside this member, as an assignment would (it replays
         from the staging store's positions to T1 without output, its key sets on their own
-        clocks until it goes live), with no group rebalance; the retiring processor's
+        stream times until it goes live), with no group rebalance; the retiring processor's
         store is deleted. False if it cannot be done here (the member lost one of them,
         or a partition of the receiving processor is shared with a processor elsewhere):
         the caller asks for a rebalance. Call with the lock held."""
