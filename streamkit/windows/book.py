@@ -141,8 +141,7 @@ class WindowBook:
                 if (
                     (key, start) not in seen
                     and slides.close_time(window) > entry.get("c", -1)
-                    and window.start > entry.get("x", sliding.NEVER_DELETED)
-                    and sliding.holds(entry, window)
+                    and sliding.held(entry, window)
                 ):
                     seen.add((key, start))
                     out.append((key, window))

@@ -74,11 +74,16 @@ def add_record(
     return entry, Placed(Window(first, first + kind.size_ms), slot), True
 
 
+def _joined(window: Window, t: int, first: int) -> bool:
+    """Whether a record at ``t`` that joined the windows starting at ``first`` on joined ``window``."""
+    return window.start <= t <= window.end and first <= window.start
+
+
 def slots_in(entry: Mapping[str, Any], window: Window) -> list[int]:
     """The slots of the records ``window`` holds, in time order (on time first at one time)."""
     times = entry["t"]
     found = [(t, 0, t) for t in times[bisect.bisect_left(times, window.start) : bisect.bisect_right(times, window.end)]]
-    late = [(t, 1, slot) for t, f, slot in entry.get("l", ()) if window.start <= t <= window.end and f <= window.start]
+    late = [(t, 1, slot) for t, f, slot in entry.get("l", ()) if _joined(window, t, f)]
     if late:
         found = sorted(found + late)
     return [slot for _, _, slot in found]
@@ -90,7 +95,13 @@ def holds(entry: Mapping[str, Any], window: Window) -> bool:
     i = bisect.bisect_left(times, window.start)
     if i < len(times) and times[i] <= window.end:
         return True
-    return any(window.start <= t <= window.end and f <= window.start for t, f, _ in entry.get("l", ()))
+    return any(_joined(window, t, f) for t, f, _ in entry.get("l", ()))
+
+
+def held(entry: Mapping[str, Any], window: Window) -> bool:
+    """Whether ``window`` is one of the key's windows now: a record joined it and it is not
+    gone (it starts after the last record time deleted)."""
+    return window.start > entry.get("x", NEVER_DELETED) and holds(entry, window)
 
 
 def record_times(entry: Mapping[str, Any]) -> list[int]:
@@ -113,9 +124,7 @@ def candidates(kind: Sliding, entry: Mapping[str, Any]) -> Iterator[Window]:
 
 def windows_of(kind: Sliding, entry: Mapping[str, Any]) -> list[Window]:
     """The key's windows held now, oldest first."""
-    deleted = entry.get("x", NEVER_DELETED)
-    found = {w for w in candidates(kind, entry) if w.start > deleted and holds(entry, w)}
-    return sorted(found)
+    return sorted({w for w in candidates(kind, entry) if held(entry, w)})
 
 
 def delete_through(

@@ -10,6 +10,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from aiokafka import TopicPartition
+
 from assignors.group import place_job
 from streamkit.app import App
 from streamkit.runtime.dispatch import by_processor
@@ -22,6 +24,7 @@ from streamkit.runtime.routing import Starts
 from streamkit.runtime.scale.bootstrap import bootstrap_step, seed_from_changelog
 from streamkit.runtime.scale.staging_seed import StagingSeed
 from streamkit.runtime.services import Services
+from streamkit.runtime.task import Task
 from streamkit.runtime.tasks import TaskManager
 from streamkit.state.restore import ChangelogSource
 
@@ -212,11 +215,7 @@ class Joining:
         for task in hosted:
             starts.update(parts.router.slots(task, placed.slots.get(task.id, []), placed.sharers, job.p0, job.p))
             starts.update(parts.router.sweeps(task, placed.sweeps.get(task.id, [])))
-        for tp in moving:
-            parts.consumer.seek(tp, parts.admission.fetch_position(tp))
-        await parts.router.record(self.name, generation, tasks.layout_epochs, starts)
-        await parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(hosted[1].routes.items()))
-        await tasks.regate()
+        await self._resume(moving, starts, hosted[1], generation)
         log.info("%s: processor %d took over its partitions from processor %d in place (no rebalance); "
                  "processor %d: %d keys moved to it, deleted", self.name, joined.id, split, split, purged)  # fmt: skip
         return True
@@ -242,10 +241,8 @@ class Joining:
         revoked = {receiving.proc: list(receiving.routes), retiring.proc: list(retiring.routes)}
         await parts.dispatcher.fire(self.app.keys_revoked_callbacks, revoked)
         await tasks.checkpoint()  # their positions are T1; a zombie's is refused and it lets go of everything
-        if generation != tasks.assigned_generation or [tasks.active.get(step.pid), tasks.active.get(job.p)] != [
-            receiving,
-            retiring,
-        ]:
+        now = (tasks.active.get(step.pid), tasks.active.get(job.p))
+        if generation != tasks.assigned_generation or now != (receiving, retiring):
             return False
         for task in (receiving, retiring):
             tasks.let_go(task)  # what its routes had not finished goes back to the checkpoint: refetched
@@ -258,15 +255,19 @@ class Joining:
         parts.assignor.info.hosted = sorted(tasks.active)
         if starts is None:
             return True  # the history to catch up from is gone: ``fatal`` stops the worker
-        for tp in moving:
-            parts.consumer.seek(tp, parts.admission.fetch_position(tp))
-        await parts.router.record(self.name, generation, tasks.layout_epochs, starts)
-        await parts.dispatcher.fire(
-            self.app.keys_assigned_callbacks, by_processor(tasks.active[step.pid].routes.items())
-        )
-        await tasks.regate()
+        await self._resume(moving, starts, tasks.active[step.pid], generation)
         tasks.delete_retired(job)
         log.info("%s: processor %d took over the keys of retiring processor %d in place (no rebalance)",
                  self.name, step.pid, job.p)  # fmt: skip
         await self.host(job, generation)  # the next step, if it comes from here (no rebalance will start it)
         return True
+
+    async def _resume(self, moving: list[TopicPartition], starts: Starts, taker: Task, generation: int) -> None:
+        """The end of a handover in place: the moved partitions fetched again from where their
+        routes start, the starts recorded, ``taker``'s keys_assigned callbacks, the gates."""
+        parts = self.parts
+        for tp in moving:
+            parts.consumer.seek(tp, parts.admission.fetch_position(tp))
+        await parts.router.record(self.name, generation, self.tasks.layout_epochs, starts)
+        await parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(taker.routes.items()))
+        await self.tasks.regate()
