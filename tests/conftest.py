@@ -74,6 +74,7 @@ SCALING_UNDER_LOAD = (
     "tests/ops/test_live_scale.py",
     "tests/runtime/test_layout_soak.py",
     "tests/runtime/test_scaling.py",
+    "tests/runtime/test_scaling_reference.py",
 )
 """The test modules that run several worker processes through scaling steps under load,
 with short session timeouts. Their tests are marked ``alone``: ``scripts/test`` runs them

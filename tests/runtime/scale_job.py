@@ -70,11 +70,12 @@ class ScaleJob:
         self.workers.append(worker)
         return worker
 
-    def start_producer(self, rate: int = 300) -> None:
+    def start_producer(self, rate: int = 300, *timing: str) -> None:
+        """``timing``: the producer's options for its records' timestamps (``soak_producer``)."""
         i = len(self.producers)
         cmd = [sys.executable, "-m", "tests.runtime.soak_producer", self.broker, self.topic, f"p{i}",
                str(self.tmp / f"p{i}.json"), "--keys", str(KEYS), "--rate", str(rate),
-               "--stop-file", str(self.stop_file)]  # fmt: skip
+               "--stop-file", str(self.stop_file), *timing]  # fmt: skip
         p = subprocess.Popen(
             cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(self.tmp / f"p{i}.log", "wb")
         )

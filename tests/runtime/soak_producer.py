@@ -1,9 +1,11 @@
 """A producer process for the soak test: shared keys, per-producer sequence numbers.
 
     python -m tests.runtime.soak_producer BOOTSTRAP TOPIC NAME OUT.json --keys K --rate R --stop-file F
+        [--disorder-ms D --late-every L --late-ms M --seed S]
 
 Record n has key f"k{n % K}" and value {"p": NAME, "seq": n}. Prints "ready PRODUCER_ID", sends until
-the stop file exists, flushes, and writes {"sent": n, "fences": [...]} to OUT.json.
+the stop file exists, flushes, and writes {"sent": n, "fences": [...]} to OUT.json. Its timestamp is
+the wall clock's, up to D ms behind it (out of order); every L-th record's is M ms behind (late).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import time
 
 import orjson
@@ -26,13 +29,24 @@ async def main() -> None:
     ap.add_argument("--keys", type=int, default=200)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--stop-file", required=True)
+    ap.add_argument("--disorder-ms", type=int, default=0)
+    ap.add_argument("--late-every", type=int, default=0)
+    ap.add_argument("--late-ms", type=int, default=7000)
+    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    rng = random.Random(a.seed)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     async with Producer(a.bootstrap, client_id=a.name, config=ProducerConfig(linger_ms=2)) as p:
         print("ready", p.producer_id, flush=True)
         start, n = time.monotonic(), 0
         while not os.path.exists(a.stop_file):
-            await p.send(a.topic, f"k{n % a.keys}", {"p": a.name, "seq": n})
+            key, value = f"k{n % a.keys}", {"p": a.name, "seq": n}
+            if a.disorder_ms or a.late_every:
+                late = a.late_every and rng.randrange(a.late_every) == 0
+                behind = a.late_ms if late else rng.randrange(a.disorder_ms + 1)
+                await p.send(a.topic, key, value, timestamp_ms=int(time.time() * 1000) - behind)
+            else:
+                await p.send(a.topic, key, value)
             n += 1
             ahead = n / a.rate - (time.monotonic() - start)
             if ahead > 0:

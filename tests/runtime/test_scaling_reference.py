@@ -1,0 +1,90 @@
+"""Windows of every kind through scaling, against a reference from the input alone.
+
+A job with a table of every window kind, two processors on a topic of four partitions
+(each reads two from the start), two producers writing live: their records up to 1 s out
+of order (less than the 3 s grace: none of them late) and one in 40 seven seconds behind
+(late for every time window). It scales 2 -> 3 -> 4 -> 3 -> 2 processors on two workers, then three;
+the worker hosting the receiving processor is SIGKILLed during the 4 -> 3 shrink and
+restarted. Whatever handed the keys over (in place, or through a rebalance after the
+kill), every window holds the reference's value, exactly the reference's records are
+judged late (so no on-time record is), and every close is sent with its final value
+(``scale_reference``)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from streamkit.kafkaio import KafkaIO
+from streamkit.layout.protocol import LayoutCoordinator
+from tests.runtime.scale_job import ScaleJob
+from tests.runtime.scale_reference import verify_against_reference
+from tests.runtime.test_scaling import _hosting, _scaled
+
+TIMING = ("--disorder-ms", "1000", "--late-every", "40", "--late-ms", "7000")
+
+
+def test_every_window_kind_equals_the_reference_through_scaling_and_a_kill_during_a_shrink(
+    broker: str, tmp_path: Path
+) -> None:
+    job = ScaleJob(broker, tmp_path, p0=2, partitions=4, every_window=True)
+    reports: list = []
+    scales = []
+
+    async def scale(io: KafkaIO, n: int) -> None:
+        result = await asyncio.to_thread(job.scale, "--processors", str(n))
+        scales.append(result.stdout)
+        assert result.returncode == 0, result.stdout + result.stderr
+        await job.wait_growth(io, 600)
+
+    async def scenario() -> None:
+        async with KafkaIO(broker) as io:
+            async with LayoutCoordinator(broker, ack_timeout=5.0) as co:
+                await co.create(job.topic, 4, capacity=4)
+            await io.create_topic(job.out, 2)
+            for _ in range(2):
+                job.start_worker()
+            for i in range(2):
+                job.start_producer(300, *TIMING, "--seed", str(i))
+            await job.wait_growth(io, 900)
+            await scale(io, 3)
+            await scale(io, 4)
+            # a third worker takes processors over: the next steps' processors on different workers
+            third = job.start_worker().pid
+
+            async def third_hosts() -> bool:
+                return any(s.pid == third and s.processors for s in await job.statuses(io))
+
+            await job.wait_for(io, "the third worker to host a processor", third_hosts)
+            # 4 -> 3: processor 3 retires into processor 1, whose host is killed as the step starts
+            before = await job.job(io)
+            receiving_host = _hosting(await job.statuses(io), 1)
+            assert receiving_host is not None
+            result = await asyncio.to_thread(job.scale, "--processors", "3", "--no-wait")
+            assert result.returncode == 0, result.stderr
+
+            async def started() -> bool:
+                return (await job.job(io)).epoch > before.epoch
+
+            await job.wait_for(io, "the shrink to start", started)
+            job.kill9(receiving_host)
+            job.start_worker()
+            done = await job.wait_for(io, "3 processors", lambda: _scaled(job, io, before.epoch), 180)
+            assert done.p == 3
+            await job.wait_growth(io, 600)
+            await scale(io, 2)
+            reports.extend(await job.finish(io))
+        job.stop_workers()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        job.cleanup()
+    assert [w.returncode for w in job.workers].count(-9) == 1
+    job.verify(reports, 2, counts=(2, 3, 4))  # the whole stream applied once, each key's output in order
+    late = verify_against_reference(broker, job.topic, job.out, tmp_path / "state" / job.app, 2)
+    assert all(late[t] for t in ("per_second", "hopping", "session", "sliding")), late
+    logs = job.logs()
+    assert "in place (no rebalance)" in logs, "no handover in place"
+    assert re.search(r"job epoch \d+ has [23] processors: rebalancing", logs), "no shrink through a rebalance"
