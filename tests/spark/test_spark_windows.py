@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from stores.rocksdb import RocksDBStore
 from streamkit.spark import BackfillOptions, backfill_replay
@@ -27,30 +28,34 @@ from tests.windows.test_windows_worker import PARTITIONS, Worker, produce
 from tests.windows.windows_app import make_all_app
 
 
-def stores(app_dir: Path, tables: list[str]) -> dict[int, tuple[dict[str, dict[bytes, Any]], int]]:
+def stores(app_dir: Path, tables: list[str], processors: int) -> dict[int, tuple[dict[str, dict[bytes, Any]], int]]:
     """Per processor: every table's entries (values decoded) and its stream time."""
     out = {}
-    for pid in range(PARTITIONS):
+    for pid in range(processors):
         with RocksDBStore.open(str(app_dir / f"processor-{pid}"), tables, create=False) as store:
             held = {t: {k: orjson.loads(v) for k, v in store.items(t)} for t in tables}
             out[pid] = (held, int(store.checkpoint().extra.get(STREAM_TIME_KEY, -1)))
     return out
 
 
+@pytest.mark.parametrize(("partitions", "processors"), [(PARTITIONS, PARTITIONS), (4, 1)])
 def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
-    spark: Any, broker: str, tmp_path: Path
+    spark: Any, broker: str, tmp_path: Path, partitions: int, processors: int
 ) -> None:
+    """One partition per processor, or one processor reading all four (its partitions
+    merged by timestamp live; each record's stream time its partition's in the replay)."""
     records = history(77, n=700, keys=10)
     topic, name = unique_topic_name("bfwin"), unique_topic_name("bfwinapp")
-    create_topic(broker, topic, partitions=PARTITIONS)
-    asyncio.run(produce(broker, topic, records))
+    create_topic(broker, topic, partitions=partitions)
+    asyncio.run(produce(broker, topic, records, partitions))
 
     live = Worker(broker, tmp_path / "live", name, topic)
+    live.env["STREAMKIT_PROCESSORS"] = str(processors)
     (tmp_path / "live").mkdir()
     live.start()
     live.wait_for("hosts processors")
     deadline = time.monotonic() + 90
-    while sum(committed(broker, f"streamkit-{name}", topic, PARTITIONS).values()) < len(records):
+    while sum(committed(broker, f"streamkit-{name}", topic, partitions).values()) < len(records):
         assert time.monotonic() < deadline, live.log()[-3000:]
         time.sleep(0.2)
     assert live.stop() == 0, live.log()[-3000:]
@@ -58,7 +63,7 @@ def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
     exported = [(r.key, r.value, r.partition, r.offset, r.timestamp) for r in read_topic(broker, topic)]
     assert len(exported) == len(records)
     df = spark.createDataFrame(exported, "key binary, value binary, partition int, offset long, ts long")
-    app = make_all_app(name, topic, processors=PARTITIONS)
+    app = make_all_app(name, topic, processors=processors)
     result = backfill_replay(
         app,
         df,
@@ -68,15 +73,16 @@ def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
             partition_col="partition",
             offset_col="offset",
             state_dir=tmp_path / "backfill",
-            processors=PARTITIONS,
+            processors=processors,
         ),
         timestamp_col="ts",
     )
 
     tables = sorted(app.tables)
     assert any(t.endswith("__windows") for t in tables)
-    want, got = stores(tmp_path / "live" / "state" / name, tables), stores(tmp_path / "backfill" / name, tables)
-    for pid in range(PARTITIONS):
+    want = stores(tmp_path / "live" / "state" / name, tables, processors)
+    got = stores(tmp_path / "backfill" / name, tables, processors)
+    for pid in range(processors):
         assert got[pid][1] == want[pid][1] > 0, f"processor {pid}: stream time"
         for t in tables:
             assert got[pid][0][t] == want[pid][0][t], f"processor {pid}, table {t}: the backfill differs"

@@ -5,8 +5,9 @@ partition a fetch brought first. Two processors read two partitions each of a hi
 of out-of-order and late records, written before the worker starts (every fetch then
 brings one partition far ahead of the others): the stores hold exactly the windows of
 the reference applied in that order, every close is sent with its final value, the late
-records are the reference's; and a rebuild from the input gives the same windows and
-sends no close again."""
+records are the reference's; and a rebuild from the input and a restore from the
+changelog give the same windows and send no close again. One processor reading all four
+partitions too."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from assignors.linear_hashing import partition_for_key
@@ -37,7 +39,7 @@ BASE_MS = 1_700_000_000_000
 Applied = list[tuple[str, int, int]]
 
 
-def merged_order(records: Applied, pid: int) -> Applied:
+def merged_order(records: Applied, pid: int, processors: int = PROCESSORS) -> Applied:
     """Processor ``pid``'s records in the order it applies them: its partitions merged by
     (timestamp, partition, offset) of their next records."""
     parts: dict[int, list[tuple[int, int, int, str, int]]] = {}
@@ -45,16 +47,16 @@ def merged_order(records: Applied, pid: int) -> Applied:
         q = partition_for_key(key.encode(), PARTITIONS, PARTITIONS)
         at = parts.setdefault(q, [])
         at.append((ts, q, len(at), key, n))
-    mine = [parts.get(q, []) for q in partitions_for_processor(pid, PARTITIONS, PARTITIONS, PROCESSORS, PROCESSORS)]
+    mine = [parts.get(q, []) for q in partitions_for_processor(pid, PARTITIONS, PARTITIONS, processors, processors)]
     return [(key, ts, n) for ts, _, _, key, n in heapq.merge(*mine)]
 
 
-def merged_reference(records: Applied) -> dict[str, reference.Result]:
+def merged_reference(records: Applied, processors: int = PROCESSORS) -> dict[str, reference.Result]:
     """Per kind, the windows (as stored), closes and late records of every processor
     applying its records in merged order."""
     want = {kind: reference.Result() for kind in KINDS}
-    for pid in range(PROCESSORS):
-        applied = merged_order(records, pid)
+    for pid in range(processors):
+        applied = merged_order(records, pid, processors)
         for kind in KINDS:
             one = expected(kind, applied)
             want[kind].windows.update(one.stored or one.windows)  # as stored (sliding: per record time)
@@ -63,18 +65,21 @@ def merged_reference(records: Applied) -> dict[str, reference.Result]:
     return want
 
 
+@pytest.mark.parametrize("processors", [PROCESSORS, 1])
 def test_a_processor_reading_several_partitions_judges_time_as_the_merged_reference(
-    broker: str, tmp_path: Path
+    broker: str, tmp_path: Path, processors: int
 ) -> None:
+    """Two or four partitions per processor: the live run, a rebuild from the input and a
+    restore from the changelog hold the windows of the merged reference."""
     records = history(53, n=1600, keys=16)
     topic, app = unique_topic_name("ptime"), unique_topic_name("ptimeapp")
     create_topic(broker, topic, partitions=PARTITIONS)
     asyncio.run(produce(broker, topic, records, PARTITIONS))
-    want = merged_reference(records)
+    want = merged_reference(records, processors)
     assert all(want[k].late for k in ("tumbling", "session")), "the history has late records"
 
     worker = Worker(broker, tmp_path, app, topic)
-    worker.env["STREAMKIT_PROCESSORS"] = str(PROCESSORS)
+    worker.env["STREAMKIT_PROCESSORS"] = str(processors)
     worker.start()
     worker.wait_for("hosts processors")
     worker.wait_committed(broker, topic, PARTITIONS, len(records))
@@ -93,18 +98,21 @@ def test_a_processor_reading_several_partitions_judges_time_as_the_merged_refere
         late[table] = late.get(table, 0) + 1
     assert late == {f"sums_{k}": want[k].late for k in KINDS if want[k].late}
 
-    # both stores lost and rebuilt from the input: the same windows, no close sent again
-    for pid in range(PROCESSORS):
-        shutil.rmtree(tmp_path / "state" / app / f"processor-{pid}")
-    worker.env["STREAMKIT_CHANGELOG"] = "false"
-    worker.start()
-    worker.wait_for("hosts processors")
-    assert "rebuilt from" in worker.log(), worker.log()[-3000:]
-    assert worker.stop() == 0, worker.log()[-3000:]
-    held = stores(tmp_path, app)
-    for kind in KINDS:
-        assert held[kind] == want[kind].windows, f"{kind}: windows differ after a rebuild from the input"
-    assert len(read_topic(broker, f"{app}-closes")) == sum(len(t) for t in sent.values()), "closes sent again"
+    # every store lost, twice: rebuilt from the input (no changelog), then restored from
+    # the changelog the live run wrote: the same windows, no close sent again
+    for how, changelog in (("rebuilt from", "false"), ("restored from the changelog", "true")):
+        for pid in range(processors):
+            shutil.rmtree(tmp_path / "state" / app / f"processor-{pid}")
+        worker.env["STREAMKIT_CHANGELOG"] = changelog
+        worker.start()
+        worker.wait_for("hosts processors")
+        assert how in worker.log(), worker.log()[-3000:]
+        assert worker.stop() == 0, worker.log()[-3000:]
+        held = stores(tmp_path, app)
+        for kind in KINDS:
+            assert held[kind] == want[kind].windows, f"{kind}: windows differ once {how}"
+        assert len(read_topic(broker, f"{app}-closes")) == sum(len(t) for t in sent.values()), "closes sent again"
+        assert len(read_topic(broker, f"{app}-closes-late")) == sum(late.values()), "late records reported again"
 
 
 def live_history(seed: int, n: int, keys: int) -> list[tuple[str, int, int]]:
