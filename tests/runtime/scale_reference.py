@@ -78,9 +78,11 @@ async def _read(broker: str, *topics: str) -> list[list[Any]]:
         return [await io.read_topic(t) if await io.partition_count(t) is not None else [] for t in topics]
 
 
-def verify_against_reference(broker: str, topic: str, out: str, state_dir: Path, processors: int) -> dict[str, int]:
-    """The checks above; returns how many records the reference finds late per table (the
-    input's late records must make every time-window kind drop some)."""
+def verify_against_reference(
+    broker: str, topic: str, out: str, state_dir: Path, processors: int
+) -> tuple[dict[str, set[Record]], set[Record]]:
+    """The checks above; returns the records the reference finds late per table, and those
+    the producers marked late (``{"late": 1}`` in the value)."""
     records, late_sent, closes = asyncio.run(_read(broker, topic, f"{out}-late", f"{out}-closes"))
     want, want_late = partition_reference(records)
     held, _ = _stores(state_dir, processors, TABLES)
@@ -110,4 +112,5 @@ def verify_against_reference(broker: str, topic: str, out: str, state_dir: Path,
         assert not unsent, f"{t}: {len(unsent)} windows closed and never sent, e.g. {unsent[:4]}"
         off = {w: (ns, final.get(w)) for w, ns in sent[t].items() if ns != {final.get(w)}}
         assert not off, f"{t}: {len(off)} closes sent with another value than the final, e.g. {sorted(off.items())[:4]}"
-    return {t: len(want_late[t]) for t in KINDS}
+    marked = {(r.key.decode(), v["p"], v["seq"]) for r in records if (v := orjson.loads(r.value)).get("late")}
+    return want_late, marked

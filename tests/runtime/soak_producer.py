@@ -5,7 +5,8 @@
 
 Record n has key f"k{n % K}" and value {"p": NAME, "seq": n}. Prints "ready PRODUCER_ID", sends until
 the stop file exists, flushes, and writes {"sent": n, "fences": [...]} to OUT.json. Its timestamp is
-the wall clock's, up to D ms behind it (out of order); every L-th record's is M ms behind (late).
+the wall clock's, up to D ms behind it (out of order); after the first K, one record in L (at random) is M ms behind
+(late), its value marked {"late": 1}.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ async def main() -> None:
         while not os.path.exists(a.stop_file):
             key, value = f"k{n % a.keys}", {"p": a.name, "seq": n}
             if a.disorder_ms or a.late_every:
-                late = a.late_every and rng.randrange(a.late_every) == 0
+                late = n >= a.keys and a.late_every and rng.randrange(a.late_every) == 0  # (after every key's first)
                 behind = a.late_ms if late else rng.randrange(a.disorder_ms + 1)
+                if late:
+                    value["late"] = 1
                 await p.send(a.topic, key, value, timestamp_ms=int(time.time() * 1000) - behind)
             else:
                 await p.send(a.topic, key, value)

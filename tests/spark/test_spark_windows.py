@@ -38,12 +38,14 @@ def stores(app_dir: Path, tables: list[str], processors: int) -> dict[int, tuple
     return out
 
 
-@pytest.mark.parametrize(("partitions", "processors"), [(PARTITIONS, PARTITIONS), (4, 1)])
+@pytest.mark.parametrize(("partitions", "processors"), [(PARTITIONS, PARTITIONS), (4, 1), (4, 3)])
 def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
     spark: Any, broker: str, tmp_path: Path, partitions: int, processors: int
 ) -> None:
-    """One partition per processor, or one processor reading all four (its partitions
-    merged by timestamp live; each record's stream time its partition's in the replay)."""
+    """One partition per processor, one processor reading all four, or three processors
+    each reading all four (sharing them: each its keys' records of each); a processor's
+    partitions merged by timestamp live, each record's stream time its partition's in the
+    replay."""
     records = history(77, n=700, keys=10)
     topic, name = unique_topic_name("bfwin"), unique_topic_name("bfwinapp")
     create_topic(broker, topic, partitions=partitions)

@@ -24,7 +24,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from assignors.linear_hashing import partition_for_key
+from assignors.linear_hashing import lh_bucket, partition_for_key
+from assignors.murmur2 import key_hash
 from assignors.placement import partitions_for_processor
 from streamkit.testing import create_topic, read_topic, unique_topic_name
 from tests.runtime.jobs import committed
@@ -41,9 +42,12 @@ Applied = list[tuple[str, int, int]]
 
 def merged_order(records: Applied, pid: int, processors: int = PROCESSORS) -> Applied:
     """Processor ``pid``'s records in the order it applies them: its partitions merged by
-    (timestamp, partition, offset) of their next records."""
+    (timestamp, partition, offset) of their next records (of a partition it shares with
+    other processors, its keys' records only)."""
     parts: dict[int, list[tuple[int, int, int, str, int]]] = {}
     for key, ts, n in records:
+        if lh_bucket(key_hash(key.encode()), processors, processors) != pid:
+            continue
         q = partition_for_key(key.encode(), PARTITIONS, PARTITIONS)
         at = parts.setdefault(q, [])
         at.append((ts, q, len(at), key, n))
@@ -65,12 +69,13 @@ def merged_reference(records: Applied, processors: int = PROCESSORS) -> dict[str
     return want
 
 
-@pytest.mark.parametrize("processors", [PROCESSORS, 1])
+@pytest.mark.parametrize("processors", [PROCESSORS, 1, 3])
 def test_a_processor_reading_several_partitions_judges_time_as_the_merged_reference(
     broker: str, tmp_path: Path, processors: int
 ) -> None:
-    """Two or four partitions per processor: the live run, a rebuild from the input and a
-    restore from the changelog hold the windows of the merged reference."""
+    """Two or four partitions per processor (with three processors each reads all four,
+    sharing them with the other two): the live run, a rebuild from the input and a restore
+    from the changelog hold the windows of the merged reference."""
     records = history(53, n=1600, keys=16)
     topic, app = unique_topic_name("ptime"), unique_topic_name("ptimeapp")
     create_topic(broker, topic, partitions=PARTITIONS)
@@ -85,7 +90,7 @@ def test_a_processor_reading_several_partitions_judges_time_as_the_merged_refere
     worker.wait_committed(broker, topic, PARTITIONS, len(records))
     assert worker.stop() == 0, worker.log()[-3000:]
 
-    held = stores(tmp_path, app)
+    held = stores(tmp_path, app, processors)
     for kind in KINDS:
         assert held[kind] == want[kind].windows, f"{kind}: windows differ from the merged reference"
     sent = sent_closes(broker, app)
@@ -108,7 +113,7 @@ def test_a_processor_reading_several_partitions_judges_time_as_the_merged_refere
         worker.wait_for("hosts processors")
         assert how in worker.log(), worker.log()[-3000:]
         assert worker.stop() == 0, worker.log()[-3000:]
-        held = stores(tmp_path, app)
+        held = stores(tmp_path, app, processors)
         for kind in KINDS:
             assert held[kind] == want[kind].windows, f"{kind}: windows differ once {how}"
         assert len(read_topic(broker, f"{app}-closes")) == sum(len(t) for t in sent.values()), "closes sent again"

@@ -126,12 +126,12 @@ def sent_closes(broker: str, app: str) -> dict[tuple[str, str, int], list[int]]:
     return sent
 
 
-def stores(tmp: Path, app: str) -> dict[str, dict[tuple[str, int], int]]:
+def stores(tmp: Path, app: str, processors: int = PARTITIONS) -> dict[str, dict[tuple[str, int], int]]:
     """Every processor's windows, per kind; fails if a window is in two stores."""
     keys = WindowKeySerde(serde_for("str"))
     out: dict[str, dict[tuple[str, int], int]] = {kind: {} for kind in KINDS}
     names = [f"sums_{k}" for k in KINDS]
-    for pid in range(PARTITIONS):
+    for pid in range(processors):
         with RocksDBStore.open(str(tmp / "state" / app / f"processor-{pid}"), names) as store:
             for kind in KINDS:
                 for k, v in store.items(f"sums_{kind}"):
