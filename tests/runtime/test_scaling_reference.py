@@ -8,8 +8,8 @@ growing in place, on two workers: the shrinks in place too, the processors of a 
 worker going on from their standby replicas; or with a third worker from 4 processors on,
 the shrinks through a rebalance. The worker hosting the receiving processor is SIGKILLed
 as the 4 -> 3 shrink starts, and restarted. Whatever handed the keys over, every window
-holds the reference's value, exactly the marked records are judged late (no on-time
-record is), and every close is sent with its final value (``scale_reference``)."""
+holds the reference's value, no on-time record is judged late (the marked ones are,
+but for a session they fall in), and every close is sent with its final value (``scale_reference``)."""
 
 from __future__ import annotations
 
@@ -91,8 +91,10 @@ def test_every_window_kind_equals_the_reference_through_scaling_and_a_kill_durin
     job.verify(reports, 2, counts=(2, 3, 4))  # the whole stream applied once, each key's output in order
     late, marked = verify_against_reference(broker, job.topic, job.out, tmp_path / "state" / job.app, 2)
     assert marked, "no late record written"
-    for t in ("per_second", "hopping", "session", "sliding"):  # the late ones only: no on-time record is late
-        assert late[t] == marked, (t, len(late[t]), len(marked))
+    for t in ("per_second", "hopping", "session", "sliding"):
+        assert late[t] <= marked, f"{t}: {sorted(late[t] - marked)[:3]} are late, not marked"  # no on-time record
+        # a marked record is late for every window of fixed bounds (it may extend a long session)
+        assert t == "session" or late[t] == marked, f"{t}: {sorted(marked - late[t])[:3]} are marked, not late"
     logs = job.logs()
     assert "took over its partitions from processor 0 in place" in logs, "growth not in place"
     if shrinks == "in place":
