@@ -62,7 +62,7 @@ def backfill_replay(
 
     ``df`` has one row per input record: key and value (decoded forms, encoded with
     the topic's serdes, or the record's bytes with ``key_encoded`` / ``value_encoded``),
-    an ordering (``order_by``, default the offset column), and where known the
+    an ordering (``order_by``, default the partition and offset columns), and where known the
     partition, offset (resume positions: highest offset + 1 per partition) and
     timestamp (ms or a timestamp column; what ``ctx.timestamp`` and windowed tables
     see). Records are grouped by key (each key's state is built by one task), ordered,
@@ -109,7 +109,9 @@ def backfill_replay(
     if order_by is None:
         if offset_col is None:
             raise ConfigError("give order_by (the ordering column(s) of each key's records) or offset_col")
-        order_by = [offset_col]
+        # a key of a topic that grew: its old partition's records first (linear hashing moves
+        # a key only to a partition of a higher number), in offset order within each
+        order_by = [offset_col] if partition_col is None else [partition_col, offset_col]
     order = [order_by] if isinstance(order_by, str) else list(order_by)
     if offset_col is not None and partition_col is None:
         raise ConfigError("offset_col needs partition_col (offsets are per partition)")
