@@ -115,7 +115,7 @@ class Dispatcher:
                     self.outbox.suppress = False
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
-            if admitted.deliver and proc.sides is not None and proc.sides.go_live():  # a shrink's merged processor
+            if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
                 proc.merge_sides()  # (at the latest: Task.go_live_if_caught_up may come first)
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
@@ -212,15 +212,13 @@ class Dispatcher:
     async def go_live(self, proc: ProcessorState) -> int:
         """A shrink's merged processor (its store's two key sets on their own stream times,
         ``sides``) goes live once it has rebuilt every record the group handled already (the
-        member says when): the closes due are sent now, and once the key set behind reached
-        the other's time (``SideClocks.go_live``) one stream time, the larger. Without this
-        it would go live only at its first delivered record (:meth:`apply`), which may never
-        come: the retired sharer may have handled the partition's last records. Returns how
-        many closed."""
+        member says when): one stream time, the larger, and the closes that makes due are
+        sent now. Without this it would go live only at its first delivered record
+        (:meth:`apply`), which may never come: the retired sharer may have handled the
+        partition's last records. Returns how many closed."""
         if proc.sides is None:
             return 0
-        if proc.sides.go_live():  # (else each key set closes on its own time, with output, until then)
-            proc.merge_sides()
+        proc.merge_sides()
         if not proc.window_states:
             return 0
         self.binder.bind(proc.backends)

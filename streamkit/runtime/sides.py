@@ -7,13 +7,11 @@ processor had not closed must not be closed (silently, as a replay does) because
 receiving processor's records have moved time further. That would lose its close: the
 retiring processor never sent it, and the merged one would take it for sent. So each
 key set keeps its own stream time (``SideClocks``), checkpointed with the store; the
-windows of a key set close on its own time, without output, as in any replay. Once the
-merged processor has applied every record the group handled already (its task checks,
-``Task.go_live_if_caught_up``; at the latest when it delivers its first record live) it
-goes live: each key set still closes on its own time, with output now, until the one
-behind has reached the time the other had then (its partitions' records in between are
-of that time: judged by the other's, some would be late). Then the two times become
-one (the larger).
+windows of a key set close on its own time, without output, as in any replay; and once
+the merged processor has applied every record the group handled already (its task
+checks, ``Task.go_live_if_caught_up``) the two times become one (the larger),
+and what that closes is sent then, once; at the latest when it delivers its first
+record live.
 """
 
 from __future__ import annotations
@@ -39,14 +37,6 @@ class SideClocks:
     p: int
     times: dict[int, int] = field(default_factory=dict)
     key_dumps: Mapping[str, Callable[[Any], bytes]] = field(default_factory=dict)
-    live_from: int | None = None
-    """Once live: the largest key set's time then (each goes on alone until all reach it)."""
-
-    def go_live(self) -> bool:
-        """The processor delivers live from now on; whether its times may become one."""
-        if self.live_from is None:
-            self.live_from = max(self.times.values(), default=-1)
-        return min(self.times.values(), default=-1) >= self.live_from
 
     def side_of(self, key: bytes | None) -> int:
         """The processor that owned a record key (a keyless record: the lowest one)."""
