@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -326,9 +326,10 @@ class Admission:
             tracker = self.trackers.setdefault(topic, GateTracker())
             update = tracker.update(layout, mine, group, local, history=history)
             altered = frozenset() if history or not holding(layout) else altered_by(layout)  # ``runtime.adoption``
+            seals = seals_to_hold(mine, update.state.gates).get
             for p, gate in update.state.gates.items():
                 tp = TopicPartition(topic, p)
-                held = [self._apply_gate(tp, route, layout, gate, hold=p in altered) for route in mine[p]]
+                held = [self._apply_gate(tp, r, layout, gate, hold=p in altered, seal=seals(id(r))) for r in mine[p]]
                 if all(held):  # every route of the partition is at its limit
                     self.consumer.pause(tp)
                 else:
@@ -357,11 +358,18 @@ class Admission:
         return held
 
     def _apply_gate(
-        self, tp: TopicPartition, route: Route, layout: TopicLayout, gate: PartitionGate, *, hold: bool = False
+        self,
+        tp: TopicPartition,
+        route: Route,
+        layout: TopicLayout,
+        gate: PartitionGate,
+        *,
+        hold: bool = False,
+        seal: int | None = None,
     ) -> bool:
         """Set one route's gate; whether the route is held at its limit now. ``hold``: an
         announced change alters the partition's keys: the route stays where it is until
-        the change is sealed (``runtime.adoption``)."""
+        the change is sealed (``runtime.adoption``). ``seal``: it stops there (``seals_to_hold``)."""
         if route.layout is not layout:
             route.layout = layout
             route.epoch_bytes = epoch_stamp(layout)
@@ -384,6 +392,8 @@ class Admission:
         limit = gate.start if gate.skip else gate.limit
         if hold:
             limit = pos if limit is None else min(limit, pos)
+        if seal is not None:
+            limit = seal if limit is None else min(limit, seal)
         self._note_gate_wait(tp, route.limit, limit)
         if limit != route.limit:
             log.info(
@@ -394,7 +404,11 @@ class Admission:
                 pos,
                 route.limit,
                 limit,
-                f" (waiting on {list(gate.waiting_on)})" if gate.waiting_on else "",
+                f" (waiting on {list(gate.waiting_on)})"
+                if gate.waiting_on
+                else " (its seal)"
+                if seal is not None
+                else "",
             )
         route.limit = limit
         return limit is not None and pos >= limit
@@ -406,6 +420,21 @@ class Admission:
             waited = time.monotonic() - self.gate_closed_at.pop(tp)
             self.gate_waits.append((tp.topic, tp.partition, waited))
             self.gate_wait_seconds.observe(waited)
+
+
+def seals_to_hold(mine: dict[int, list[Route]], gates: Mapping[int, PartitionGate]) -> dict[int, int]:
+    """Per route (``id``), the seal it stops at: a gate waiting only on partitions its own processor reads (a grown
+    topic's old partitions of its keys) holds them at their seals, or their newer records would judge its late."""
+    seals: dict[int, int] = {}
+    for p, gate in gates.items():
+        waits = [(q, need) for q, need in gate.waiting_on if need is not None]
+        if gate.limit is None or gate.skip or not waits or len(waits) < len(gate.waiting_on):
+            continue
+        for route in mine[p]:
+            blockers = [(id(b), need) for q, need in waits for b in mine.get(q, []) if b.proc is route.proc]
+            if len(blockers) == len(waits):  # (else it waits on other processors' progress)
+                seals.update((b, min(seals.get(b, need), need)) for b, need in blockers)
+    return seals
 
 
 def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +55,14 @@ def purge_moved_keys(proc: ProcessorState, tables: Mapping[str, Table], p0: int,
     return sum(len(d) for d in deletes.values())
 
 
-def adopt_windows(joined: ProcessorState, old: ProcessorState, tables: Mapping[str, Table], p0: int, p: int) -> int:
+def adopt_windows(
+    joined: ProcessorState,
+    old: ProcessorState,
+    tables: Mapping[str, Table],
+    p0: int,
+    p: int,
+    read_to_seal: Collection[tuple[str, int]] = (),
+) -> int:
     """At an in-place handover, both stores at T1: the joined processor's windowed tables
     and books, for its keys, become the old owner's. Returns how many entries it took.
 
@@ -67,14 +74,18 @@ def adopt_windows(joined: ProcessorState, old: ProcessorState, tables: Mapping[s
     record it judged late stays out. The store is written past its changelog: its next
     checkpoint is a snapshot (as ``purge_moved_keys``).
 
-    Only when the two stores applied the same records: the same stable offsets on every
-    partition the joined processor rebuilt, and no individually committed records beyond
-    them on either side (a key-concurrent route's, which the joined processor applies
+    Only when the two stores applied the same records of its keys: the same stable offsets
+    on every partition the joined processor rebuilt (on one it read only to its seal,
+    ``read_to_seal``, a grown topic's old partition of its keys: the old owner there or
+    beyond, where it read the other keys' records), and no individually committed records
+    beyond them on either side (a key-concurrent route's, which the joined processor applies
     again after the handover). Otherwise its rebuilt windows stay, as before."""
     mine_at, old_at = joined.loaded.positions, old.loaded.positions
     if (
         not mine_at
-        or any(old_at.get(key) != at for key, at in mine_at.items())
+        or any(
+            old_at.get(key, -1) < at if key in read_to_seal else old_at.get(key) != at for key, at in mine_at.items()
+        )
         or any(joined.loaded.ic_ranges.values())
         or any(old.loaded.ic_ranges.values())
     ):

@@ -11,14 +11,18 @@ does not send those closes again) and the same stream time per processor."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
+from assignors.linear_hashing import partition_for_key
 from stores.rocksdb import RocksDBStore
+from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.spark import BackfillOptions, backfill_replay
 from streamkit.testing import create_topic, read_topic, unique_topic_name
 from streamkit.windows import STREAM_TIME_KEY
@@ -38,18 +42,44 @@ def stores(app_dir: Path, tables: list[str], processors: int) -> dict[int, tuple
     return out
 
 
-@pytest.mark.parametrize(("partitions", "processors"), [(PARTITIONS, PARTITIONS), (4, 1), (4, 3)])
+async def produce_expanding(broker: str, topic: str, records: list[tuple[str, int, int]]) -> None:
+    """The first half of ``records`` to a topic of two partitions, the second half once it
+    has grown to four (linear hashing: half of each partition's keys move to a new one)."""
+    async with LayoutCoordinator(broker, ack_timeout=5.0) as co:
+        await co.create(topic, 2, capacity=4)
+        await produce(broker, topic, records[: len(records) // 2], 2)
+        await co.expand(topic, 4)
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for key, ts, n in records[len(records) // 2 :]:
+            part = partition_for_key(key.encode(), 2, 4)
+            await producer.send(topic, orjson.dumps({"n": n}), key=key.encode(), timestamp_ms=ts, partition=part)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.parametrize(
+    ("partitions", "processors", "expanded"),
+    [(PARTITIONS, PARTITIONS, False), (4, 1, False), (4, 3, False), (4, 1, True)],
+)
 def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
-    spark: Any, broker: str, tmp_path: Path, partitions: int, processors: int
+    spark: Any, broker: str, tmp_path: Path, partitions: int, processors: int, expanded: bool
 ) -> None:
-    """One partition per processor, one processor reading all four, or three processors
-    each reading all four (sharing them: each its keys' records of each); a processor's
-    partitions merged by timestamp live, each record's stream time its partition's in the
-    replay."""
+    """One partition per processor, one processor reading all four, three processors each
+    reading all four (sharing them: each its keys' records of each), or one processor
+    reading a topic that grew from two partitions to four halfway; a processor's partitions
+    merged by timestamp live, each record's stream time its partition's in the replay.
+    Grown: a rebuild from the input and a restore from the changelog hold the live
+    stores too."""
     records = history(77, n=700, keys=10)
     topic, name = unique_topic_name("bfwin"), unique_topic_name("bfwinapp")
-    create_topic(broker, topic, partitions=partitions)
-    asyncio.run(produce(broker, topic, records, partitions))
+    if expanded:
+        asyncio.run(produce_expanding(broker, topic, records))
+    else:
+        create_topic(broker, topic, partitions=partitions)
+        asyncio.run(produce(broker, topic, records, partitions))
 
     live = Worker(broker, tmp_path / "live", name, topic)
     live.env["STREAMKIT_PROCESSORS"] = str(processors)
@@ -70,6 +100,7 @@ def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
         app,
         df,
         BackfillOptions(
+            topic_partitions={topic: (2, 4)} if expanded else None,
             key_encoded=True,
             value_encoded=True,
             partition_col="partition",
@@ -91,3 +122,21 @@ def test_a_replay_backfill_of_every_kind_of_window_equals_a_live_workers_stores(
     assert len(read_topic(broker, f"{name}-closes-late")) > 50  # late decisions were made (the same ones)
     assert result.details["late"] == 0  # (the app handles its late records itself)
     assert sum(len(held[t]) for held, _ in want.values() for t in tables) > 100
+    if not expanded:
+        return
+
+    late = len(read_topic(broker, f"{name}-closes-late"))
+    for how, changelog in (("rebuilt from", "false"), ("restored from the changelog", "true")):
+        for pid in range(processors):
+            shutil.rmtree(tmp_path / "live" / "state" / name / f"processor-{pid}")
+        live.env["STREAMKIT_CHANGELOG"] = changelog
+        live.start()
+        live.wait_for("hosts processors")
+        assert how in live.log(), live.log()[-3000:]
+        assert live.stop() == 0, live.log()[-3000:]
+        again = stores(tmp_path / "live" / "state" / name, tables, processors)
+        for pid in range(processors):
+            assert again[pid][1] == want[pid][1], f"processor {pid}: stream time once {how}"
+            for t in tables:
+                assert again[pid][0][t] == want[pid][0][t], f"processor {pid}, table {t}: differs once {how}"
+        assert len(read_topic(broker, f"{name}-closes-late")) == late, f"late records reported again once {how}"

@@ -120,6 +120,18 @@ def test_the_joined_processor_keeps_its_rebuilt_windows_unless_both_stores_appli
     assert dict(behind.caches["sessions"].items()) == {(moved, 1_003): 1}
     behind.close()
     old.close()
+    # a grown topic's old partition, which the joined processor read to its seal (4) only:
+    # the old owner read on there (the other keys' records), the records of its keys are the same
+    old = proc_at(OLD, {("events", 0): 9, ("events", 2): 5})
+    sealed = proc_at(JOINED, {("events", 0): 4, ("events", 2): 5})
+    assert adopt_windows(sealed, old, app.tables, P0, P, read_to_seal=[("events", 0)]) == 2
+    assert dict(sealed.caches["sessions"].items()) == {(moved, 1_000 + OLD): 1}
+    beyond = proc_at(JOINED, {("events", 0): 10, ("events", 2): 5})  # it read further than the old owner
+    assert adopt_windows(beyond, old, app.tables, P0, P, read_to_seal=[("events", 0)]) == 0
+    short = proc_at(JOINED, {("events", 0): 4, ("events", 2): 4})  # its own partition: the same offset only
+    assert adopt_windows(short, old, app.tables, P0, P, read_to_seal=[("events", 0)]) == 0
+    for proc in (old, sealed, beyond, short):
+        proc.close()
     old = proc_at(OLD, {("events", 0): 5}, ic_ranges={("events", 0): [(7, 8)]})  # key-concurrent: 7, 8 applied too
     joined = proc_at(JOINED, {("events", 0): 5})
     assert adopt_windows(joined, old, app.tables, P0, P) == 0

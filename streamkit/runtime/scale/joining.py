@@ -202,14 +202,15 @@ class Joining:
         tasks.job_p = parts.assignor.info.p = job.p
         parts.assignor.info.hosted = sorted(tasks.active)
         stamp = tasks.stamp(generation)
+        owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
         if joined.window_states:  # from T1 on its keys' windows close as the old owner's did
             await parts.catchup.rebuild(joined, stamp, job.p0, job.p)
-            adopt_windows(joined, old, self.app.tables, job.p0, job.p)
+            sealed = [tp for tp in joined.loaded.positions if tp not in owned]  # (a grown topic's old partitions)
+            adopt_windows(joined, old, self.app.tables, job.p0, job.p, read_to_seal=sealed)
             await hosted[1].adopt_stream_time(min(old.stream_time, old.fired_through))
         purged = purge_moved_keys(old, self.app.tables, job.p0, job.p)
         # below a seal, the joined processor's keys past where the old owner got are its own now
         handled = tasks.handled_before[joined.id] = dict(old.positions)
-        owned = [(t, q) for t, q, _ in placed.slots.get(joined.id, [])]
         await parts.catchup.read_left_history(joined, stamp, job.p0, job.p, owned, handled)
         starts = Starts()
         for task in hosted:
