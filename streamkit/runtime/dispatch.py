@@ -116,7 +116,9 @@ class Dispatcher:
                 if proc.window_states:  # closes the group made already: recorded, not called again
                     await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
             if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
-                proc.merge_sides()  # (at the latest: Task.go_live_if_caught_up may come first)
+                _go_live(proc)  # (at the latest: Task.go_live_if_caught_up may come first)
+                if proc.sides.may_merge(drained=False):
+                    _merge_sides(proc, "the key set behind caught up")
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
@@ -209,16 +211,20 @@ class Dispatcher:
         proc.stream_time = stream_time
         return await fire_closes(proc, self.close_callbacks, self.outbox, silent=True)
 
-    async def go_live(self, proc: ProcessorState) -> int:
+    async def go_live(self, proc: ProcessorState, *, drained: bool) -> int:
         """A shrink's merged processor (its store's two key sets on their own stream times,
         ``sides``) goes live once it has rebuilt every record the group handled already (the
-        member says when): one stream time, the larger, and the closes that makes due are
-        sent now. Without this it would go live only at its first delivered record
-        (:meth:`apply`), which may never come: the retired sharer may have handled the
-        partition's last records. Returns how many closed."""
+        member says when): the closes due on each key set's time are sent from now on, and
+        once the times may become one (``SideClocks.may_merge``; ``drained``: none of its
+        partitions has records left that a fetch has seen) the larger is the processor's.
+        Without this it would go live only at its first delivered record (:meth:`apply`),
+        which may never come: the retired sharer may have handled the partition's last
+        records. Returns how many closed."""
         if proc.sides is None:
             return 0
-        proc.merge_sides()
+        _go_live(proc)
+        if proc.sides.may_merge(drained=drained):
+            _merge_sides(proc, "every partition read" if drained else "the key set behind caught up")
         if not proc.window_states:
             return 0
         self.binder.bind(proc.backends)
@@ -347,3 +353,15 @@ def _decode_reason(rec: Any, key_loads: Callable[[bytes], Any] | None) -> str:
         except Exception:  # noqa: BLE001
             return "key-decode"
     return "value-decode"
+
+
+def _go_live(proc: ProcessorState) -> None:
+    assert proc.sides is not None
+    if proc.sides.go_live():
+        log.info("processor %d goes live, its key sets on their own stream times %s", proc.id, proc.sides.times)
+
+
+def _merge_sides(proc: ProcessorState, why: str) -> None:
+    assert proc.sides is not None
+    log.info("processor %d: its key sets' stream times %s become one (%s)", proc.id, proc.sides.times, why)
+    proc.merge_sides()

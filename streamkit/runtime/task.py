@@ -155,9 +155,13 @@ class Task:
         """A shrink's merged processor (``sides``) goes live once none of its partitions
         has records left that the group handled already (``rebuild_until``), none held by
         the merge or a key-concurrent handler either (``stable``): before, each key set
-        closes on its own stream time, as its old owner did."""
+        closes on its own stream time, as its old owner did, without output. Live, its key
+        sets become one once none of its inputs lags (``SideClocks.may_merge``)."""
         if self.proc.sides is not None and rebuilt_all(self.proc, self.routes.items()):
-            await self.dispatcher.go_live(self.proc)
+            drained = not self.merge.held and not any(
+                self.lagging(self.id, source) for source in {r.position_key for r in self.routes.values()}
+            )
+            await self.dispatcher.go_live(self.proc, drained=drained)
 
     async def adopt_stream_time(self, stream_time: int) -> int:
         """Go on from the stream time the keys' old owner had at the handover, its closes

@@ -78,6 +78,25 @@ async def _read(broker: str, *topics: str) -> list[list[Any]]:
         return [await io.read_topic(t) if await io.partition_count(t) is not None else [] for t in topics]
 
 
+def _explain(key: str, start: int, records: list[Any], late: set[Record]) -> str:
+    """What explains a window that differs: its key's records near it (partition@offset,
+    time from the window's start, producer/seq, judged late) and where the records judged
+    late that are not were (per partition, their times)."""
+    near = [
+        f"{r.partition}@{r.offset} t={r.timestamp - start} {v['p']}/{v['seq']}"
+        + (" LATE" if (key, v["p"], v["seq"]) in late else "")
+        for r in records
+        if r.key.decode() == key and -3000 <= r.timestamp - start < 5000 and (v := orjson.loads(r.value))
+    ]
+    where: dict[int, list[int]] = {}
+    for r in records:
+        v = orjson.loads(r.value)
+        if (r.key.decode(), v["p"], v["seq"]) in late:
+            where.setdefault(r.partition, []).append(r.timestamp)
+    spread = {p: (len(ts), min(ts) - start, max(ts) - start) for p, ts in sorted(where.items())}
+    return f"\n{key} records near {start}: {near}\njudged late, not late: per partition (n, first, last) {spread}"
+
+
 def verify_against_reference(
     broker: str, topic: str, out: str, state_dir: Path, processors: int
 ) -> tuple[dict[str, set[Record]], set[Record]]:
@@ -101,7 +120,9 @@ def verify_against_reference(
         wrong = {
             w: (held[t].get(w), windows.get(w)) for w in set(held[t]) | set(windows) if held[t].get(w) != windows.get(w)
         }
-        assert not wrong, f"{t}: {len(wrong)} windows differ (held, reference), e.g. {sorted(wrong.items())[:4]}"
+        assert not wrong, f"{t}: {len(wrong)} windows differ (held, reference), e.g. {sorted(wrong.items())[:4]}" + (
+            _explain(min(wrong)[0], min(wrong)[1], records, got_late[t] - want_late[t])
+        )
         extra, missed = got_late[t] - want_late[t], want_late[t] - got_late[t]
         assert not extra and not missed, (
             f"{t}: {len(extra)} records judged late that are not (e.g. {sorted(extra)[:3]}), "
