@@ -26,7 +26,8 @@ __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "error_line", "h
 
 # Sub-command modules under streamkit/cli/, registered in this order.
 COMMANDS: list[str] = [
-    "broker", "worker", "status", "dashboard", "topics", "produce", "consume", "scale", "backfill", "reset", "query",
+    "broker", "worker", "status", "dashboard", "topics", "produce", "consume", "scale", "autoscale", "backfill",
+    "reset", "query",
 ]  # fmt: skip
 
 app = typer.Typer(

@@ -16,7 +16,7 @@ from streamkit.connection import Connection
 from streamkit.loader import load_app
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from streamkit.app import App
     from streamkit.kafkaio import KafkaIO
@@ -95,30 +95,50 @@ async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool,
 
     console = Console()
     async with KafkaIO(bootstrap) as io:
-        job = await read_job(io, app.name)
-        if job is None:
-            raise CliError(f"job {app.name!r} has never run: start its workers first (streamkit worker {spec})")
-        if n < job.p0:
-            raise CliError(
-                f"cannot scale {app.name} to {n} processors: below its initial count {job.p0} "
-                "(keys are placed by linear hashing over it)"
-            )
+        job = _refuse(spec, app, await read_job(io, app.name), n, waiting=wait)
         if job.target is not None and job.target != job.p:
-            if job.target != n or not wait:
-                raise CliError(
-                    f"job {app.name!r} is already scaling from {job.p} to {job.target} processors; wait for it "
-                    f"(streamkit scale {spec} --processors {job.target} waits on it)"
-                )
             console.print(f"job {app.name} is scaling {job.p} -> {n} processors already; waiting for it")
         elif n == job.p:
             console.print(f"job {app.name} has {n} processors already")
         else:
-            await _start(io, app, bootstrap, job, n, console)
+            await _start(io, app, bootstrap, job, n, console.print)
         if wait:
             await _follow(io, app.name, n, timeout, console)
 
 
-async def _start(io: KafkaIO, app: App, bootstrap: Connection, job: JobLayout, n: int, console: Console) -> None:
+async def start_scale(io: KafkaIO, app: App, bootstrap: Connection, n: int, say: Callable[[str], None]) -> None:
+    """Start changing ``app``'s job to ``n`` processors, as ``streamkit scale --no-wait``
+    does (the autoscaler's lever); ``say`` gets what moves. Raises ``CliError`` with the
+    reason when the job cannot take it now."""
+    from streamkit.runtime.jobmeta import read_job
+
+    job = _refuse(app.name, app, await read_job(io, app.name), n, waiting=False)
+    if n != job.p:
+        await _start(io, app, bootstrap, job, n, say)
+
+
+def _refuse(spec: str, app: App, job: JobLayout | None, n: int, *, waiting: bool) -> JobLayout:
+    """The job, unless a change to ``n`` processors is refused (``CliError``): it never ran,
+    ``n`` is below its initial count, or it is scaling to another count (to the same one,
+    only a caller ``waiting`` for it goes on)."""
+    if job is None:
+        raise CliError(f"job {app.name!r} has never run: start its workers first (streamkit worker {spec})")
+    if n < job.p0:
+        raise CliError(
+            f"cannot scale {app.name} to {n} processors: below its initial count {job.p0} "
+            "(keys are placed by linear hashing over it)"
+        )
+    if job.target is not None and job.target != job.p and (job.target != n or not waiting):
+        raise CliError(
+            f"job {app.name!r} is already scaling from {job.p} to {job.target} processors; wait for it "
+            f"(streamkit scale {spec} --processors {job.target} waits on it)"
+        )
+    return job
+
+
+async def _start(
+    io: KafkaIO, app: App, bootstrap: Connection, job: JobLayout, n: int, say: Callable[[str], None]
+) -> None:
     """Check that the change can be made (changelog room, input history), say what moves,
     and publish it."""
     from streamkit.layout.registry import LayoutRegistry
@@ -138,14 +158,14 @@ async def _start(io: KafkaIO, app: App, bootstrap: Connection, job: JobLayout, n
         await registry.stop()
     await _check_changelog_room(io, app, n)
     for move in plan_moves(job.p0, job.p, n, topics):
-        console.print(move.describe())
+        say(move.describe())
     for path_taken in await _check_history(io, app, job.p0, job.p, n, shapes, job.incarnation):
-        console.print(path_taken)
+        say(path_taken)
     change = JobLayout(
         app.name, job.p0, job.p, job.epoch + 1, n, f"scale-{time.time()}", tuple(app.input_topics), job.incarnation
     )
     started = await publish_job(io, change)
-    console.print(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
+    say(f"job {app.name}: epoch {started.epoch}, scaling {job.p} -> {n} processors")
 
 
 async def _check_changelog_room(io: KafkaIO, app: App, n: int) -> None:

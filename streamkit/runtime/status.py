@@ -55,6 +55,11 @@ class WorkerStatus:
     alive: bool
     processors: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     handled: int = 0
+    handler_s: float = 0.0
+    """Seconds this worker spent in handlers since it started (a running total: the
+    autoscaler's busy share is how fast it grows)."""
+    checkpoint_s: float = 0.0
+    """Seconds this worker spent checkpointing since it started (a running total)."""
     dead_letters: dict[str, int] = field(default_factory=dict)
     consecutive_failures: int = 0
     last_error: str | None = None
@@ -189,6 +194,8 @@ _STATUS_FIELDS: dict[str, Shape] = {
     "alive": BOOL,
     "processors": int_keyed(list_of(row_of(STR, INT))),
     "handled": INT,
+    "handler_s": NUMBER,
+    "checkpoint_s": NUMBER,
     "dead_letters": str_keyed(INT),
     "consecutive_failures": INT,
     "last_error": OPT_STR,

@@ -113,6 +113,8 @@ def worker_status(
         alive=alive,
         processors={pid: sorted(parts) for pid, parts in hosted.items()},
         handled=sum(m.dispatcher.handled for m in members),
+        handler_s=sum(m.dispatcher.handler_batches.total for m in members),
+        checkpoint_s=sum(m.tasks.checkpoint_seconds.total for m in members),
         dead_letters=dict(output.dead_letter_counts),
         strays_forwarded=dict(output.strays_forwarded),
         consecutive_failures=max((m.dispatcher.consecutive_failures for m in members), default=0),

@@ -1,0 +1,145 @@
+"""The autoscaler's loop: look at the job, decide (``policy``), act, and say so.
+
+Per look (every ``interval`` seconds):
+
+1. a sample of the interval since the last look (``signals.Sampler``);
+2. a dead local worker is restarted first (``--workers local``);
+3. the policy's decision, printed as one line with the figures it used, and kept (the
+   last ones are in ``Controller.decisions`` and the ``autoscale`` gauges);
+4. unless ``dry_run``: out, the workers first, then the processors to match; in, the
+   processors first (a live shrink), then one worker less once the job has settled (2);
+   a scale the job refuses is reported and told to the policy, which waits before the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streamkit.autoscale.policy import Decision, Policy, Sample
+from streamkit.autoscale.signals import WINDOW, Look, Sampler, as_record
+
+if TYPE_CHECKING:
+    from streamkit.app import App
+    from streamkit.connection import Connection
+
+__all__ = ["Controller", "WorkerLever"]
+
+log = logging.getLogger(__name__)
+
+KEEP = 600
+"""Decisions (and samples) kept for status, one per look."""
+
+
+class WorkerLever(Protocol):
+    """How the controller gets workers: local processes, or a gauge another system reads."""
+
+    @property
+    def count(self) -> int: ...
+    def scale_to(self, n: int) -> None: ...
+    def restart_dead(self) -> list[tuple[int, int]]: ...
+
+
+class Gauge:
+    """``--workers gauge``: the count the controller wants, published as
+    ``streamkit_autoscale_desired_workers`` for a HorizontalPodAutoscaler or KEDA to act on;
+    the workers that exist are those the job's heartbeats show."""
+
+    def __init__(self) -> None:
+        self.desired = 0
+        self.seen = 0
+
+    @property
+    def count(self) -> int:
+        return self.seen
+
+    def scale_to(self, n: int) -> None:
+        self.desired = n
+
+    def restart_dead(self) -> list[tuple[int, int]]:
+        return []
+
+
+@dataclass
+class Controller:
+    """See the module docstring. ``request_scale(n)``: start scaling the job's processors
+    to ``n`` (raises with the job's reason when it refuses)."""
+
+    app: App
+    bootstrap: Connection
+    policy: Policy
+    workers: WorkerLever
+    request_scale: Callable[[int], Any]
+    dry_run: bool = False
+    record: Path | None = None
+    interval: float = 5.0
+    window: float = WINDOW
+    say: Callable[[str], None] = print
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=KEEP))
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=KEEP))
+    scales: int = 0
+    """Scale operations started (processors or workers)."""
+    pending_workers: int | None = None
+    """A scale-in's worker count, once the processors' shrink has settled."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sampler = Sampler(self.app, self.bootstrap, self.window)
+        while not stop.is_set():
+            await self.step(sampler)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await stop.wait()
+
+    async def step(self, sampler: Sampler) -> Decision | None:
+        """One look, decision and action (see the module docstring)."""
+        look, sample = await sampler.look()  # 1
+        if isinstance(self.workers, Gauge):
+            self.workers.seen = look.workers
+        if not self.dry_run:  # 2
+            for pid, code in await asyncio.to_thread(self.workers.restart_dead):
+                self.say(f"worker {pid} exited with status {code}: started another")
+            if self.pending_workers is not None and look.settled:
+                await asyncio.to_thread(self.workers.scale_to, self.pending_workers)
+                self.pending_workers = None
+        if sample is not None and not self.dry_run:  # (a worker started shows in the heartbeats a little later)
+            sample = dataclasses.replace(sample, workers=max(sample.workers, self.workers.count))
+        decision = self.policy.decide(sample) if sample is not None else None  # 3
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(json.dumps(as_record(look, sample, decision)) + "\n")
+        if sample is None or decision is None:
+            return None
+        self.samples.append(sample)
+        self.decisions.append(decision)
+        self.say(f"{'would ' if self.dry_run and decision.action != 'hold' else ''}{decision.line()}")
+        if not self.dry_run and decision.action != "hold":
+            await self._act(decision, look)  # 4
+        return decision
+
+    async def _act(self, d: Decision, look: Look) -> None:
+        try:
+            if d.action == "out":
+                await asyncio.to_thread(self.workers.scale_to, d.workers)
+                if d.processors > look.processors:
+                    await self.request_scale(d.processors)
+            elif d.processors < look.processors:  # the processors first: a worker stops once they settled
+                await self.request_scale(d.processors)
+                self.pending_workers = d.workers
+            else:
+                await asyncio.to_thread(self.workers.scale_to, d.workers)
+            self.scales += 1
+        except Exception as exc:  # noqa: BLE001 - the job's refusal, in its own words
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.policy.refused(d.at, reason)
+            if self.record is not None:
+                with self.record.open("a") as f:
+                    f.write(json.dumps({"at": d.at, "refused": reason}) + "\n")
+            self.say(f"scale refused: {reason}; trying again after {self.policy.limits.retry_after:.0f} s")
