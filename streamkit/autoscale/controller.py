@@ -50,11 +50,12 @@ class WorkerLever(Protocol):
 
 class Gauge:
     """``--workers gauge``: the count the controller wants, published as
-    ``streamkit_autoscale_desired_workers`` for a HorizontalPodAutoscaler or KEDA to act on;
-    the workers that exist are those the job's heartbeats show."""
+    ``streamkit_autoscale_desired_workers`` for a HorizontalPodAutoscaler or KEDA to act on
+    (it stays at the last scale decided, through the holds that follow); the workers that
+    exist are those the job's heartbeats show."""
 
     def __init__(self) -> None:
-        self.desired = 0
+        self.desired: int | None = None
         self.seen = 0
 
     @property
@@ -91,9 +92,15 @@ class Controller:
     """A scale-in's worker count, once the processors' shrink has settled."""
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Look, decide and act every ``interval`` seconds until ``stop``; a look that fails
+        (the broker away a moment) is reported in one line and the next one tried."""
         sampler = Sampler(self.app, self.bootstrap, self.window)
         while not stop.is_set():
-            await self.step(sampler)
+            try:
+                await self.step(sampler)
+            except Exception as exc:  # noqa: BLE001 - the controller outlives a failed look
+                self.say(f"look failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                         f"trying again in {self.interval:.0f} s")  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await stop.wait()
@@ -103,6 +110,8 @@ class Controller:
         look, sample = await sampler.look()  # 1
         if isinstance(self.workers, Gauge):
             self.workers.seen = look.workers
+            if self.workers.desired is None:
+                self.workers.desired = max(look.workers, self.policy.limits.min_workers)
         if not self.dry_run:  # 2
             for pid, code in await asyncio.to_thread(self.workers.restart_dead):
                 self.say(f"worker {pid} exited with status {code}: started another")
@@ -122,10 +131,25 @@ class Controller:
         self.say(f"{'would ' if self.dry_run and decision.action != 'hold' else ''}{decision.line()}")
         if not self.dry_run and decision.action != "hold":
             await self._act(decision, look)  # 4
+        elif not self.dry_run:
+            await self._processors_in_step(look)
         return decision
 
+    async def _processors_in_step(self, look: Look) -> None:
+        """At least one processor per worker there is (never below the initial count): a
+        scale-out whose processor step was refused is caught up once the pause is over, and
+        with ``--workers gauge`` the processors follow the workers the cluster started."""
+        limits = self.policy.limits
+        want = max(limits.initial_processors, min(self.workers.count, limits.max_workers))
+        if want <= look.processors or not look.settled or self.pending_workers is not None:
+            return
+        if self.policy.pausing(look.at):
+            return
+        self.say(f"processors to {want}: one per worker")
+        await self._scale(lambda: self.request_scale(want), look.at)
+
     async def _act(self, d: Decision, look: Look) -> None:
-        try:
+        async def act() -> None:
             if d.action == "out":
                 await asyncio.to_thread(self.workers.scale_to, d.workers)
                 if d.processors > look.processors:
@@ -135,11 +159,18 @@ class Controller:
                 self.pending_workers = d.workers
             else:
                 await asyncio.to_thread(self.workers.scale_to, d.workers)
+
+        await self._scale(act, d.at)
+
+    async def _scale(self, act: Callable[[], Any], at: float) -> None:
+        """Run one scale action; a refusal is reported, recorded and told to the policy."""
+        try:
+            await act()
             self.scales += 1
         except Exception as exc:  # noqa: BLE001 - the job's refusal, in its own words
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self.policy.refused(d.at, reason)
+            self.policy.refused(at, reason)
             if self.record is not None:
                 with self.record.open("a") as f:
-                    f.write(json.dumps({"at": d.at, "refused": reason}) + "\n")
+                    f.write(json.dumps({"at": at, "refused": reason}) + "\n")
             self.say(f"scale refused: {reason}; trying again after {self.policy.limits.retry_after:.0f} s")

@@ -25,15 +25,15 @@ _FIGURES = {
 
 
 class _DecisionCollector(Collector):
-    def __init__(self, app: str, last: Callable[[], Decision | None]) -> None:
-        self.app, self.last = app, last
+    def __init__(self, app: str, last: Callable[[], Decision | None], desired: Callable[[], int | None]) -> None:
+        self.app, self.last, self.desired = app, last, desired
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         d = self.last()
         if d is None:
             return
         for name, value, text in (
-            ("streamkit_autoscale_desired_workers", d.workers, "Workers the autoscaler wants."),
+            ("streamkit_autoscale_desired_workers", self.desired() or d.workers, "Workers the autoscaler wants."),
             ("streamkit_autoscale_desired_processors", d.processors, "Processors the autoscaler wants."),
         ):
             g = GaugeMetricFamily(name, text, labels=["app"])
@@ -47,12 +47,17 @@ class _DecisionCollector(Collector):
 
 
 def serve_gauges(
-    app: str, last: Callable[[], Decision | None], port: int, host: str = "127.0.0.1"
+    app: str,
+    last: Callable[[], Decision | None],
+    desired: Callable[[], int | None],
+    port: int,
+    host: str = "127.0.0.1",
 ) -> Callable[[], None]:
-    """Serve the gauges of ``last()`` (the newest decision) on ``host:port`` (this machine
-    only unless told otherwise); returns what stops the server."""
+    """Serve the gauges of ``last()`` (the newest decision) and ``desired()`` (the workers
+    the last scale decided: it stays through the holds that follow) on ``host:port`` (this
+    machine only unless told otherwise); returns what stops the server."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_DecisionCollector(app, last))
+    registry.register(_DecisionCollector(app, last, desired))
     server, thread = start_http_server(port, addr=host, registry=registry)
 
     def stop() -> None:

@@ -48,6 +48,8 @@ class Sample:
     """No scale, bootstrap, restore or rebalance under way."""
     checkpointing: float = 0.0
     """Share of the wall time the workers spent checkpointing (0..1), averaged."""
+    measured: int = 0
+    """Workers whose busy and checkpointing shares were measured (in both looks; 0: all)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,10 @@ class Policy:
         ``retry_after`` seconds."""
         self._refused_at, self._refused_why = at, why
 
+    def pausing(self, at: float) -> bool:
+        """Whether a refused scale's pause is still on at ``at``."""
+        return self._refused_at is not None and at - self._refused_at < self.limits.retry_after
+
     def decide(self, s: Sample) -> Decision:
         lim = self.limits
         needed, per_worker, wanted = self._needed(s)
@@ -128,7 +134,7 @@ class Policy:
         if not s.settled:
             self._lower_since = None
             return hold("a scale, bootstrap, restore or rebalance is under way")
-        if self._refused_at is not None and s.at - self._refused_at < lim.retry_after:
+        if self.pausing(s.at):
             return hold(f"the last scale was refused ({self._refused_why}): retrying after {lim.retry_after:.0f} s")
         if target > s.workers:
             self._lower_since = None
@@ -151,7 +157,8 @@ class Policy:
         if s.busy <= 0 or s.applied_rate <= 0 or s.workers <= 0:
             # nothing applied: no capacity to measure; a backlog keeps what there is
             return needed, math.inf, s.workers if s.lag > 0 else lim.min_workers
-        per_worker = s.applied_rate / min(1.0, s.busy) / s.workers * max(0.1, 1.0 - s.checkpointing)
+        measured = s.measured or s.workers  # (a worker that just started applied nothing yet)
+        per_worker = s.applied_rate / min(1.0, s.busy) / measured * max(0.1, 1.0 - s.checkpointing)
         return needed, per_worker, max(1, math.ceil(needed / per_worker))
 
     def _to(self, s: Sample, action: str, workers: int, why: str, figures: dict[str, float]) -> Decision:

@@ -104,6 +104,7 @@ def sample_between(before: Look, after: Look) -> Sample:
         shares = [min(1.0, max(0.0, d / dt)) for d in grown(now, then)]
         return sum(shares) / len(shares) if shares else 0.0
 
+    measured = len(grown(after.handler_s, before.handler_s))
     return Sample(
         at=after.at,
         workers=after.workers,
@@ -114,6 +115,7 @@ def sample_between(before: Look, after: Look) -> Sample:
         busy=share(after.handler_s, before.handler_s),
         checkpointing=share(after.checkpoint_s, before.checkpoint_s),
         settled=before.settled and after.settled,
+        measured=measured,
     )
 
 
@@ -144,7 +146,10 @@ class Sampler:
         self.looks.append(look)
         if first is None or now - first.at < self.window:
             return look, None
-        return look, sample_between(first, look)
+        sample = sample_between(first, look)
+        if not all(seen.settled for seen in self.looks):  # (a scale between the two looks: not settled)
+            sample = dataclasses.replace(sample, settled=False)
+        return look, sample
 
     async def _oldest_unapplied(self, found: Gathered) -> int | None:
         """The timestamp of the oldest record not applied yet, over every input partition

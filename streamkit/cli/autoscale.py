@@ -52,6 +52,7 @@ class AutoscaleOptions:
     logs: Path | None
     replay: Path | None = None
     window: float = 10.0
+    metrics_bind: str = "127.0.0.1"
 
 
 def autoscale(
@@ -73,7 +74,10 @@ def autoscale(
     record: Path | None = typer.Option(None, "--record", help="append each look's figures to this file (JSON lines)"),
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", min=1, max=65535, help="serve the autoscaler's gauges here (127.0.0.1)"
+        None, "--metrics-port", min=1, max=65535, help="serve the autoscaler's gauges on this port"
+    ),
+    metrics_bind: str = typer.Option(
+        "127.0.0.1", "--metrics-bind", help="the address the gauges are served at (0.0.0.0: every interface)"
     ),
     worker_arg: list[str] = typer.Option([], "--worker-arg", help="an argument for each local worker (repeat)"),
     logs: Path | None = typer.Option(None, "--logs", help="a directory for the local workers' output"),
@@ -95,7 +99,7 @@ def autoscale(
         raise CliError("--workers gauge publishes the count it wants on --metrics-port: give one")
     opts = AutoscaleOptions(
         app_spec, min_workers, max_workers, workers, target_utilization, catch_up, stabilization, retry_after,
-        interval, dry_run, record, broker, metrics_port, tuple(worker_arg), logs, replay, window,
+        interval, dry_run, record, broker, metrics_port, tuple(worker_arg), logs, replay, window, metrics_bind,
     )  # fmt: skip
     if replay is not None:
         _replay(opts, replay)
@@ -172,14 +176,14 @@ async def _initial_processors(app: App, bootstrap: Connection, lever: object, op
 async def _control(
     app: App, bootstrap: Connection, opts: AutoscaleOptions, lever: WorkerLever, policy: Policy, p0: int
 ) -> None:
-    from streamkit.autoscale.controller import Controller
+    from streamkit.autoscale.controller import Controller, Gauge
     from streamkit.autoscale.gauges import serve_gauges
     from streamkit.cli.scale import start_scale
     from streamkit.kafkaio import KafkaIO
 
     async def request_scale(n: int) -> None:
         async with KafkaIO(bootstrap) as scaling:
-            await start_scale(scaling, app, bootstrap, n, say=print)
+            await start_scale(scaling, app, bootstrap, n, say=print, spec=opts.app_spec)
 
     controller = Controller(
         app, bootstrap, policy, lever, request_scale, opts.dry_run, opts.record, opts.interval, opts.window
@@ -187,7 +191,8 @@ async def _control(
     stop_serving = None
     if opts.metrics_port is not None:
         last = lambda: controller.decisions[-1] if controller.decisions else None  # noqa: E731
-        stop_serving = serve_gauges(app.name, last, opts.metrics_port)
+        desired = lambda: lever.desired if isinstance(lever, Gauge) else lever.count  # noqa: E731
+        stop_serving = serve_gauges(app.name, last, desired, opts.metrics_port, opts.metrics_bind)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -106,13 +106,15 @@ async def _scale(spec: str, app: App, bootstrap: Connection, n: int, wait: bool,
             await _follow(io, app.name, n, timeout, console)
 
 
-async def start_scale(io: KafkaIO, app: App, bootstrap: Connection, n: int, say: Callable[[str], None]) -> None:
+async def start_scale(
+    io: KafkaIO, app: App, bootstrap: Connection, n: int, say: Callable[[str], None], spec: str = "MODULE:APP"
+) -> None:
     """Start changing ``app``'s job to ``n`` processors, as ``streamkit scale --no-wait``
     does (the autoscaler's lever); ``say`` gets what moves. Raises ``CliError`` with the
     reason when the job cannot take it now."""
     from streamkit.runtime.jobmeta import read_job
 
-    job = _refuse(app.name, app, await read_job(io, app.name), n, waiting=False)
+    job = _refuse(spec, app, await read_job(io, app.name), n, waiting=False)
     if n != job.p:
         await _start(io, app, bootstrap, job, n, say)
 

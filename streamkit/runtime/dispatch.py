@@ -118,7 +118,7 @@ class Dispatcher:
             if admitted.deliver and proc.sides is not None:  # a shrink's merged processor goes live
                 _go_live(proc)  # (at the latest: Task.go_live_if_caught_up may come first)
                 if proc.sides.may_merge(drained=False):
-                    _merge_sides(proc, "the key set behind caught up")
+                    _merge_sides(proc, "the key set behind reached the other's time")
             if admitted.deliver and route.scheduler is not None:
                 if proc.windows:  # stream time in offset order, whatever order the keys run in
                     for rec in admitted.deliver:
@@ -224,7 +224,7 @@ class Dispatcher:
             return 0
         _go_live(proc)
         if proc.sides.may_merge(drained=drained):
-            _merge_sides(proc, "every partition read" if drained else "the key set behind caught up")
+            _merge_sides(proc, "every partition read" if drained else "the key set behind reached the other's time")
         if not proc.window_states:
             return 0
         self.binder.bind(proc.backends)

@@ -123,6 +123,10 @@ class TaskManager:
         """Records the tasks' time-ordered merges hold."""
         return sum(task.merge.held for task in self.active.values())
 
+    def merging(self) -> list[Task]:
+        """The tasks of a shrink's merged processors still on two stream times (``sides``)."""
+        return [task for task in self.active.values() if task.proc.sides is not None]
+
     def lag_waits_cut(self) -> int:
         return self.lag_waits_cut_closed + sum(task.merge.lag_waits_cut for task in self.active.values())
 
