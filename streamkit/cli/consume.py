@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -75,7 +77,8 @@ def consume(
         raise CliError("--from-end needs --follow (from the end, there is nothing to print until records come)")
     printer = Printer(topic, as_json=as_json, show_copies=show_copies, limit=limit)
     try:
-        asyncio.run(_consume(connection, topic, sorted(set(partition or ())), follow, from_end, printer))
+        if asyncio.run(_consume(connection, topic, sorted(set(partition or ())), follow, from_end, printer)):
+            raise KeyboardInterrupt  # (--follow stopped by Ctrl-C)
         printer.summary()
     except KeyboardInterrupt:
         printer.summary(interrupted=True)
@@ -86,7 +89,8 @@ def consume(
 
 async def _consume(
     connection: Any, topic: str, partitions: Sequence[int], follow: bool, from_end: bool, printer: Printer
-) -> None:
+) -> bool:
+    """Print the records; whether Ctrl-C stopped ``--follow``."""
     from streamkit.cli import CliError
     from streamkit.kafkaio import KafkaIO
 
@@ -101,10 +105,13 @@ async def _consume(
         pos = dict(ends) if from_end else await io.log_start_offsets(topic, parts)
         if not follow:
             await _read_to(io, topic, pos, ends, printer)
-            return
+            return False
         where = "from the end" if from_end else "from the start"
+        stop = asyncio.Event()  # Ctrl-C: the loop ends after its round (no cancellation a library may swallow)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
         typer.echo(f"following {topic} (partitions {_ranges(parts)}) {where}; Ctrl-C to stop", err=True)
-        await _follow(io, topic, pos, printer, count if not partitions else None)
+        await _follow(io, topic, pos, printer, count if not partitions else None, stop)
+        return stop.is_set()
 
 
 async def _read_to(io: Any, topic: str, pos: dict[int, int], ends: dict[int, int], printer: Printer) -> None:
@@ -119,10 +126,13 @@ async def _read_to(io: Any, topic: str, pos: dict[int, int], ends: dict[int, int
                 pos[p] = records[-1].offset + 1
 
 
-async def _follow(io: Any, topic: str, pos: dict[int, int], printer: Printer, count: int | None) -> None:
-    """Fetch every partition again and again; ``count``: the partitions seen (None: fixed set)."""
+async def _follow(
+    io: Any, topic: str, pos: dict[int, int], printer: Printer, count: int | None, stop: asyncio.Event
+) -> None:
+    """Fetch every partition again and again until ``stop``; ``count``: the partitions seen
+    (None: fixed set)."""
     grow_check = time.monotonic() + GROW_CHECK_SECONDS
-    while True:
+    while not stop.is_set():
         parts = list(pos)
         got = await asyncio.gather(*(io.fetch(topic, p, pos[p], max_bytes=CHUNK_BYTES) for p in parts))
         fresh = False
@@ -141,7 +151,9 @@ async def _follow(io: Any, topic: str, pos: dict[int, int], printer: Printer, co
                 pos.update(dict.fromkeys(range(count, now), 0))
                 count = now
         if not fresh:
-            await asyncio.sleep(POLL_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL_SECONDS):
+                    await stop.wait()
 
 
 def _ranges(parts: Sequence[int]) -> str:
