@@ -121,9 +121,7 @@ class Controller:
         if sample is not None and not self.dry_run:  # (a worker started shows in the heartbeats a little later)
             sample = dataclasses.replace(sample, workers=max(sample.workers, self.workers.count))
         decision = self.policy.decide(sample) if sample is not None else None  # 3
-        if self.record is not None:
-            with self.record.open("a") as f:
-                f.write(json.dumps(as_record(look, sample, decision)) + "\n")
+        self._record(as_record(look, sample, decision))
         if sample is None or decision is None:
             return None
         self.samples.append(sample)
@@ -170,7 +168,11 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - the job's refusal, in its own words
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self.policy.refused(at, reason)
-            if self.record is not None:
-                with self.record.open("a") as f:
-                    f.write(json.dumps({"at": at, "refused": reason}) + "\n")
+            self._record({"at": at, "refused": reason})
             self.say(f"scale refused: {reason}; trying again after {self.policy.limits.retry_after:.0f} s")
+
+    def _record(self, line: dict[str, Any]) -> None:
+        """Append one line to the history file (``--record``), if there is one."""
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(json.dumps(line) + "\n")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from streamkit.autoscale.policy import Decision
+from streamkit.ops.metrics import serve_collector
 
 __all__ = ["serve_gauges"]
 
@@ -56,13 +56,4 @@ def serve_gauges(
     """Serve the gauges of ``last()`` (the newest decision) and ``desired()`` (the workers
     the last scale decided: it stays through the holds that follow) on ``host:port`` (this
     machine only unless told otherwise); returns what stops the server."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_DecisionCollector(app, last, desired))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-    return stop
+    return serve_collector(_DecisionCollector(app, last, desired), port, host)

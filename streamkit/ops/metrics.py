@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 __all__ = [
     "METRICS", "Durations", "PartitionView", "ProcessorView", "TableView", "WorkerCollector", "WorkerView", "serve",
+    "serve_collector",
 ]  # fmt: skip
 
 BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -296,8 +297,14 @@ def serve(
     def on_loop() -> WorkerView:
         return asyncio.run_coroutine_threadsafe(view(), loop).result(timeout=5.0)
 
+    return serve_collector(WorkerCollector(on_loop), port, host)
+
+
+def serve_collector(collector: Collector, port: int, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Serve ``collector``'s metrics on ``host:port`` from a thread of its own; returns what
+    stops the server."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(on_loop))
+    registry.register(collector)
     server, thread = start_http_server(port, addr=host, registry=registry)
 
     def stop() -> None:
