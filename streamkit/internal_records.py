@@ -1,7 +1,8 @@
 """Reading streamkit's internal topics safely: a malformed record is skipped, counted and said once.
 
 Anyone who can write to the cluster can write to ``__streamkit_progress``, ``__streamkit_jobs``,
-``__streamkit_status``, ``__streamkit_layouts`` or ``__streamkit_layout_acks``. A record there that
+``__streamkit_status``, ``__streamkit_layouts``, ``__streamkit_layout_acks`` or
+``__streamkit_autoscale``. A record there that
 streamkit did not write (not JSON, or JSON of another shape) must not stop a worker or a command:
 each reader decodes through :func:`decode_guarded`, which runs a strict decoder (one that raises on
 anything it would not understand completely, before the record changes any state) and, when it

@@ -5,7 +5,8 @@ Per look (every ``interval`` seconds):
 1. a sample of the interval since the last look (``signals.Sampler``);
 2. a dead local worker is restarted first (``--workers local``);
 3. the policy's decision, printed as one line with the figures it used, and kept (the
-   last ones are in ``Controller.decisions`` and the ``autoscale`` gauges);
+   last ones are in ``Controller.decisions`` and the ``autoscale`` gauges), journaled
+   with the inputs it used for `status` and the dashboard (``journal``);
 4. unless ``dry_run``: out, the workers first, then the processors to match; in, the
    processors first (a live shrink), then one worker less once the job has settled (2);
    a scale the job refuses is reported and told to the policy, which waits before the next.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from streamkit.autoscale.journal import Entry, JournalWriter, entry_of
 from streamkit.autoscale.policy import Decision, Policy, Sample
 from streamkit.autoscale.signals import WINDOW, Look, Sampler, as_record
 
@@ -36,6 +38,7 @@ __all__ = ["Controller", "WorkerLever"]
 log = logging.getLogger(__name__)
 
 KEEP = 600
+PROCESSORS_STEP = "processors to one per worker"
 """Decisions (and samples) kept for status, one per look."""
 
 
@@ -84,6 +87,10 @@ class Controller:
     interval: float = 5.0
     window: float = WINDOW
     say: Callable[[str], None] = print
+    journal: JournalWriter | None = None
+    """Where each look's inputs and decision are published (None: nowhere)."""
+    about: dict[str, Any] = field(default_factory=dict)
+    """Who decides under which bounds, as the journal shows it (``journal.controller_info``)."""
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=KEEP))
     samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=KEEP))
     scales: int = 0
@@ -121,7 +128,11 @@ class Controller:
         if sample is not None and not self.dry_run:  # (a worker started shows in the heartbeats a little later)
             sample = dataclasses.replace(sample, workers=max(sample.workers, self.workers.count))
         decision = self.policy.decide(sample) if sample is not None else None  # 3
+        if decision is not None and self._waiting_for_workers(decision, look):
+            why = f"waiting for the cluster to start workers: {decision.workers} wanted, {look.workers} running"
+            decision = dataclasses.replace(decision, action="hold", why=why)
         self._record(as_record(look, sample, decision))
+        await self._publish(entry_of(self.app.name, self.about, look, sample, decision))
         if sample is None or decision is None:
             return None
         self.samples.append(sample)
@@ -132,6 +143,16 @@ class Controller:
         elif not self.dry_run:
             await self._processors_in_step(look)
         return decision
+
+    def _waiting_for_workers(self, decision: Decision, look: Look) -> bool:
+        """A scale-out already published on the gauge and the processors already there: the
+        cluster has yet to start the workers (deciding it again each look would be noise)."""
+        return (
+            isinstance(self.workers, Gauge)
+            and decision.action == "out"
+            and self.workers.desired == decision.workers
+            and look.processors >= decision.processors
+        )
 
     async def _processors_in_step(self, look: Look) -> None:
         """At least one processor per worker there is (never below the initial count): a
@@ -144,7 +165,8 @@ class Controller:
         if self.policy.pausing(look.at):
             return
         self.say(f"processors to {want}: one per worker")
-        await self._scale(lambda: self.request_scale(want), look.at)
+        step = Decision(look.at, "out", self.workers.count, want, PROCESSORS_STEP)
+        await self._scale(lambda: self.request_scale(want), look, step)
 
     async def _act(self, d: Decision, look: Look) -> None:
         async def act() -> None:
@@ -158,18 +180,28 @@ class Controller:
             else:
                 await asyncio.to_thread(self.workers.scale_to, d.workers)
 
-        await self._scale(act, d.at)
+        await self._scale(act, look, d)
 
-    async def _scale(self, act: Callable[[], Any], at: float) -> None:
-        """Run one scale action; a refusal is reported, recorded and told to the policy."""
+    async def _scale(self, act: Callable[[], Any], look: Look, decision: Decision) -> None:
+        """Run one scale action; a refusal is reported, recorded, journaled and told to the policy."""
         try:
             await act()
             self.scales += 1
+            if decision.why == PROCESSORS_STEP:  # (a look's decision is journaled with the look)
+                await self._publish(dataclasses.replace(entry_of(self.app.name, self.about, look, None, decision),
+                                                        kind="step"))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the job's refusal, in its own words
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            at = decision.at
             self.policy.refused(at, reason)
             self._record({"at": at, "refused": reason})
+            refusal = entry_of(self.app.name, self.about, look, None, decision)
+            await self._publish(dataclasses.replace(refusal, at=at, refused=reason))
             self.say(f"scale refused: {reason}; trying again after {self.policy.limits.retry_after:.0f} s")
+
+    async def _publish(self, entry: Entry) -> None:
+        if self.journal is not None:
+            await self.journal.write(entry)
 
     def _record(self, line: dict[str, Any]) -> None:
         """Append one line to the history file (``--record``), if there is one."""

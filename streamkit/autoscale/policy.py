@@ -139,7 +139,8 @@ class Policy:
         if target > s.workers:
             self._lower_since = None
             why = "backlog" if s.lag / lim.catch_up > s.input_rate * 0.1 else "load"
-            return self._to(s, "out", target, f"{why}: needs {wanted} workers", figures)
+            why = f"{why}: needs {wanted} workers" if wanted >= lim.min_workers else f"--min {lim.min_workers} workers"
+            return self._to(s, "out", target, why, figures)
         if target >= s.workers:
             self._lower_since = None
             return hold("capacity matches the load")

@@ -178,6 +178,7 @@ async def _control(
 ) -> None:
     from streamkit.autoscale.controller import Controller, Gauge
     from streamkit.autoscale.gauges import serve_gauges
+    from streamkit.autoscale.journal import JournalWriter, controller_info
     from streamkit.cli.scale import start_scale
     from streamkit.kafkaio import KafkaIO
 
@@ -185,9 +186,13 @@ async def _control(
         async with KafkaIO(bootstrap) as scaling:
             await start_scale(scaling, app, bootstrap, n, say=print, spec=opts.app_spec)
 
+    limits = {"min": opts.min_workers, "max": opts.max_workers, "target_utilization": opts.target_utilization}
+    about = controller_info(opts.workers, opts.dry_run, limits, opts.interval)
+    journal = JournalWriter(bootstrap)
     controller = Controller(
-        app, bootstrap, policy, lever, request_scale, opts.dry_run, opts.record, opts.interval, opts.window
-    )
+        app, bootstrap, policy, lever, request_scale, opts.dry_run, opts.record, opts.interval, opts.window,
+        journal=journal, about=about,
+    )  # fmt: skip
     stop_serving = None
     if opts.metrics_port is not None:
         last = lambda: controller.decisions[-1] if controller.decisions else None  # noqa: E731
@@ -202,6 +207,7 @@ async def _control(
     try:
         await controller.run(stop)
     finally:
+        await journal.close()
         if stop_serving is not None:
             stop_serving()
 

@@ -20,6 +20,7 @@ def dashboard(
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
 ) -> None:
     """Serve a live dashboard of the job (open the printed address in a browser)."""
+    from streamkit.autoscale.journal import JournalReader
     from streamkit.cli import CliError
     from streamkit.cli.status_view import DeadLetterCounts, Heartbeats, gather, view
     from streamkit.ops.dashboard import serve_dashboard
@@ -29,11 +30,11 @@ def dashboard(
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
 
-    dead, beats = DeadLetterCounts(), Heartbeats(app.name)  # read on from look to look, not from the start
+    dead, beats, journal = DeadLetterCounts(), Heartbeats(app.name), JournalReader(app.name)  # read on
 
     async def snapshot() -> dict[str, object]:
         assert bootstrap is not None
-        return view(app, await gather(app, bootstrap, dead, beats)).as_dict()
+        return view(app, await gather(app, bootstrap, dead, beats, journal)).as_dict()
 
     async def run() -> None:
         try:

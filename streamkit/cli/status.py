@@ -15,7 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from streamkit.autoscale.journal import JournalReader
 from streamkit.cli import CliError
+from streamkit.cli.status_autoscale import autoscale_lines
 from streamkit.cli.status_view import (
     DeadLetterCounts,
     Heartbeats,
@@ -340,6 +342,8 @@ def draw(console: Console, shown: StatusView, show_all: bool, failure_alarm_afte
     console.print(fitted(processors_table(shown), width))
     if shown.unsettled and not shown.scaling:
         console.print("not settled: " + escape("; ".join(shown.unsettled)))
+    for shown_line in autoscale_lines(shown.autoscale) if shown.autoscale is not None else []:
+        console.print(fitted(shown_line, width) if isinstance(shown_line, Table) else shown_line)
     parts, left_out = partitions_table(shown, width, show_all)
     columns = [_plain(c.header) for c in parts.columns]
     console.print(fitted(parts, width))
@@ -379,7 +383,8 @@ def status(
         help="print one JSON document instead (the dashboard's /api/status): app, group, dead_letter_topic, at, "
         "job_epoch, p0, processor_count, target, scaling, unsettled, workers, processors, partitions (all of "
         "them), dead_letters, global_tables, standbys, standbys_short, skipped (records skipped on purpose: "
-        "malformed per internal topic, copies and duplicate_strays per topic/partition)",
+        "malformed per internal topic, copies and duplicate_strays per topic/partition), autoscale (the autoscaler's "
+        "inputs and decisions, null if none ran in the last 10 minutes)",
     ),
 ) -> None:
     """Show the job: workers and their processors, per-partition progress and lag, dead letters.
@@ -392,15 +397,15 @@ def status(
     bootstrap = app.connection(broker)
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
-    dead, beats = DeadLetterCounts(), Heartbeats(app.name)  # read on from look to look
-    found = asyncio.run(gather(app, bootstrap, dead, beats))
+    dead, beats, journal = DeadLetterCounts(), Heartbeats(app.name), JournalReader(app.name)  # read on
+    found = asyncio.run(gather(app, bootstrap, dead, beats, journal))
     deadline = time.monotonic() + (wait or 0)
     while wait is not None and not caught_up(found.offsets, found.shapes):
         if time.monotonic() > deadline:
             lag = sum(max(0, hw - (com or 0)) for com, hw in found.offsets.values())
             raise CliError(f"app {app.name} has not caught up after {wait:g} s (lag {lag:,} records)")
         time.sleep(0.5)
-        found = asyncio.run(gather(app, bootstrap, dead, beats))
+        found = asyncio.run(gather(app, bootstrap, dead, beats, journal))
     shown = view(app, found)
     if as_json:
         import orjson

@@ -15,6 +15,7 @@ from typing import Any
 
 from assignors.placement import processors_for_partition
 from streamkit.app import App
+from streamkit.autoscale.journal import Entry, JournalReader, autoscale_view
 from streamkit.connection import Connection
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
@@ -60,6 +61,8 @@ class Gathered:
     misplaced: Counter[str]
     """Strays dead-lettered, per "topic/partition" they lay in."""
     ever_active: dict[str, int] = field(default_factory=dict)
+    journal: list[Entry] = field(default_factory=list)
+    """The autoscaler's records of the last minutes (read only when asked: ``gather``)."""
     """Per input topic with a layout: the highest active partition count it ever had (a
     partition below it that nobody reads now is a drained one, above it a reserved one)."""
 
@@ -110,10 +113,15 @@ class DeadLetterCounts:
 
 
 async def gather(
-    app: App, bootstrap: Connection, dead: DeadLetterCounts | None = None, beats: Heartbeats | None = None
+    app: App,
+    bootstrap: Connection,
+    dead: DeadLetterCounts | None = None,
+    beats: Heartbeats | None = None,
+    journal: JournalReader | None = None,
 ) -> Gathered:
-    """One look at the cluster; ``dead``, ``beats``: the dead letters and heartbeats read
-    by earlier looks (read on from there)."""
+    """One look at the cluster; ``dead``, ``beats``, ``journal``: the dead letters,
+    heartbeats and autoscaler records read by earlier looks (read on from there; no
+    ``journal``: the autoscaler's records are not read)."""
     offsets: dict[tuple[str, int], tuple[int | None, int]] = {}
     dead = DeadLetterCounts() if dead is None else dead
     beats = Heartbeats(app.name) if beats is None else beats
@@ -141,8 +149,11 @@ async def gather(
                 offsets[(topic, p)] = (committed.get(p), hws[p])
         statuses = await beats.read_more(io)
         await dead.read_more(io, app.dead_letter_topic)
+        decided = await journal.read_more(io) if journal is not None else []
     shapes = {t: (initial[t], active[t]) for t in counts}
-    return Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced), ever)
+    found = Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced), ever)
+    found.journal = decided
+    return found
 
 
 def _ever_active(layout: TopicLayout) -> int:
@@ -185,6 +196,9 @@ class StatusView:
       did not decode, per topic: the most any worker skipped, as every worker reads the same
       records), ``copies`` (copies for compaction) and ``duplicate_strays`` (second copies of
       forwarded strays), both per "topic/partition", summed over the workers.
+    - ``autoscale``: the autoscaler's view (``streamkit.autoscale.journal.autoscale_view``:
+      ``controller``, ``running``, ``at``, ``inputs``, ``decision``, ``decisions``,
+      ``history``), null when none decided in the last 10 minutes.
     """
 
     app: str
@@ -210,6 +224,7 @@ class StatusView:
     """Per processor with fewer standbys than ``standby_replicas``: how many it has."""
     skipped: dict[str, dict[str, int]] = field(default_factory=lambda: {kind: {} for kind in SKIPPED_KINDS})
     """Records skipped on purpose, per kind (``malformed``, ``copies``, ``duplicate_strays``)."""
+    autoscale: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The document, JSON as it is (the keys of ``standbys_short`` as strings)."""
@@ -255,6 +270,7 @@ def view(app: App, found: Gathered, now: float | None = None) -> StatusView:
         out.standbys_short = {pid: kept[pid] for pid in range(job.p) if kept[pid] < app.settings.standby_replicas}
     out.partitions = partition_rows(found)
     out.skipped = skipped(found.statuses)
+    out.autoscale = autoscale_view(found.journal, now)
     return out
 
 

@@ -30,6 +30,7 @@ APP = "tests.runtime.job_app:app"
 TOP_LEVEL = {
     "app", "group", "dead_letter_topic", "at", "job_epoch", "p0", "processor_count", "target", "scaling", "unsettled",
     "workers", "processors", "partitions", "dead_letters", "global_tables", "standbys", "standbys_short", "skipped",
+    "autoscale",
 }  # fmt: skip
 
 
@@ -93,6 +94,7 @@ def test_status_json_is_the_running_job(broker: str, tmp_path: Path) -> None:
     assert [w.returncode for w in job.workers] == [0, 0]
 
     assert set(doc) == TOP_LEVEL, sorted(doc)
+    assert doc["autoscale"] is None, doc["autoscale"]  # no autoscaler ran for this app
     names = (job.app, f"streamkit-{job.app}", f"{job.app}-dead-letters")
     assert (doc["app"], doc["group"], doc["dead_letter_topic"]) == names, doc
     job_record = (doc["p0"], doc["processor_count"], doc["target"], doc["scaling"], doc["unsettled"])

@@ -1,7 +1,8 @@
 // streamkit dashboard: polls api/status (what `streamkit status` shows, as JSON) and
 // draws it: tables, the lag and the committed rate of every partition over the last
-// minutes (uPlot, vendored), and the events seen between two looks (a scale step, a
-// processor changing state, a worker coming or going).
+// minutes (uPlot, vendored), the events seen between two looks (a scale step, a
+// processor changing state, a worker coming or going) and, when an autoscaler runs, its
+// inputs, decisions and a chart of lag, throughput, workers and processors over time.
 "use strict";
 
 const POLL_MS = 1000;
@@ -20,6 +21,7 @@ const state = {
   lag: {},            // "topic/p" -> [values]
   rate: {},
   lastCommitted: {},  // "topic/p" -> [time, committed]
+  autoscale: null,    // {chart, points, decisions}: the autoscaler's part, as last drawn
 };
 window.streamkitDashboard = state;  // what a test (or a person in the console) reads
 
@@ -126,6 +128,60 @@ function drawCharts(view) {
   state.lagPoints = state.times.length;
 }
 
+const AUTOSCALE_SERIES = [
+  ["lag (records)", "y"], ["input records/s", "y"], ["applied records/s", "y"], ["workers", "n"], ["processors", "n"],
+];
+
+function autoscaleChart(width) {
+  const stepped = uPlot.paths.stepped({ align: 1 });
+  return new uPlot({
+    width, height: 260,
+    scales: { x: { time: true }, n: { range: (u, min, max) => [0, Math.max(1, max) + 1] } },
+    series: [{}, ...AUTOSCALE_SERIES.map(([label, scale], i) => ({
+      label, scale, stroke: `hsl(${(i * 67 + 200) % 360} 65% 42%)`, width: scale === "n" ? 2.5 : 1.5,
+      spanGaps: true, ...(scale === "n" ? { paths: stepped } : {}),
+    }))],
+    axes: [{}, { scale: "y", size: 70 }, { scale: "n", side: 1, grid: { show: false }, size: 40 }],
+  }, [[]], document.getElementById("autoscale-chart"));
+}
+
+function drawAutoscale(a) {
+  const box = document.getElementById("autoscale");
+  box.style.display = a ? "block" : "none";
+  if (!a) return;
+  const c = a.controller;
+  const how = c.workers === "local" ? "local workers" : "workers by gauge";
+  const when = new Date(a.at * 1000).toLocaleTimeString();
+  document.getElementById("autoscale-head").textContent =
+    `${a.running ? "" : "NOT RUNNING: "}${how} ${c.min}..${c.max}, target utilization ${c.target_utilization}` +
+    `${c.dry_run ? ", dry run" : ""}, on ${c.host} (pid ${c.pid}), last look ${when}`;
+  const i = a.inputs;
+  const rates = ("input_rate" in i) ? `, input ${Math.round(i.input_rate)}/s, applied ${Math.round(i.applied_rate)}/s,` +
+    ` busy ${i.busy.toFixed(2)}` : "";
+  document.getElementById("autoscale-inputs").textContent =
+    `inputs: lag ${i.lag} records (${i.lag_seconds.toFixed(1)} s)${rates}, ${i.workers} workers, ` +
+    `${i.processors} processors`;
+  const d = a.decision;
+  document.getElementById("autoscale-decision").textContent = d
+    ? `decision: ${d.action}: ${d.workers} workers, ${d.processors} processors: ${d.why}`
+    : "decision: none yet";
+  fillTable("autoscale-decisions", [
+    ["at", r => new Date(r.at * 1000).toLocaleTimeString()],
+    ["action", r => r.action === "refused" ? el("span", "refused", "refused") : r.action],
+    ["workers", r => r.workers ?? "-"], ["processors", r => r.processors ?? "-"], ["why", r => r.why],
+  ], a.decisions.slice().reverse());
+  if (!state.autoscale) {
+    state.autoscale = { chart: autoscaleChart(Math.max(420, Math.min(900, window.innerWidth - 80))) };
+  }
+  const h = a.history;
+  state.autoscale.chart.setData([
+    h.map(p => p.at), h.map(p => p.lag), h.map(p => p.input_rate), h.map(p => p.applied_rate),
+    h.map(p => p.workers), h.map(p => p.processors),
+  ]);
+  state.autoscale.points = h.length;
+  state.autoscale.decisions = a.decisions.length;
+}
+
 function stateCell(p) {
   const span = el("span", p.hosted ? p.state : `${p.state} (no live worker)`, `state-${p.state}`);
   if (!p.progress) return span;
@@ -173,6 +229,7 @@ function render(view) {
             reasons.length ? reasons : [["-", 0]]);
   noteChanges(view);
   drawCharts(view);
+  drawAutoscale(view.autoscale);
 }
 
 async function poll() {
