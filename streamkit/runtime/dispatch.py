@@ -7,6 +7,7 @@ collected in an outbox and sent in bulk after the batch.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -35,6 +36,17 @@ Failure = tuple[Any, str, BaseException, str]  # (record, reason, exception, han
 RUN_BUDGET = 0.05
 """Seconds a key-concurrent route runs its queued records per call before the member
 fetches again (queued records of busy keys wait; other keys' records keep coming)."""
+
+TURN_AFTER = 0.1
+"""Seconds of handlers in a row after which a batch lets the event loop take a turn (the
+group's heartbeats, the job watcher) before it goes on. A handler that blocks 1 ms per
+record (a call to another service) would otherwise hold the loop for a whole fetch answer,
+thousands of records in a rebuild, and its worker would miss its group session. The batch
+holds the member's lock through the turn: nothing else applies records meanwhile."""
+TURN_PAUSE = 0.001
+"""Seconds a turn lasts (1% of a blocking handler's time)."""
+TURN_CHECK = 63
+"""The clock is read every ``TURN_CHECK + 1`` records (a mask: one AND per record)."""
 
 
 _RUNNING: ContextVar[Context | None] = ContextVar("streamkit_running_context", default=None)
@@ -96,6 +108,8 @@ class Dispatcher:
         self.consecutive_failures = 0
         self._last_alarm = 0.0
         self.run_budget = RUN_BUDGET
+        self._turn = time.perf_counter()
+        """When the event loop last took a turn in a batch (``TURN_AFTER``)."""
         """Seconds a key-concurrent route runs per call (a test driver: until none is queued,
         so that where the wall clock cuts a run does not change what runs beside what)."""
 
@@ -273,9 +287,13 @@ class Dispatcher:
         # stream time with each record (windows): fixed once, in offset order, for every handler
         times = [proc.advance(rec.timestamp, rec.key) for rec in records] if proc.windows else None
         ctx.stream_time = -1
+        if time.perf_counter() - self._turn > TURN_AFTER:  # (a merge applies runs of a few records)
+            await self._take_turn()
         for spec in route.handlers:
             fn, is_async = spec.fn, spec.is_async
             for j, rec in enumerate(records):
+                if j & TURN_CHECK == TURN_CHECK and time.perf_counter() - self._turn > TURN_AFTER:
+                    await self._take_turn()
                 if times is not None:
                     ctx.stream_time = times[j]
                 try:
@@ -304,6 +322,13 @@ class Dispatcher:
             await self._failed(failures, len(records) * len(route.handlers), rebuilding)
         else:
             self.consecutive_failures = 0
+
+    async def _take_turn(self) -> None:
+        """Let the event loop run the other tasks once (``TURN_AFTER``): a pause on the
+        clock, not ``sleep(0)``, which would run this task again before the timers that
+        came due meanwhile (a heartbeat waits on one)."""
+        await asyncio.sleep(TURN_PAUSE)
+        self._turn = time.perf_counter()
 
     async def _failed(self, failures: list[Failure], attempts: int, rebuilding: bool) -> None:
         if not rebuilding:  # a rebuilt record's dead letter was sent when it was first handled
