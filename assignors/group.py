@@ -118,6 +118,9 @@ class ProcessorAssignment:
     """The processors this member keeps standby copies of."""
     warmups: list[int] = field(default_factory=list)
     """Those of ``standbys`` it is to take over once caught up (it then asks for a rebalance)."""
+    members: int = 1
+    """Members of the group this was placed for (a member that grows in place checks the
+    spread against it)."""
 
     def outdated(self, p: int, shapes: Mapping[str, TopicShape]) -> str | None:
         """Why this assignment does not fit a job of ``p`` processors with topics of these
@@ -147,6 +150,7 @@ class ProcessorAssignment:
                 "sweeps": {str(pid): [[t, part] for t, part in tps] for pid, tps in self.sweeps.items()},
                 "standbys": self.standbys,
                 "warmups": self.warmups,
+                "members": self.members,
             }
         )
 
@@ -162,7 +166,8 @@ class ProcessorAssignment:
         sweeps = {int(pid): [(t, part) for t, part in tps] for pid, tps in d.get("sweeps", {}).items()}
         standbys = [int(pid) for pid in d.get("standbys", ())]
         warmups = [int(pid) for pid in d.get("warmups", ())]
-        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps, standbys, warmups)
+        return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps, standbys, warmups,
+                   int(d.get("members", 1)))  # fmt: skip
 
 
 def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[PartitionSlot]]:
@@ -295,8 +300,9 @@ class StreamkitAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aio
             for t, part in (tp for tps in swept.values() for tp in tps):
                 by_topic.setdefault(t, set()).add(part)
             user = ProcessorAssignment(
-                self._rounds, p0, p, procs, epochs, mine, swept, standbys.get(member_id, []), warmups.get(member_id, [])
-            )
+                self._rounds, p0, p, procs, epochs, mine, swept, standbys.get(member_id, []),
+                warmups.get(member_id, []), len(infos),
+            )  # fmt: skip
             result[member_id] = ConsumerProtocolMemberAssignment(
                 self.version, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user.encode()
             )

@@ -319,8 +319,8 @@ def main() -> None:
     if a.json is not None:
         series = {c: [{"t": r.t, "lag": r.lag, "workers": r.workers, "processors": r.processors} for r in rs]
                   for c, rs in runs.items()}  # fmt: skip
-        a.json.write_text(json.dumps({"args": vars(a) | {"chart": str(a.chart), "json": str(a.json)},
-                                      "figures": figures, "series": series}, indent=1))  # fmt: skip
+        args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
+        a.json.write_text(json.dumps({"args": args, "figures": figures, "series": series}, indent=1))
 
 
 if __name__ == "__main__":

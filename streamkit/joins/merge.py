@@ -17,10 +17,11 @@ an empty queue may still bring an earlier record: one with records fetched by no
 yet (lag: ``lagging``), or one that has been empty for less than the idle wait while
 others had records (as Kafka Streams' deadline: once passed, a quiet partition holds
 nothing back until it brings a record again). A held record is *pending* for its
-partition: a checkpoint records the stable offset below it (and IC ranges beyond), so a
-crash re-reads it. Gates see held records as not applied (they look at stable offsets),
-so a partition whose keys came from another after a layout change delivers only once
-that one's records below the seal went out of the merge: per-key order stands.
+partition until the run it is released in was applied (``TimeMerge.applied``): a
+checkpoint records the stable offset below it (and IC ranges beyond), so a crash re-reads
+it. Gates see held records as not applied (they look at stable offsets), so a partition
+whose keys came from another after a layout change delivers only once that one's records
+below the seal went out of the merge: per-key order stands.
 
 The merge looks at heads only, as Kafka Streams' does: within a partition records keep
 their offset order, so a record stuck behind a later timestamp waits for it.
@@ -28,6 +29,7 @@ their offset order, so a record stuck behind a later timestamp waits for it.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -36,6 +38,8 @@ __all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "Source", "TimeMerge"]
 
 Source = tuple[str, int]
 """One input of the merge: a (topic, partition) the processor reads."""
+
+log = logging.getLogger(__name__)
 
 LAG_WAIT_SECONDS = 5.0
 """The longest a processor waits for a partition said to have unfetched records (its high
@@ -141,6 +145,16 @@ class TimeMerge:
         self.held += len(rebuild) + len(deliver)
         self._brought(pid, source)
 
+    @staticmethod
+    def applied(run: Run) -> None:
+        """A released run was applied: its records are no longer pending. Not at release:
+        a batch lets the event loop take turns (a query may read the state between two
+        runs), and positions that counted a run not applied yet would be ahead of the values."""
+        route, rebuild, deliver = run
+        pending = route.proc.pending.get(route.position_key)
+        if pending is not None:
+            pending.difference_update(rec.offset for rec in (*rebuild, *deliver))
+
     def release(self, now: float, lagging: Lagging, flush: bool = False) -> list[Run]:
         """The records that may be applied now, in merged order, as runs of one route.
         ``flush``: all of them, waiting for nothing."""
@@ -188,8 +202,7 @@ class TimeMerge:
 
     def _emit(self, entry: tuple[Any, Any, bool], runs: list[Run]) -> None:
         route, rec, again = entry
-        self.held -= 1
-        route.proc.pending[route.position_key].discard(rec.offset)
+        self.held -= 1  # (it stays pending until the taker applied its run: ``applied``)
         if runs and runs[-1][0] is route:  # a route's rebuilt records come before its delivered ones
             runs[-1][1 if again else 2].append(rec)
             return
@@ -207,6 +220,9 @@ class TimeMerge:
                 return True
             self.lag_waits_cut += 1
             self._lag_cut.add((pid, source))  # counted once, passed over until it brings a record
+            log.warning("processor %d: %s has records not fetched yet but brought none for %.0f s: the merge "
+                        "goes on without it (its records may then be judged late)", pid, f"{source[0]}[{source[1]}]",
+                        LAG_WAIT_SECONDS)  # fmt: skip
             del self._lag_since[(pid, source)]
             return False
         self._lag_since.pop((pid, source), None)

@@ -14,6 +14,7 @@ answers no queries (started without a query port) is refused at once (502), sayi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -72,21 +73,25 @@ class QueryAnswers:
         except Exception as exc:  # noqa: BLE001 - a key its serde refuses
             return Answer(400, {"error": f"key {key_text!r} is not a key of table {table!r}: {exc}"})
         job, h = self.jobs.job, key_hash(key_bytes)
-        for member in self.members():  # by the count its processors hold their keys for (the job record may be ahead)
-            task = member.tasks.active.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
-            proc = task.proc if task is not None else None
-            if proc is not None:  # a joining processor's store is not among them until its handover
-                answer: dict[str, Any] = {"table": table, "key": key_text}
-                if windows:
-                    answer["windows"] = _windows(proc, table, key, key_bytes, t.window)
-                    answer["stream_time"] = proc.stream_time
-                else:
-                    value = proc.caches[table].get(key)
-                    answer.update(value=_json(value), found=value is not None)
-                applied, _ = proc.stable()  # (a record its merge or a handler still holds is not in the value)
-                answer.update(processor=proc.id, worker=self.worker,
-                              positions={f"{t_}/{p}": o for (t_, p), o in sorted(applied.items())})  # fmt: skip
-                return Answer(200, answer)
+        members = self.members()
+        # between batches: a batch of slow handlers lets the event loop take turns (this
+        # answer among them), and its records are in the values before the positions
+        async with members[0].services.lock if members else contextlib.nullcontext():
+            for member in members:  # by the count its processors hold their keys for (the job record may be ahead)
+                task = member.tasks.active.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
+                proc = task.proc if task is not None else None
+                if proc is not None:  # a joining processor's store is not among them until its handover
+                    answer: dict[str, Any] = {"table": table, "key": key_text}
+                    if windows:
+                        answer["windows"] = _windows(proc, table, key, key_bytes, t.window)
+                        answer["stream_time"] = proc.stream_time
+                    else:
+                        value = proc.caches[table].get(key)
+                        answer.update(value=_json(value), found=value is not None)
+                    applied, _ = proc.stable()  # (a record its merge or a handler still holds is not in the value)
+                    answer.update(processor=proc.id, worker=self.worker,
+                                  positions={f"{t_}/{p}": o for (t_, p), o in sorted(applied.items())})  # fmt: skip
+                    return Answer(200, answer)
         pid = lh_bucket(h, job.p0, job.p)
         busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
                       RETRY_AFTER)  # fmt: skip

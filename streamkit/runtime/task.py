@@ -135,8 +135,10 @@ class Task:
         if not merge.held:
             return 0
         released = 0
-        for route, rebuild, deliver in merge.release(time.monotonic(), self.lagging, flush):
+        for run in merge.release(time.monotonic(), self.lagging, flush):
+            route, rebuild, deliver = run
             await self.dispatcher.apply(route, Admitted(rebuild, deliver, [], [], route.position, 0))
+            merge.applied(run)
             released += len(rebuild) + len(deliver)
         return released
 

@@ -34,9 +34,12 @@ def test_heads_go_out_by_timestamp_then_topic_and_a_caught_up_empty_topic_holds_
     merge, a, b = setup()
     merge.hold(a, [], recs("a", [1, 5, 9]))
     merge.hold(b, [], recs("b", [2, 5, 7]))
-    out = flat(merge.release(0.0, never))
-    assert out == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]
-    assert merge.held == 0 and a.proc.pending == {("a", 0): set(), ("b", 0): set()}
+    runs = merge.release(0.0, never)
+    assert flat(runs) == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    assert merge.held == 0 and a.proc.pending == {("a", 0): {0, 1, 2}, ("b", 0): {0, 1, 2}}  # until applied
+    for run in runs:
+        merge.applied(run)
+    assert a.proc.pending == {("a", 0): set(), ("b", 0): set()}
 
 
 def test_a_lagging_topic_holds_the_others_and_held_records_are_pending() -> None:
@@ -46,7 +49,9 @@ def test_a_lagging_topic_holds_the_others_and_held_records_are_pending() -> None
     assert merge.release(0.0, lagging) == []
     assert a.proc.pending[("a", 0)] == {0, 1, 2}
     merge.hold(b, [], recs("b", [2]))
-    assert flat(merge.release(0.1, lagging)) == [("a", 0), ("a", 1), ("b", 0)]  # a's 2 waits: b may bring a 2
+    runs = merge.release(0.1, lagging)
+    assert flat(runs) == [("a", 0), ("a", 1), ("b", 0)]  # a's 2 waits: b may bring a 2
+    merge.applied(runs[0])
     assert a.proc.pending[("a", 0)] == {2}
     assert flat(merge.release(0.2, never)) == [("a", 2)]
 

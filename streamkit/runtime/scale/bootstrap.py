@@ -47,6 +47,8 @@ from streamkit.state.restore import ChangelogSource, live_changes, seed_plan
 
 log = logging.getLogger(__name__)
 
+NOT_GAINING = 0.8
+"""A round that ends more than this share of the last round's gap behind did not gain."""
 HANDOVER_LAG = 2000
 """Records the joining processor may still be behind its keys' owner when it asks for
 the handover (it replays them during the rebalance, without output)."""
@@ -93,6 +95,7 @@ async def bootstrap_step(
     pace: Pace,
     report: Callable[[dict[str, int]], None],
     seed: Callable[[], Awaitable[bool]] | None = None,
+    hold_owner: Callable[[], bool] | None = None,
 ) -> JobLayout | None:
     """Rebuild ``proc`` for ``step.count`` processors (``job.bootstrap``) until it is within
     ``HANDOVER_LAG`` records of its keys' owners, then publish the next epoch of the job
@@ -101,7 +104,9 @@ async def bootstrap_step(
     rebalance). ``catchup``: the host member's history reading (its name is the host, in
     logs and in the job record); ``pace``: the rebuild's checkpoints and rate (its lock
     is the member's); ``report(progress)``: what status shows. ``seed()``: start the
-    store from the changelog first (``seed_from_changelog``; whether it did)."""
+    store from the changelog first (``seed_from_changelog``; whether it did).
+    ``hold_owner()``: stop the keys' owner here for the final stretch, when a round did not
+    gain on it (a busy worker: its own loop and the bootstrap take turns; whether it did)."""
     io, progress, by = catchup.io, catchup.progress, catchup.name
     what = "receives the retiring processor's keys" if step.staging else "joins the job"
     try:
@@ -125,6 +130,7 @@ async def bootstrap_step(
         checkpointed(0)
         owned_ever: set[TopicPartition] = set()
         reached: dict[TopicPartition, int] = {}
+        behind: int | None = None  # the gap the last round started from
         while True:
             async with pace.lock or contextlib.nullcontext():
                 await progress.refresh()
@@ -138,6 +144,8 @@ async def bootstrap_step(
                     plan.targets[tp] = max(plan.targets.get(tp, 0), end)
             reached = {tp: end for tp, end in plan.targets.items() if tp not in owned_ever}
             owned_t1 = sum(plan.targets[tp] for tp in plan.owned)
+            if behind is None:  # the gap the first round starts from
+                behind = owned_t1 - sum(proc.positions.get((tp.topic, tp.partition), 0) for tp in plan.owned)
             paced = dataclasses.replace(pace, extra={PROCESSOR_COUNT: p_new}, on_checkpoint=checkpointed)
             history = catchup.history()
             replayed += await rebuild(history, history.task(proc), plan, paced)
@@ -148,6 +156,12 @@ async def bootstrap_step(
             publish(t2, t1, replayed)
             if t1 - t2 <= HANDOVER_LAG:
                 break
+            if hold_owner is not None and behind is not None and t1 - t2 > behind * NOT_GAINING and hold_owner():
+                log.info("%s: processor %d does not gain on its keys' owner (%d records behind, %d a round "
+                         "before): the owner's partitions here wait until it caught up", by, proc.id, t1 - t2,
+                         behind)  # fmt: skip
+                hold_owner = None
+            behind = t1 - t2
     except asyncio.CancelledError:
         raise
     except HistoryTruncatedError as exc:  # the job goes on as it is; the scale change waits

@@ -15,6 +15,7 @@ from aiokafka import TopicPartition
 from assignors.group import place_job
 from streamkit.app import App
 from streamkit.runtime.dispatch import by_processor
+from streamkit.runtime.group_consumer import PauseControl
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.key_sets import adopt_windows, open_for_count, purge_moved_keys, staging_path
 from streamkit.runtime.parts import MemberParts
@@ -31,6 +32,33 @@ from streamkit.state.restore import ChangelogSource
 log = logging.getLogger(__name__)
 
 __all__ = ["Joining"]
+
+
+class OwnerHold:
+    """The final stretch of a bootstrap that does not gain on its keys' owner (the member's
+    loop and the bootstrap share one process): the owner's partitions here wait until the
+    handover is done. All of them, or none: a processor with some of its partitions paused
+    would judge their records late against the others' time; and none if another processor
+    hosted here reads one of them too."""
+
+    def __init__(self, control: PauseControl, tasks: TaskManager, owners: tuple[int, ...]) -> None:
+        self.control, self.tasks, self.owners = control, tasks, owners
+        self.held: list[TopicPartition] = []
+
+    def __call__(self) -> bool:
+        """Hold the owners' partitions; whether it could."""
+        mine = [tp for pid, task in self.tasks.active.items() if pid in self.owners for tp in task.routes]
+        others = {tp for pid, task in self.tasks.active.items() if pid not in self.owners for tp in task.routes}
+        if not mine or others & set(mine):
+            return False
+        self.held = mine
+        self.control.pause(*mine)
+        return True
+
+    def release(self) -> None:
+        if self.held:
+            self.control.resume(*self.held)
+            self.held = []
 
 
 class Joining:
@@ -133,9 +161,17 @@ class Joining:
             checkpoint_interval=s.commit_interval, max_rate=s.bootstrap_rate,
         )  # fmt: skip
         seed = self._changelog_seed(proc, job, step, generation)
-        stepped = await bootstrap_step(proc, job, step, self.parts.catchup, pace, report, seed)
-        if stepped is None:
-            return
+        owners = (step.beside, step.count) if step.staging else (step.beside,)
+        hold = OwnerHold(self.parts.consumer.control("a bootstrap's final stretch"), self.tasks, owners)
+        try:
+            stepped = await bootstrap_step(proc, job, step, self.parts.catchup, pace, report, seed, hold)
+            if stepped is not None:
+                await self._hand_over(proc, step, stepped, generation)
+        finally:
+            hold.release()
+
+    async def _hand_over(self, proc: ProcessorState, step: Bootstrap, stepped: JobLayout, generation: int) -> None:
+        """The step's handover: in place when it can be done here, else by a rebalance."""
         async with self.services.lock:
             try:
                 if step.staging:
@@ -154,6 +190,19 @@ class Joining:
                 log.info("%s: processor %d %s: rebalancing to place its standbys", self.name, proc.id,
                          "took the retiring processor's keys" if step.staging else "joined")  # fmt: skip
                 self.parts.consumer.request_rejoin()
+            elif (members := self._piled_up(stepped.p)) is not None:
+                log.info("%s: processor %d joined in place; this worker hosts %d of %d processors, more than its "
+                         "share among %d: rebalancing to spread them", self.name, proc.id, len(self.tasks.active),
+                         stepped.p, members)  # fmt: skip
+                self.parts.consumer.request_rejoin()
+
+    def _piled_up(self, p: int) -> int | None:
+        """The group's member count if this member hosts more than its share of ``p``
+        processors (a growth in place adds the joined one here: the other workers, a new
+        one the autoscaler started among them, would stay idle until some rebalance)."""
+        assignment = self.parts.assignor.assignment
+        members = assignment.members if assignment is not None else 1
+        return members if len(self.tasks.active) > -(-p // members) else None
 
     def _changelog_seed(
         self, proc: ProcessorState, job: JobLayout, step: Bootstrap, generation: int
