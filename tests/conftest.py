@@ -76,6 +76,7 @@ SCALING_UNDER_LOAD = (
     "tests/runtime/test_layout_soak.py",
     "tests/runtime/test_scaling.py",
     "tests/runtime/test_scaling_reference.py",
+    "tests/runtime/test_spread_after_growth.py",
 )
 """The test modules that run several worker processes through scaling steps under load,
 with short session timeouts. Their tests are marked ``alone``: ``scripts/test`` runs them
