@@ -8,7 +8,8 @@ its target while the load is high, and once the load falls it scales back in aft
 stabilization time; a bounded number of scale operations (no flapping). Per-key state
 exact and per-key output in order throughout (``ScaleJob.verify``). A second run SIGKILLs
 a worker the controller started during its scale-out: it starts another, and the job is
-just as exact.
+just as exact. A third keeps a standby copy of each processor: the workers the controller
+starts warm copies up before they take processors over, and no store is restored cold.
 
 About 75 s each: on demand (``STREAMKIT_AUTOSCALE_LOAD=all``), beside the CI's 20-minute
 budget."""
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,10 +40,11 @@ STABILIZATION = 10.0
 LAG_TARGET = 3_000
 """Records: the lag the job must come back under while the load is high."""
 MAX_SCALES = 8
+RESTORED = re.compile(r"processor (\d+) restored from the changelog in [\d.]+ s: (\d+) keys")
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("STREAMKIT_AUTOSCALE_LOAD") != "all",
-    reason="on demand (STREAMKIT_AUTOSCALE_LOAD=all): two runs of about 75 s each, beyond the CI's time budget",
+    reason="on demand (STREAMKIT_AUTOSCALE_LOAD=all): three runs of about 75 s each, beyond the CI's time budget",
 )
 
 
@@ -52,6 +55,7 @@ def _autoscaler(job: ScaleJob, log: Path) -> subprocess.Popen[str]:
                "--record": str(job.tmp / "history.jsonl")}  # fmt: skip
     cmd = [sys.executable, "-m", "streamkit.cli", "autoscale", "tests.runtime.scale_app:app"]
     cmd += [part for option in options.items() for part in option]
+    cmd += ["--worker-arg=--log-level", "--worker-arg=INFO"]
     return subprocess.Popen(cmd, cwd=ROOT, env=job.env, stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True)
 
 
@@ -63,10 +67,18 @@ def _scales(history: Path) -> list[tuple[float, str, int]]:
     return [(d["at"], d["action"], d["workers"]) for r in lines if (d := r.get("decision")) and d["action"] != "hold"]
 
 
-@pytest.mark.parametrize("kill", [False, True], ids=["step load", "a worker killed during the scale-out"])
-def test_the_autoscaler_follows_a_step_load_with_state_exact(broker: str, tmp_path: Path, kill: bool) -> None:
+@pytest.mark.parametrize(
+    ("kill", "standbys"),
+    [(False, False), (True, False), (False, True)],
+    ids=["step load", "a worker killed during the scale-out", "standbys: no store restored cold"],
+)
+def test_the_autoscaler_follows_a_step_load_with_state_exact(
+    broker: str, tmp_path: Path, kill: bool, standbys: bool
+) -> None:
     job = ScaleJob(broker, tmp_path, p0=1, partitions=4)
     job.env["SK_TEST_DELAY_MS"] = "1"
+    if standbys:  # a worker it starts warms a copy up before it takes a processor over
+        job.env["STREAMKIT_STANDBY_REPLICAS"] = "1"
     log, history = tmp_path / "autoscale.log", tmp_path / "history.jsonl"
     asyncio.run(_topics(job))
     controller = _autoscaler(job, log)
@@ -105,6 +117,11 @@ def test_the_autoscaler_follows_a_step_load_with_state_exact(broker: str, tmp_pa
     if kill:
         assert f"worker {killed[0]} exited with status -9: started another" in text
     job.verify(reports, _final_processors(job), counts=tuple(range(1, 7)))
+    if standbys:
+        logs = "".join(f.read_text() for f in sorted((tmp_path / "workers").glob("w*.log")))
+        cold = [m for m in RESTORED.finditer(logs) if int(m[2]) > 0]
+        assert not cold, f"stores restored cold: {[m[0] for m in cold]}"
+        assert "promoted at changelog position" in logs  # the moves went through warm copies
 
 
 async def _topics(job: ScaleJob) -> None:
