@@ -167,7 +167,7 @@ class ProcessorAssignment:
         standbys = [int(pid) for pid in d.get("standbys", ())]
         warmups = [int(pid) for pid in d.get("warmups", ())]
         return cls(d.get("g", 0), d["p0"], d["p"], procs, dict(d.get("epochs", {})), sharers, sweeps, standbys, warmups,
-                   int(d.get("members", 1)))  # fmt: skip
+                   max(1, int(d.get("members", 1))))  # fmt: skip
 
 
 def processor_slots(shapes: Mapping[str, TopicShape], p0: int, p: int) -> dict[int, list[PartitionSlot]]:

@@ -38,7 +38,6 @@ __all__ = ["Controller", "WorkerLever"]
 log = logging.getLogger(__name__)
 
 KEEP = 600
-PROCESSORS_STEP = "processors to one per worker"
 """Decisions (and samples) kept for status, one per look."""
 
 
@@ -165,8 +164,8 @@ class Controller:
         if self.policy.pausing(look.at):
             return
         self.say(f"processors to {want}: one per worker")
-        step = Decision(look.at, "out", self.workers.count, want, PROCESSORS_STEP)
-        await self._scale(lambda: self.request_scale(want), look, step)
+        step = Decision(look.at, "out", self.workers.count, want, "processors to one per worker")
+        await self._scale(lambda: self.request_scale(want), look, step, between_looks=True)
 
     async def _act(self, d: Decision, look: Look) -> None:
         async def act() -> None:
@@ -182,12 +181,13 @@ class Controller:
 
         await self._scale(act, look, d)
 
-    async def _scale(self, act: Callable[[], Any], look: Look, decision: Decision) -> None:
-        """Run one scale action; a refusal is reported, recorded, journaled and told to the policy."""
+    async def _scale(self, act: Callable[[], Any], look: Look, decision: Decision, between_looks: bool = False) -> None:
+        """Run one scale action; a refusal is reported, recorded, journaled and told to the
+        policy. ``between_looks``: a scale no look decided (journaled on its own when done)."""
         try:
             await act()
             self.scales += 1
-            if decision.why == PROCESSORS_STEP:  # (a look's decision is journaled with the look)
+            if between_looks:  # (a look's decision is journaled with the look)
                 await self._publish(dataclasses.replace(entry_of(self.app.name, self.about, look, None, decision),
                                                         kind="step"))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the job's refusal, in its own words

@@ -116,6 +116,11 @@ def controller_info(workers: str, dry_run: bool, limits: Mapping[str, Any], inte
 
 
 _DECISION = {"action": STR, "workers": INT, "processors": INT, "why": STR}
+_CONTROLLER = {"host": STR, "pid": INT, "workers": STR, "dry_run": BOOL, "min": INT, "max": INT,
+               "target_utilization": NUMBER, "interval": NUMBER}  # fmt: skip
+_RATES = ("input_rate", "applied_rate", "busy", "checkpointing")
+LATEST_AT = 4_102_444_800.0
+"""2100-01-01: a record stamped later is not one a controller wrote."""
 _INPUTS_REQUIRED = {"lag": INT, "lag_seconds": NUMBER, "workers": INT, "processors": INT, "settled": BOOL}
 _INPUTS_OPTIONAL = {"unsettled": list_of(STR), "input_rate": NUMBER, "applied_rate": NUMBER, "busy": NUMBER,
                     "checkpointing": NUMBER}  # fmt: skip
@@ -126,11 +131,19 @@ def parse_entry(value: bytes | None) -> Entry:
     else; fields this version does not know are left out)."""
     d = load_object(value)
     app, at = required(d, "app", STR), required(d, "at", NUMBER)
+    if not 0 < at < LATEST_AT:
+        raise Malformed(f"at {at} is not a time a controller wrote")
     controller, inputs = required(d, "controller", OBJECT), required(d, "inputs", OBJECT)
+    for name, shape in _CONTROLLER.items():
+        if name not in controller:
+            raise Malformed(f"controller.{name} is missing")
+        required(controller, name, shape)
     for name, shape in _INPUTS_REQUIRED.items():
         required(inputs, name, shape)
     for name, shape in _INPUTS_OPTIONAL.items():
         optional(inputs, name, shape)
+    if any(r in inputs for r in _RATES) and not all(r in inputs for r in _RATES):
+        raise Malformed(f"inputs has some of {', '.join(_RATES)}, not all")
     decision = optional(d, "decision", ("object|null", lambda v: v is None or isinstance(v, dict)))
     if decision is not None:
         for name, shape in _DECISION.items():

@@ -22,6 +22,7 @@ In the spirit of Flink's autoscaler:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["Decision", "Limits", "Policy", "Sample"]
@@ -90,8 +91,13 @@ class Decision:
     """What the decision used: needed capacity, capacity per worker, workers needed, ..."""
 
     def line(self) -> str:
-        shown = ", ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.figures.items())
+        shown = figures_text(self.figures)
         return f"{self.action}: {self.workers} workers, {self.processors} processors: {self.why} ({shown})"
+
+
+def figures_text(figures: Mapping[str, float]) -> str:
+    """A decision's figures in one line: "input/s 900.00, lag 1,200.00, ..."."""
+    return ", ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
 
 
 class Policy:
@@ -157,7 +163,7 @@ class Policy:
         needed = s.input_rate / lim.target_utilization + s.lag / lim.catch_up
         if s.busy <= 0 or s.applied_rate <= 0 or s.workers <= 0:
             # nothing applied: no capacity to measure; a backlog keeps what there is
-            return needed, math.inf, s.workers if s.lag > 0 else lim.min_workers
+            return needed, math.inf, s.workers if s.lag > 0 else 1  # (``--min`` is applied after)
         measured = s.measured or s.workers  # (a worker that just started applied nothing yet)
         per_worker = s.applied_rate / min(1.0, s.busy) / measured * max(0.1, 1.0 - s.checkpointing)
         return needed, per_worker, max(1, math.ceil(needed / per_worker))

@@ -12,6 +12,8 @@ from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from streamkit.autoscale.policy import figures_text
+
 __all__ = ["autoscale_lines", "decisions_table", "inputs_line"]
 
 
@@ -35,10 +37,6 @@ def inputs_line(inputs: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _figures(figures: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
-
-
 def decisions_table(decisions: list[Mapping[str, Any]]) -> Table:
     """The recent scales and refusals, oldest first."""
     table = Table(title="autoscaler decisions (last 10 minutes: scales and refusals)")
@@ -49,7 +47,7 @@ def decisions_table(decisions: list[Mapping[str, Any]]) -> Table:
     table.add_column("why", overflow="fold")
     for d in decisions:
         action = "[bold red]refused[/]" if d["action"] == "refused" else d["action"]
-        why = escape(d["why"]) + (f" ({escape(_figures(d['figures']))})" if d.get("figures") else "")
+        why = escape(d["why"]) + (f" ({escape(figures_text(d['figures']))})" if d.get("figures") else "")
         table.add_row(_clock(d["at"]), action, str(d.get("workers", "-")), str(d.get("processors", "-")), why)
     return table
 

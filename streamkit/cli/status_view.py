@@ -61,10 +61,10 @@ class Gathered:
     misplaced: Counter[str]
     """Strays dead-lettered, per "topic/partition" they lay in."""
     ever_active: dict[str, int] = field(default_factory=dict)
-    journal: list[Entry] = field(default_factory=list)
-    """The autoscaler's records of the last minutes (read only when asked: ``gather``)."""
     """Per input topic with a layout: the highest active partition count it ever had (a
     partition below it that nobody reads now is a drained one, above it a reserved one)."""
+    journal: list[Entry] = field(default_factory=list)
+    """The autoscaler's records of the last minutes (read only when asked: ``gather``)."""
 
 
 @dataclass

@@ -148,8 +148,8 @@ class TimeMerge:
     @staticmethod
     def applied(run: Run) -> None:
         """A released run was applied: its records are no longer pending. Not at release:
-        a batch lets the event loop take turns (a query may read the state between two
-        runs), and positions that counted a run not applied yet would be ahead of the values."""
+        a batch lets the event loop take turns between runs, and what reads the stable
+        positions meanwhile (heartbeats, status) would count records not applied yet."""
         route, rebuild, deliver = run
         pending = route.proc.pending.get(route.position_key)
         if pending is not None:

@@ -142,6 +142,10 @@ class GroupConsumer:
     def paused(self) -> set[TopicPartition]:
         return set(self.holds)
 
+    def gated(self) -> set[TopicPartition]:
+        """The partitions a gate holds (whatever else holds them too)."""
+        return {tp for tp, why in self.holds.items() if GATE in why}
+
     def forget_pauses(self) -> None:
         """After the assignment is given up: the client forgets its pauses with it."""
         self.holds.clear()

@@ -61,7 +61,8 @@ def consumer_lagging(
     beyond the route's position by the last high watermark a fetch reported (or none was
     reported yet). A partition paused by its gate, or a route at
     its gate's limit, does not lag: it brings nothing until the gate opens (one paused
-    for holding too much, ``HeldBack``, does).
+    for holding too much, ``HeldBack``, or while a bootstrap's final stretch holds its
+    owner, ``scale.joining.OwnerHold``, does).
 
     The route's position, not the consumer's: aiokafka moves its position over records it
     has fetched and not yet handed over. (A partition ending in a transaction marker keeps
@@ -69,7 +70,8 @@ def consumer_lagging(
     ``LAG_WAIT_SECONDS``, then until it brings a record.)"""
 
     def lagging(pid: int, source: Source) -> bool:
-        paused = consumer.paused() - (held_back.paused if held_back is not None else set())
+        paused = consumer.gated() if hasattr(consumer, "gated") else consumer.paused()
+        paused -= held_back.paused if held_back is not None else set()
         for tp, route in routes():
             if route.position_key != source or route.proc.id != pid or not merged(route) or tp in paused:
                 continue

@@ -14,7 +14,6 @@ answers no queries (started without a query port) is refused at once (502), sayi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -36,6 +35,8 @@ __all__ = ["QueryAnswers"]
 STATUS_TTL = 1.0
 """Seconds the workers' heartbeats, read to find a key's worker, are used for."""
 RETRY_AFTER = 1.0
+LOCK_WAIT = 2.0
+"""Seconds a query waits for the batch under way to end (then: 503, ask again)."""
 
 
 class QueryAnswers:
@@ -76,7 +77,14 @@ class QueryAnswers:
         members = self.members()
         # between batches: a batch of slow handlers lets the event loop take turns (this
         # answer among them), and its records are in the values before the positions
-        async with members[0].services.lock if members else contextlib.nullcontext():
+        lock = members[0].services.lock if members else None
+        if lock is not None:
+            try:
+                async with asyncio.timeout(LOCK_WAIT):
+                    await lock.acquire()
+            except TimeoutError:  # a rebalance's catch-up or a long batch: ask again
+                return Answer(503, {"error": f"worker {self.worker} is busy (a batch or a rebalance)"}, RETRY_AFTER)
+        try:
             for member in members:  # by the count its processors hold their keys for (the job record may be ahead)
                 task = member.tasks.active.get(lh_bucket(h, job.p0, member.job_p)) if member.job_p > 0 else None
                 proc = task.proc if task is not None else None
@@ -92,6 +100,9 @@ class QueryAnswers:
                     answer.update(processor=proc.id, worker=self.worker,
                                   positions={f"{t_}/{p}": o for (t_, p), o in sorted(applied.items())})  # fmt: skip
                     return Answer(200, answer)
+        finally:
+            if lock is not None:
+                lock.release()
         pid = lh_bucket(h, job.p0, job.p)
         busy = Answer(503, {"error": f"processor {pid} of key {key_text!r} is not hosted by a live worker now"},
                       RETRY_AFTER)  # fmt: skip

@@ -37,25 +37,36 @@ __all__ = ["Joining"]
 class OwnerHold:
     """The final stretch of a bootstrap that does not gain on its keys' owner (the member's
     loop and the bootstrap share one process): the owner's partitions here wait until the
-    handover is done. All of them, or none: a processor with some of its partitions paused
-    would judge their records late against the others' time; and none if another processor
-    hosted here reads one of them too."""
+    handover is done. All of them, or none if another processor hosted here reads one of
+    them too. They count as lagging while they wait (``merging.consumer_lagging``) and the
+    owner's merge does not go on without them (no lag cut): the records it holds wait too,
+    else those of a waiting partition would be judged late against the others' time."""
 
     def __init__(self, control: PauseControl, tasks: TaskManager, owners: tuple[int, ...]) -> None:
         self.control, self.tasks, self.owners = control, tasks, owners
         self.held: list[TopicPartition] = []
+        self._cut_lag: dict[int, bool] = {}
+        """Per owner task whose merge waits: whether it cut lag before."""
 
     def __call__(self) -> bool:
         """Hold the owners' partitions; whether it could."""
-        mine = [tp for pid, task in self.tasks.active.items() if pid in self.owners for tp in task.routes]
+        owners = {pid: task for pid, task in self.tasks.active.items() if pid in self.owners}
+        mine = [tp for task in owners.values() for tp in task.routes]
         others = {tp for pid, task in self.tasks.active.items() if pid not in self.owners for tp in task.routes}
         if not mine or others & set(mine):
             return False
+        for pid, task in owners.items():
+            self._cut_lag[pid], task.merge.cut_lag = task.merge.cut_lag, False
         self.held = mine
         self.control.pause(*mine)
         return True
 
     def release(self) -> None:
+        """The owners' partitions go on (those the handover moved: with their new owner)."""
+        for pid, cut_lag in self._cut_lag.items():
+            if (task := self.tasks.active.get(pid)) is not None:
+                task.merge.cut_lag = cut_lag
+        self._cut_lag = {}
         if self.held:
             self.control.resume(*self.held)
             self.held = []
@@ -190,7 +201,7 @@ class Joining:
                 log.info("%s: processor %d %s: rebalancing to place its standbys", self.name, proc.id,
                          "took the retiring processor's keys" if step.staging else "joined")  # fmt: skip
                 self.parts.consumer.request_rejoin()
-            elif (members := self._piled_up(stepped.p)) is not None:
+            elif not step.staging and stepped.bootstrap is None and (members := self._piled_up(stepped.p)):
                 log.info("%s: processor %d joined in place; this worker hosts %d of %d processors, more than its "
                          "share among %d: rebalancing to spread them", self.name, proc.id, len(self.tasks.active),
                          stepped.p, members)  # fmt: skip
@@ -199,7 +210,9 @@ class Joining:
     def _piled_up(self, p: int) -> int | None:
         """The group's member count if this member hosts more than its share of ``p``
         processors (a growth in place adds the joined one here: the other workers, a new
-        one the autoscaler started among them, would stay idle until some rebalance)."""
+        one the autoscaler started among them, would stay idle until some rebalance).
+        Asked after the last step of a growth only: a rebalance would restart the next
+        step's bootstrap."""
         assignment = self.parts.assignor.assignment
         members = assignment.members if assignment is not None else 1
         return members if len(self.tasks.active) > -(-p // members) else None
