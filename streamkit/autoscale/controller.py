@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from streamkit.autoscale.journal import Entry, JournalWriter, entry_of
+from streamkit.autoscale.journal import Entry, JournalWriter
 from streamkit.autoscale.policy import Decision, Policy, Sample
-from streamkit.autoscale.signals import WINDOW, Look, Sampler, as_record
+from streamkit.autoscale.signals import WINDOW, Look, Sampler, as_record, entry_of
 
 if TYPE_CHECKING:
     from streamkit.app import App

@@ -23,7 +23,6 @@ said once (``streamkit.internal_records``).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -52,12 +51,19 @@ from streamkit.internal_records import (
 )
 
 if TYPE_CHECKING:
-    from streamkit.autoscale.policy import Decision, Sample
-    from streamkit.autoscale.signals import Look
     from streamkit.connection import Connection
     from streamkit.kafkaio import KafkaIO
 
-__all__ = ["JOURNAL_TOPIC", "KEEP_SECONDS", "Entry", "JournalReader", "JournalWriter", "autoscale_view", "entry_of"]
+__all__ = [
+    "JOURNAL_TOPIC",
+    "KEEP_SECONDS",
+    "Entry",
+    "JournalReader",
+    "JournalWriter",
+    "autoscale_view",
+    "controller_info",
+    "parse_entry",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,28 +91,6 @@ class Entry:
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
-
-
-def entry_of(
-    app: str, controller: Mapping[str, Any], look: Look, sample: Sample | None, decision: Decision | None
-) -> Entry:
-    """The journal record of one look: the look's lag and counts, the sample's rates and
-    shares when there is one, and the decision."""
-    inputs: dict[str, Any] = {
-        "lag": sum(look.lag_by_partition.values()),
-        "lag_seconds": round(look.lag_seconds, 3),
-        "workers": sample.workers if sample is not None else look.workers,
-        "processors": look.processors,
-        "settled": look.settled,
-        "unsettled": list(look.unsettled),
-    }
-    if sample is not None:
-        for name in ("input_rate", "applied_rate", "busy", "checkpointing"):
-            inputs[name] = round(float(getattr(sample, name)), 4)
-    shown = None if decision is None else asdict(decision)
-    if shown is not None:  # (no capacity measured yet is infinite: JSON has no such number)
-        shown["figures"] = {k: v for k, v in shown["figures"].items() if math.isfinite(v)}
-    return Entry(app, look.at, dict(controller), inputs, shown)
 
 
 def controller_info(workers: str, dry_run: bool, limits: Mapping[str, Any], interval: float) -> dict[str, Any]:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from streamkit.autoscale.journal import Entry
 from streamkit.autoscale.policy import Decision, Limits, Policy, Sample
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 WINDOW = 10.0
 """Seconds at least between the two looks a sample compares (``Sampler``)."""
 
-__all__ = ["Look", "Sampler", "as_record", "look_of", "replay", "sample_between"]
+__all__ = ["Look", "Sampler", "as_record", "entry_of", "look_of", "replay", "sample_between"]
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,28 @@ def as_record(look: Look, sample: Sample | None, decision: Decision | None) -> d
     if decision is not None:
         out["decision"] = dataclasses.asdict(decision)
     return out
+
+
+def entry_of(
+    app: str, controller: Mapping[str, Any], look: Look, sample: Sample | None, decision: Decision | None
+) -> Entry:
+    """The journal record of one look: the look's lag and counts, the sample's rates and
+    shares when there is one, and the decision."""
+    inputs: dict[str, Any] = {
+        "lag": sum(look.lag_by_partition.values()),
+        "lag_seconds": round(look.lag_seconds, 3),
+        "workers": sample.workers if sample is not None else look.workers,
+        "processors": look.processors,
+        "settled": look.settled,
+        "unsettled": list(look.unsettled),
+    }
+    if sample is not None:
+        for name in ("input_rate", "applied_rate", "busy", "checkpointing"):
+            inputs[name] = round(float(getattr(sample, name)), 4)
+    shown = None if decision is None else dataclasses.asdict(decision)
+    if shown is not None:  # (no capacity measured yet is infinite: JSON has no such number)
+        shown["figures"] = {k: v for k, v in shown["figures"].items() if math.isfinite(v)}
+    return Entry(app, look.at, dict(controller), inputs, shown)
 
 
 def replay(lines: Iterable[str], limits: Limits) -> list[Decision]:
