@@ -230,9 +230,11 @@ def test_search_finds_standby(browser: Any, served: str) -> None:
     box = WebDriverWait(browser, 30).until(ec.element_to_be_clickable((By.CSS_SELECTOR, "input.md-search__input")))
     box.click()
     box.send_keys("standby")
-    results = WebDriverWait(browser, 30).until(
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    results = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda b: [r for r in b.find_elements(By.CSS_SELECTOR, ".md-search-result__item") if r.text.strip()]
-    )
+    )  # (the results are drawn again as the index answers: an element read in between is stale)
     texts = " ".join(r.text for r in results).lower()
     assert "standby" in texts, texts[:2000]
     links = [a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, ".md-search-result__link")]
