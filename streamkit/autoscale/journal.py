@@ -219,9 +219,9 @@ def autoscale_view(entries: list[Entry], now: float) -> dict[str, Any] | None:
     (wanted), ``why`` (a refusal: the job's reason), ``figures``) and ``history`` (per look:
     ``at``, ``lag``, ``lag_seconds``, ``input_rate``, ``applied_rate``, ``workers``,
     ``processors``; the dashboard's chart)."""
-    looks = [e for e in entries if e.refused is None and e.kind == "look"]
     if not entries:
         return None
+    looks = [e for e in entries if e.refused is None and e.kind == "look"]
     newest = looks[-1] if looks else entries[-1]
     decisions = []
     for e in entries:

@@ -151,9 +151,9 @@ async def gather(
         await dead.read_more(io, app.dead_letter_topic)
         decided = await journal.read_more(io) if journal is not None else []
     shapes = {t: (initial[t], active[t]) for t in counts}
-    found = Gathered(statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced), ever)
-    found.journal = decided
-    return found
+    return Gathered(
+        statuses, offsets, Counter(dead.reasons), job, shapes, modes, Counter(dead.misplaced), ever, decided
+    )
 
 
 def _ever_active(layout: TopicLayout) -> int:
