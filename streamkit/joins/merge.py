@@ -34,18 +34,19 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["LAG_WAIT_SECONDS", "MergeRoute", "Run", "Source", "TimeMerge"]
+__all__ = ["LONG_WAIT_SECONDS", "MergeRoute", "Run", "Source", "TimeMerge"]
 
 Source = tuple[str, int]
 """One input of the merge: a (topic, partition) the processor reads."""
 
 log = logging.getLogger(__name__)
 
-LAG_WAIT_SECONDS = 5.0
-"""The longest a processor waits for a partition said to have unfetched records (its high
-watermark beyond the position) that brings none: a broker that reports a wrong high
-watermark would otherwise hold the others for ever. Counted when it happens (the metric
-``streamkit_merge_lag_waits_cut_total``)."""
+LONG_WAIT_SECONDS = 5.0
+"""A processor that waits this long for a partition said to have records not fetched yet
+(its high watermark beyond what was handed over) says so, once per wait, in the log and
+the metric ``streamkit_merge_long_waits_total``. It goes on waiting, as Kafka Streams'
+tasks do while a partition lags (KIP-695): going on without the partition would judge
+its records late against the others' time, and they are not late."""
 
 
 class _Proc(Protocol):
@@ -76,25 +77,21 @@ fetch has brought yet."""
 class TimeMerge:
     """The merge queues of one task's processor (live, or a rebuild's)."""
 
-    def __init__(self, idle_ms: int, cut_lag: bool = True) -> None:
-        """``cut_lag``: pass over a partition said to lag that brings nothing for
-        ``LAG_WAIT_SECONDS`` (live; a rebuild, whose lag is exact, waits)."""
+    def __init__(self, idle_ms: int) -> None:
         self.idle = idle_ms / 1000 if idle_ms >= 0 else -1.0
-        self.cut_lag = cut_lag
         self.inputs: dict[int, frozenset[Source]] = {}
         """Per processor, the sources merged (set by :meth:`set_inputs`); one source or
         none: its records pass at once."""
         self._queues: dict[int, dict[Source, deque[tuple[Any, Any, bool]]]] = {}
         self._empty_since: dict[tuple[int, Source], float] = {}
         self._lag_since: dict[tuple[int, Source], float] = {}
-        self._lag_cut: set[tuple[int, Source]] = set()
-        """Sources said to lag that brought nothing for ``LAG_WAIT_SECONDS``: passed over
-        until they bring a record (a partition ending in a transaction marker lags for
-        ever by its high watermark)."""
+        self._told: set[tuple[int, Source]] = set()
+        """Sources said to lag that brought nothing for ``LONG_WAIT_SECONDS``: told once
+        per wait."""
         self.held = 0
         """Records held now."""
-        self.lag_waits_cut = 0
-        """Times a partition said to lag brought nothing for ``LAG_WAIT_SECONDS`` and was passed."""
+        self.long_waits = 0
+        """Times a partition said to lag brought nothing for ``LONG_WAIT_SECONDS``."""
 
     # -- what is merged --------------------------------------------------------------------
     def set_inputs(self, routes: Iterable[tuple[int, Source]]) -> None:
@@ -128,7 +125,7 @@ class TimeMerge:
     def _brought(self, pid: int, source: Source) -> None:
         self._empty_since.pop((pid, source), None)
         self._lag_since.pop((pid, source), None)
-        self._lag_cut.discard((pid, source))
+        self._told.discard((pid, source))
 
     def hold(self, route: MergeRoute, rebuild: list[Any], deliver: list[Any]) -> None:
         """Queue a route's admitted records (rebuild ones, then delivered ones, in offset
@@ -213,19 +210,16 @@ class TimeMerge:
         if self.idle < 0:
             return False
         if lagging(pid, source):
-            if (pid, source) in self._lag_cut:
-                return False
             since = self._lag_since.setdefault((pid, source), now)
-            if not self.cut_lag or now - since < LAG_WAIT_SECONDS:
-                return True
-            self.lag_waits_cut += 1
-            self._lag_cut.add((pid, source))  # counted once, passed over until it brings a record
-            log.warning("processor %d: %s has records not fetched yet but brought none for %.0f s: the merge "
-                        "goes on without it (its records may then be judged late)", pid, f"{source[0]}[{source[1]}]",
-                        LAG_WAIT_SECONDS)  # fmt: skip
-            del self._lag_since[(pid, source)]
-            return False
+            if now - since >= LONG_WAIT_SECONDS and (pid, source) not in self._told:
+                self.long_waits += 1
+                self._told.add((pid, source))  # once per wait: until it brings a record or stops lagging
+                log.warning("processor %d waits for %s: it has records not fetched yet and brought none for %.0f s "
+                            "(its other inputs wait with it: going on would judge its records late)", pid,
+                            f"{source[0]}[{source[1]}]", LONG_WAIT_SECONDS)  # fmt: skip
+            return True
         self._lag_since.pop((pid, source), None)
+        self._told.discard((pid, source))
         since = self._empty_since.setdefault((pid, source), now)
         return now - since < self.idle
 
@@ -239,7 +233,7 @@ class TimeMerge:
             del self._empty_since[key]
         for key in [k for k in self._lag_since if k[0] == pid]:
             del self._lag_since[key]
-        self._lag_cut = {k for k in self._lag_cut if k[0] != pid}
+        self._told = {k for k in self._told if k[0] != pid}
 
     def clear(self) -> None:
         for pid in list(self._queues):

@@ -128,8 +128,8 @@ class WorkerView:
     """Offset gaps in fetch answers: "asked_again" (each seen), "read_past" (confirmed real)."""
     merge_held: int = 0
     """Records the time-ordered merge holds now (every processor of the worker)."""
-    merge_lag_cuts: int = 0
-    """Times the merge passed over a topic said to lag that brought nothing for a while."""
+    merge_long_waits: int = 0
+    """Times a merge waited over 5 s for a partition said to lag that brought nothing."""
     skipped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Records skipped on purpose, per kind: "malformed" per internal topic, "copies" and
     "duplicate_strays" per "topic/partition" (the heartbeat's ``skipped``)."""
@@ -158,8 +158,8 @@ METRICS: dict[str, str] = {
     "else is records lost)",
     "streamkit_merge_held_records": "records the time-ordered merge of a processor's input partitions holds (an "
     "earlier record of another partition may still come)",
-    "streamkit_merge_lag_waits_cut_total": "times a partition said to have unfetched records brought none for 5 s and "
-    "the merge went on without it (a wrong high watermark, or a partition ending in a transaction marker)",
+    "streamkit_merge_long_waits_total": "times a processor's merge waited over 5 s for a partition that has records "
+    "not fetched yet (its other inputs wait with it; a lasting wait is a fetch or broker problem)",
     "streamkit_checkpoint_seconds": "checkpoint duration: the member's loop pauses this long",
     "streamkit_handler_batch_seconds": "time in the handlers per partition batch",
     "streamkit_gate_wait_seconds": "how long a partition waited at its gate for the group to pass a seal",
@@ -239,9 +239,9 @@ class WorkerCollector(Collector):
         yield holes
         held = _fam(GaugeMetricFamily, "streamkit_merge_held_records", labels)
         held.add_metric(base, v.merge_held)
-        cuts = _fam(CounterMetricFamily, "streamkit_merge_lag_waits_cut_total", labels)
-        cuts.add_metric(base, v.merge_lag_cuts)
-        yield from (held, cuts)
+        waits = _fam(CounterMetricFamily, "streamkit_merge_long_waits_total", labels)
+        waits.add_metric(base, v.merge_long_waits)
+        yield from (held, waits)
         waiting = _fam(GaugeMetricFamily, "streamkit_strays_waiting", [*labels, "partition"])
         for where, n in sorted(v.strays_waiting.items()):
             waiting.add_metric([*base, where], n)

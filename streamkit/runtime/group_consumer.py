@@ -75,6 +75,9 @@ class GroupConsumer:
         )
         self.holds: dict[TopicPartition, set[str]] = {}
         """Per paused partition: the reasons that hold it."""
+        self._quiet_at: dict[TopicPartition, int] = {}
+        """Per assigned partition the last fetch answer brought nothing of: the position
+        the client had handed over to then (``quiet_at``)."""
 
     # -- the group ---------------------------------------------------------------------------
     async def start(self, topics: Iterable[str], listener: ConsumerRebalanceListener) -> None:
@@ -96,9 +99,30 @@ class GroupConsumer:
 
     # -- records -----------------------------------------------------------------------------
     async def getmany(self, *, timeout_ms: int, max_records: int | None) -> dict[TopicPartition, list[Any]]:
-        return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        batch = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        self._note_quiet(batch)
+        return batch
+
+    def _note_quiet(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        subscription = self._consumer._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        self._quiet_at.clear()
+        if assignment is None:
+            return
+        for tp in assignment.tps:
+            if tp not in batch and (state := assignment.state_value(tp)).has_valid_position:
+                self._quiet_at[tp] = state.position
+
+    def quiet_at(self, partition: TopicPartition) -> int | None:
+        """Where the client stood in ``partition`` when the last fetch answer brought
+        none of its records: every offset below was handed over (None: the answer had
+        records of it, or the client has no position). It passes offsets that hold no
+        record, which a consumer's positions never reach: a transaction's commit
+        marker, the last offset of a partition a transactional producer wrote."""
+        return self._quiet_at.get(partition)
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
+        self._quiet_at.pop(partition, None)
         self._consumer.seek(partition, offset)
 
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:

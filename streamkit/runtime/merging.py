@@ -64,10 +64,11 @@ def consumer_lagging(
     for holding too much, ``HeldBack``, or while a bootstrap's final stretch holds its
     owner, ``scale.joining.OwnerHold``, does).
 
-    The route's position, not the consumer's: aiokafka moves its position over records it
-    has fetched and not yet handed over. (A partition ending in a transaction marker keeps
-    its position below the high watermark: such a partition is passed over after
-    ``LAG_WAIT_SECONDS``, then until it brings a record.)"""
+    The route's position moves with the records applied; offsets that hold no record (a
+    transaction's commit marker, the last offset of a partition a transactional producer
+    wrote) move the consumer's only (``GroupConsumer.quiet_at``): a partition lags only
+    beyond both, so a merge never waits for what will never come, and waits as long as it
+    takes for what will, as Kafka Streams' tasks do (KIP-695)."""
 
     def lagging(pid: int, source: Source) -> bool:
         paused = consumer.gated() if hasattr(consumer, "gated") else consumer.paused()
@@ -81,7 +82,10 @@ def consumer_lagging(
                 high = consumer.highwater(tp)
             except AssertionError:  # no longer assigned
                 continue
-            if high is None or high > route.position:
+            if high is None:
+                return True
+            quiet_at = consumer.quiet_at(tp) if hasattr(consumer, "quiet_at") else None
+            if high > max(route.position, quiet_at if quiet_at is not None else -1):
                 return True
         return False
 

@@ -239,7 +239,7 @@ class HistoryReader:
     def task(self, proc: ProcessorState) -> Task:
         """A task over ``proc`` for a history: its merge waits for nothing but the exact lag
         of what is left to read (``rebuild`` says which topic lags)."""
-        return Task(proc, self.dispatcher, TimeMerge(0, cut_lag=False))
+        return Task(proc, self.dispatcher, TimeMerge(0))
 
 
 @dataclass(frozen=True)

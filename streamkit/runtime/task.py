@@ -190,6 +190,16 @@ class Task:
                     self.holding.discard(tp)
         return self.holding
 
+    def starved(self) -> set[TopicPartition]:
+        """The merged partitions this task's merge holds none of: while it holds others,
+        it may be waiting for these."""
+        merge = self.merge
+        return {
+            tp
+            for tp, route in self.routes.items()
+            if merged(route) and merge.merges(route) and not merge.queued(self.id, route.position_key)
+        }
+
     def serving(self) -> bool:
         """Caught up with the group on every partition (a task still rebuilding its state
         runs no timer: its state is incomplete)."""
@@ -240,7 +250,9 @@ async def apply_fetched(
 ) -> tuple[int, set[TopicPartition]]:
     """One fetch answer: each partition's records admitted per route and applied by the
     route's task, then each task's end of batch. Returns the records taken off the answer
-    and the partitions the tasks' back-pressure asks to stop fetching."""
+    and the partitions the tasks' back-pressure asks to stop fetching: not one that
+    another task's merge waits for (a partition two processors share), which would wait
+    on the first task's merge, perhaps while that one waits on the second's."""
     consumed = 0
     for tp, records in fetched.items():
         for route, admitted in admission.admit(tp, records):
@@ -251,4 +263,6 @@ async def apply_fetched(
         await task.after_batch()
         if task.merge.held or task.holding:
             held |= task.back_pressure()
+    if held:
+        held -= {tp for task in tasks.values() if task.merge.held for tp in task.starved()}
     return consumed, held

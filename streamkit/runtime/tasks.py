@@ -85,8 +85,8 @@ class TaskManager:
         self.zombie_rejections = 0
         self.on_close: list[Callable[[], None]] = []
         """Called when every processor is closed (a joining one's bootstrap with them)."""
-        self.lag_waits_cut_closed = 0
-        """``TimeMerge.lag_waits_cut`` of the tasks closed (the metric is a counter)."""
+        self.long_waits_closed = 0
+        """``TimeMerge.long_waits`` of the tasks closed (the metric is a counter)."""
 
     # -- tasks -------------------------------------------------------------------------------
     def host(self, proc: ProcessorState) -> Task:
@@ -99,7 +99,7 @@ class TaskManager:
         """Stop hosting ``task`` (its store stays open: the caller's): its routes go out of
         admission, its positions back to its checkpoint."""
         self.parts.admission.remove(task.let_go())
-        self.lag_waits_cut_closed += task.merge.lag_waits_cut
+        self.long_waits_closed += task.merge.long_waits
         del self.active[task.id]
 
     # -- views -------------------------------------------------------------------------------
@@ -127,8 +127,8 @@ class TaskManager:
         """The tasks of a shrink's merged processors still on two stream times (``sides``)."""
         return [task for task in self.active.values() if task.proc.sides is not None]
 
-    def lag_waits_cut(self) -> int:
-        return self.lag_waits_cut_closed + sum(task.merge.lag_waits_cut for task in self.active.values())
+    def long_waits(self) -> int:
+        return self.long_waits_closed + sum(task.merge.long_waits for task in self.active.values())
 
     def shapes(self) -> dict[str, TopicShape]:
         """The input topics with a layout, as the registry knows them (no broker call): what
@@ -181,7 +181,7 @@ class TaskManager:
         for closing in self.on_close:  # a joining processor's bootstrap waits for the lock we hold
             closing()
         for task in self.active.values():
-            self.lag_waits_cut_closed += task.merge.lag_waits_cut
+            self.long_waits_closed += task.merge.long_waits
             task.close(discard=discard)
         parts = self.parts
         parts.dispatcher.binder.unbind()

@@ -81,7 +81,7 @@ def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: O
             "read_past": sum(m.admission.holes_read_past for m in members),
         },
         merge_held=held,
-        merge_lag_cuts=sum(m.tasks.lag_waits_cut() for m in members),
+        merge_long_waits=sum(m.tasks.long_waits() for m in members),
         skipped=skipped_counts(m.admission for m in members),
     )
 

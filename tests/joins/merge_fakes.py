@@ -19,6 +19,7 @@ class Rec:
 class Proc:
     id: int
     pending: dict[Any, set[int]] = field(default_factory=dict)
+    sides: Any = None
 
 
 @dataclass(eq=False)

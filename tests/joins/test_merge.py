@@ -3,10 +3,13 @@ tests run it against the broker)."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
-from streamkit.joins.merge import LAG_WAIT_SECONDS, TimeMerge
+import pytest
+
+from streamkit.joins.merge import LONG_WAIT_SECONDS, TimeMerge
 from tests.joins.merge_fakes import FakeRoute as R
 from tests.joins.merge_fakes import Proc, Rec
 
@@ -64,24 +67,32 @@ def test_the_idle_wait_holds_for_a_topic_with_nothing_then_lets_go() -> None:
     assert flat(merge.release(10.5, never)) == [("a", 0)]
 
 
-def test_minus_one_never_waits_and_a_lag_that_brings_nothing_is_cut() -> None:
+def test_minus_one_never_waits_and_a_lagging_partition_is_waited_for_however_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     merge, a, _ = setup(idle_ms=-1)
     merge.hold(a, [], recs("a", [1]))
     assert flat(merge.release(0.0, lambda *_: True)) == [("a", 0)]
     merge, a, b = setup()
     merge.hold(a, [], recs("a", [1]))
     assert merge.release(0.0, lambda *_: True) == []
-    assert flat(merge.release(LAG_WAIT_SECONDS, lambda *_: True)) == [("a", 0)]
-    assert merge.lag_waits_cut == 1
-    # passed over until it brings a record (a partition ending in a transaction marker
-    # lags by its high watermark for ever): not 5 s more per batch
-    merge.hold(a, [], [Rec("a", 0, 1, 2)])
-    assert flat(merge.release(LAG_WAIT_SECONDS + 0.1, lambda *_: True)) == [("a", 1)]
-    assert merge.lag_waits_cut == 1
-    merge.hold(b, [], recs("b", [3]))  # b brought one: its next lag is waited for again
-    merge.hold(a, [], [Rec("a", 0, 2, 4)])
-    assert flat(merge.release(LAG_WAIT_SECONDS + 0.2, lambda *_: True)) == [("b", 0)]
-    assert merge.held == 1 and merge.lag_waits_cut == 1  # a's 4 waits for b again
+    with caplog.at_level(logging.WARNING, logger="streamkit.joins.merge"):
+        assert merge.release(LONG_WAIT_SECONDS - 0.1, lambda *_: True) == []
+        assert merge.long_waits == 0 and not caplog.records
+        assert merge.release(LONG_WAIT_SECONDS, lambda *_: True) == []  # told, and still waiting
+        assert merge.release(100 * LONG_WAIT_SECONDS, lambda *_: True) == []
+    assert merge.long_waits == 1  # once per wait
+    assert [r.getMessage() for r in caplog.records] == [
+        "processor 0 waits for b[0]: it has records not fetched yet and brought none for 5 s (its other inputs "
+        "wait with it: going on would judge its records late)"
+    ]
+    merge.hold(b, [], recs("b", [3]))  # b brought one: a's goes out, and b's next wait is a new one
+    assert flat(merge.release(100 * LONG_WAIT_SECONDS, lambda *_: True)) == [("a", 0)]
+    merge.hold(a, [], [Rec("a", 0, 1, 4)])
+    assert flat(merge.release(100 * LONG_WAIT_SECONDS, lambda *_: True)) == [("b", 0)]
+    assert merge.release(200 * LONG_WAIT_SECONDS, lambda *_: True) == []
+    assert merge.long_waits == 2
+    assert flat(merge.release(200 * LONG_WAIT_SECONDS, never)) == [("a", 1)]  # b no longer lags
 
 
 def test_runs_keep_a_routes_rebuilt_records_before_its_delivered_ones() -> None:
@@ -169,15 +180,6 @@ def test_a_passed_idle_wait_holds_nothing_back_until_the_quiet_topic_brings_a_re
     merge.hold(a, [], [Rec("a", 0, 2, 4)])
     assert merge.release(30.0, never) == []  # b brought a record since: it gets its wait again
     assert flat(merge.release(30.5, never)) == [("a", 2)]
-
-
-def test_a_rebuild_waits_for_a_lagging_topic_however_long() -> None:
-    merge = TimeMerge(0, cut_lag=False)
-    proc = Proc(0)
-    merge.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
-    merge.hold(R(proc, ("a", 0)), [], recs("a", [1]))
-    assert merge.release(0.0, lambda *_: True) == []
-    assert merge.release(10 * LAG_WAIT_SECONDS, lambda *_: True) == []
 
 
 def test_a_batch_passes_unheld_only_when_nothing_could_come_before_it() -> None:

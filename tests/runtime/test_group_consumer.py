@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from assignors.group import MemberInfo, StreamkitAssignor
 from streamkit.connection import as_connection
@@ -69,3 +71,35 @@ def test_only_the_group_consumer_uses_the_private_group_api() -> None:
         if re.search(r"\._coordinator\b", path.read_text())
     ]
     assert users == ["streamkit/runtime/group_consumer.py"]
+
+
+def test_the_position_handed_over_is_noted_for_partitions_a_fetch_answer_has_nothing_of(
+    broker: str, topic_factory: Callable[..., str], produce: Callable[..., int]
+) -> None:
+    """``quiet_at`` against the real client: noted for the partitions an answer has none
+    of, where the client stands (every offset below handed over); not for those it has
+    records of, nor after a seek. (What it is for, a partition ending in a transaction
+    marker, needs a broker with transactions: ``test_merging`` checks the rule.)"""
+    topic = topic_factory(2)
+    produce(topic, [("k", i, 0) for i in range(3)])
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def run() -> None:
+        gc, _ = consumer()
+        gc._consumer = AIOKafkaConsumer(bootstrap_servers=broker, auto_offset_reset="earliest")
+        await gc._consumer.start()
+        try:
+            gc._consumer.assign([p0, p1])
+            batch: dict[TopicPartition, list[Any]] = {}
+            while not batch:
+                batch = await gc.getmany(timeout_ms=1000, max_records=None)
+            assert [r.offset for r in batch[p0]] == [0, 1, 2] and p1 not in batch
+            assert gc.quiet_at(p0) is None and gc.quiet_at(p1) == 0
+            assert await gc.getmany(timeout_ms=300, max_records=None) == {}
+            assert gc.quiet_at(p0) == 3 == gc.highwater(p0)
+            gc.seek(p0, 1)
+            assert gc.quiet_at(p0) is None  # the client went back: nothing noted until the next answer
+        finally:
+            await gc._consumer.stop()
+
+    asyncio.run(run())

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 
 from streamkit.joins.merge import TimeMerge
 from streamkit.runtime.merging import HELD_PER_PARTITION, HeldBack, consumer_lagging
-from streamkit.runtime.task import Task
+from streamkit.runtime.task import Task, apply_fetched
 from tests.joins.merge_fakes import FakeRoute, Proc, Rec
 
 
@@ -26,6 +26,7 @@ class Consumer:
     def __init__(self) -> None:
         self._paused: set[TopicPartition] = set()
         self.high: dict[TopicPartition, int | None] = {}
+        self.quiet: dict[TopicPartition, int] = {}
 
     def pause(self, *tps: TopicPartition) -> None:
         self._paused.update(tps)
@@ -38,6 +39,9 @@ class Consumer:
 
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.high.get(tp)
+
+    def quiet_at(self, tp: TopicPartition) -> int | None:
+        return self.quiet.get(tp)
 
 
 def test_a_topic_held_past_the_bound_stops_being_fetched_until_half_went_out() -> None:
@@ -112,3 +116,49 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
     # and a partition at its gate's limit does not lag
     gc.control(GATE).pause(a)
     assert not consumer_lagging(gc, lambda: routes, held)(0, ("a", 0))
+
+
+def test_offsets_that_hold_no_record_are_not_waited_for() -> None:
+    """A partition a transactional producer wrote ends in a commit marker: the high
+    watermark stays one beyond the last record, and only the consumer's position (handed
+    over to, ``GroupConsumer.quiet_at``) passes it. Records handed over but not applied
+    yet (later in the same fetch answer) still lag: no quiet position is noted for them."""
+    proc, consumer = Proc(0), Consumer()
+    a, b = FakeRoute(proc, ("a", 0), position=5), FakeRoute(proc, ("b", 0), position=0)
+    routes = [(TopicPartition("a", 0), a), (TopicPartition("b", 0), b)]
+    lagging = consumer_lagging(consumer, lambda: routes)
+    consumer.high[TopicPartition("a", 0)] = 6
+    assert lagging(0, ("a", 0))  # offset 5 not handed over: a record, or a marker
+    consumer.quiet[TopicPartition("a", 0)] = 5
+    assert lagging(0, ("a", 0))  # the client stands before it: it may be a record
+    consumer.quiet[TopicPartition("a", 0)] = 6
+    assert not lagging(0, ("a", 0))  # handed over, and no record came of it: a marker
+    consumer.high[TopicPartition("a", 0)] = 7
+    assert lagging(0, ("a", 0))  # a record written since
+
+
+def test_a_partition_another_task_waits_for_is_not_paused_for_holding_too_much() -> None:
+    """Two processors share partition a. Processor 0 holds too many of a's records while
+    b lags; processor 1 holds c's records and waits for a. Pausing a for 0's sake would
+    hold 1 until 0 lets go, and 0 may wait on 1 in turn: a is fetched on."""
+    consumer = Consumer()
+    p0, p1 = Proc(0), Proc(1)
+    a0, b0, a1, c1 = (FakeRoute(p0, ("a", 0)), FakeRoute(p0, ("b", 0)), FakeRoute(p1, ("a", 0)),
+                      FakeRoute(p1, ("c", 0)))  # fmt: skip
+    tpa, tpb, tpc = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    merge0, merge1 = TimeMerge(0), TimeMerge(0)
+    task0, task1 = task_of(p0, merge0, [(tpa, a0), (tpb, b0)]), task_of(p1, merge1, [(tpa, a1), (tpc, c1)])
+    merge0.set_inputs([(0, ("a", 0)), (0, ("b", 0))])
+    merge1.set_inputs([(1, ("a", 0)), (1, ("c", 0))])
+    task0.lagging = task1.lagging = lambda *_: True  # b lags for 0, a for 1: nothing goes out
+    merge0.hold(a0, [], [Rec("a", 0, i, 1000 + i) for i in range(HELD_PER_PARTITION + 1)])
+    held = HeldBack(consumer)
+
+    def fetch_answer() -> set[TopicPartition]:
+        _, wanted = asyncio.run(apply_fetched(None, {0: task0, 1: task1}, {}))  # type: ignore[arg-type]
+        held.update(wanted)
+        return consumer.paused()
+
+    assert fetch_answer() == {tpa}  # nobody else waits for a: paused
+    merge1.hold(c1, [], [Rec("c", 0, 0, 5)])
+    assert fetch_answer() == set()  # processor 1 waits for a: fetched again

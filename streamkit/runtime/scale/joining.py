@@ -38,15 +38,12 @@ class OwnerHold:
     """The final stretch of a bootstrap that does not gain on its keys' owner (the member's
     loop and the bootstrap share one process): the owner's partitions here wait until the
     handover is done. All of them, or none if another processor hosted here reads one of
-    them too. They count as lagging while they wait (``merging.consumer_lagging``) and the
-    owner's merge does not go on without them (no lag cut): the records it holds wait too,
-    else those of a waiting partition would be judged late against the others' time."""
+    them too. They count as lagging while they wait (``merging.consumer_lagging``): the
+    records the owner's merge holds wait with them."""
 
     def __init__(self, control: PauseControl, tasks: TaskManager, owners: tuple[int, ...]) -> None:
         self.control, self.tasks, self.owners = control, tasks, owners
         self.held: list[TopicPartition] = []
-        self._cut_lag: dict[int, bool] = {}
-        """Per owner task whose merge waits: whether it cut lag before."""
 
     def __call__(self) -> bool:
         """Hold the owners' partitions; whether it could."""
@@ -55,18 +52,12 @@ class OwnerHold:
         others = {tp for pid, task in self.tasks.active.items() if pid not in self.owners for tp in task.routes}
         if not mine or others & set(mine):
             return False
-        for pid, task in owners.items():
-            self._cut_lag[pid], task.merge.cut_lag = task.merge.cut_lag, False
         self.held = mine
         self.control.pause(*mine)
         return True
 
     def release(self) -> None:
         """The owners' partitions go on (those the handover moved: with their new owner)."""
-        for pid, cut_lag in self._cut_lag.items():
-            if (task := self.tasks.active.get(pid)) is not None:
-                task.merge.cut_lag = cut_lag
-        self._cut_lag = {}
         if self.held:
             self.control.resume(*self.held)
             self.held = []
