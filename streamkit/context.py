@@ -23,12 +23,13 @@ class Outbox:
     __slots__ = ("items", "suppress")
 
     def __init__(self) -> None:
-        self.items: list[tuple[Any, Any, Any, list[Header]]] = []
+        self.items: list[tuple[Any, Any, Any, list[Header], int]] = []
+        """(topic, key, value, headers, the processor that sent it)."""
         self.suppress = False
 
-    def add(self, topic: Any, key: Any, value: Any, headers: list[Header]) -> None:
+    def add(self, topic: Any, key: Any, value: Any, headers: list[Header], processor: int = -1) -> None:
         if not self.suppress:
-            self.items.append((topic, key, value, headers))
+            self.items.append((topic, key, value, headers, processor))
 
 
 class Context:
@@ -78,7 +79,7 @@ class Context:
         rec = self._rec
         hdrs = list(headers)
         hdrs.append(("streamkit.source", f"{rec.topic}/{rec.partition}/{rec.offset}".encode()))
-        self._outbox.add(topic, key, value, hdrs)
+        self._outbox.add(topic, key, value, hdrs, self.processor)
 
 
 class ReplayRecord:

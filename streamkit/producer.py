@@ -269,6 +269,18 @@ class Producer:
         if self._error is not None:
             raise self._error
 
+    async def mark(self, topic: str, header: tuple[str, bytes]) -> None:
+        """Write a record with no key and no value, only ``header``, into every partition
+        of ``topic`` and wait until the broker has them all (exactly-once markers: after
+        :meth:`flush`, so each lands behind the output sent before it)."""
+        if self._closed or not self._started:
+            raise StreamkitError("the producer is not running (use `async with Producer(...)` or start())")
+        partitions = sorted(await self._kp.partitions_for(topic) or ())
+        if not partitions:
+            raise StreamkitError(f"topic {topic!r} has no partitions the client knows of")
+        sent = [await self._kp.send(topic, None, key=None, partition=q, headers=[header]) for q in partitions]
+        await asyncio.gather(*sent)
+
     # ------------------------------------------------------------------ batching
 
     async def _copy(self, st: TopicPlacement, kb: bytes, vb: bytes | None, ts: int | None) -> None:

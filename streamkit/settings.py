@@ -111,6 +111,14 @@ class Settings(BaseSettings):
         "interface: for a Prometheus on another machine) or one of this machine's addresses; "
         "`streamkit worker --metrics-bind`",
     )
+    processing: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="'exactly_once': the handlers' output (and window closes, and timers') is committed with the "
+        "processor's checkpoint, and records another exactly-once job sent are applied only once committed there: "
+        "each is applied once through crashes, zombies and scaling, the output seen downstream one checkpoint "
+        "later (see the exactly-once guide); 'at_least_once': output goes out as it is made, and a crash sends "
+        "what followed the last checkpoint again",
+    )
     close_on: Literal["stream", "wall"] = Field(
         "stream",
         description="what moves the stream time that closes windows: 'stream' (the records' timestamps only) or "

@@ -47,6 +47,7 @@ from aiokafka import TopicPartition
 
 from assignors.murmur2 import key_hash_cached
 from assignors.placement import KeyFilter
+from streamkit.exactly_once.markers import is_marker
 from streamkit.kafkaio import HOLE_CONFIRM_FETCHES, HOLE_CONFIRM_SECONDS
 from streamkit.layout.gating import GateTracker, PartitionGate
 from streamkit.layout.model import PartitionMode, TopicLayout
@@ -438,11 +439,16 @@ def seals_to_hold(mine: dict[int, list[Route]], gates: Mapping[int, PartitionGat
 
 
 def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:
-    """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``),
-    and every record at or beyond ``until``."""
+    """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``;
+    exactly-once markers always: every sharer reads them), and every record at or beyond
+    ``until``."""
     accepts = key_filter.accepts
     if until is None:
-        return [r for r in records if (null_keys if r.key is None else accepts(key_hash_cached(r.key)))]
+        return [
+            r for r in records if ((null_keys or is_marker(r)) if r.key is None else accepts(key_hash_cached(r.key)))
+        ]
     return [
-        r for r in records if r.offset >= until or (null_keys if r.key is None else accepts(key_hash_cached(r.key)))
+        r
+        for r in records
+        if r.offset >= until or ((null_keys or is_marker(r)) if r.key is None else accepts(key_hash_cached(r.key)))
     ]

@@ -11,6 +11,10 @@
    layout epochs and the group generation, in one atomic store batch (the checkpoint).
    A stamp older than the store's is refused (`ZombieError`). After a crash, reopening
    gives exactly the state of having applied every record before those positions once.
+   2b. With ``processing="exactly_once"``, each processor's output attempt is in that
+   batch: its commit markers go out now (``streamkit.exactly_once.writer``). A crash
+   before they do leaves the attempt committed without markers: the processor's next
+   incarnation announces it.
 3. The positions are recorded in the progress log (generation-fenced: what gating and
    rebuilding hosts read) and committed as the group's Kafka offsets (what tools read;
    for a shared partition, the lowest of its sharers' positions in the progress log).
@@ -200,6 +204,9 @@ class CheckpointSinks:
     commit_offsets: CommitOffsets
     changelog: ChangelogWriter | None = None
     """The job's changelog (None: the app has none)."""
+    commit_attempts: Callable[[Iterable[Task]], Awaitable[None]] | None = None
+    """Step 2b: the tasks' exactly-once markers, once their stores hold their attempts
+    (None: output at least once)."""
 
 
 async def checkpoint(
@@ -234,6 +241,8 @@ async def checkpoint(
     epochs = dict(layout_epochs)
     writes = prepare_checkpoints(tasks, epochs, generation, extra, changelog=changelog is not None)
     await log_and_commit_stores(writes, changelog)
+    if sinks.commit_attempts is not None:
+        await sinks.commit_attempts(tasks)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

@@ -44,7 +44,7 @@ class CloseContext(Context):
 
     def send(self, topic: Any, key: Any, value: Any, headers: Any = ()) -> None:
         hdrs: list[Header] = [*headers, ("streamkit.source", self._source)]
-        self._outbox.add(topic, key, value, hdrs)
+        self._outbox.add(topic, key, value, hdrs, self.processor)
 
 
 async def fire_closes(

@@ -264,8 +264,8 @@ class Dispatcher:
         """Hand what the handlers sent to the producer (acknowledged at the checkpoint)."""
         if self.outbox.items:
             items, self.outbox.items = self.outbox.items, []
-            for topic, key, value, headers in items:
-                await self.output.send(topic, key, value, headers)
+            for topic, key, value, headers, pid in items:
+                await self.output.send(topic, key, value, headers, pid)
 
     async def fire(self, callbacks: list[Callable[..., Any]], partitions: Mapping[ProcessorState, list[Any]]) -> None:
         """Call each key callback once per processor with that processor's partitions,

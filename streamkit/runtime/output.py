@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from streamkit.errors import StreamkitError
+from streamkit.exactly_once.writer import Writers
 from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
 from streamkit.layout.strays import STRAY_HEADER
@@ -53,8 +55,12 @@ class Output:
         topics: Mapping[str, Topic],
         producer: Sender,
         seal: OriginSeal | None = None,
+        writers: Writers | None = None,
     ) -> None:
         self.app_name = app_name
+        self.writers = writers
+        """The hosted processors' attempt writers (``processing="exactly_once"``): handler
+        output is stamped with its processor's attempt. None: at least once."""
         self.seal = seal or OriginSeal.ephemeral()
         """Seals the origin of forwarded strays (the cluster's, for its workers to recognise)."""
         self.dead_letter_topic = dead_letter_topic
@@ -77,10 +83,22 @@ class Output:
             found = self._undeclared[topic] = Topic.declare(topic, "str", "json")
         return found
 
-    async def send(self, topic: Topic | str, key: Any, value: Any, headers: list[Header]) -> None:
+    async def send(self, topic: Topic | str, key: Any, value: Any, headers: list[Header], processor: int = -1) -> None:
         t = self._topic(topic)
         self.sent[t.name] += 1
+        if self.writers is not None and (writer := self.writers.by_processor.get(processor)) is not None:
+            if t.name not in self._topics:
+                raise StreamkitError(
+                    f"processing='exactly_once': processor {processor} sends to topic {t.name!r}, which the app does "
+                    f"not declare; declare it (app.topic({t.name!r}, ...)) so that a restart can abort what was "
+                    "sent there before a crash"
+                )
+            headers = [*headers, writer.header(t.name)]
         await self.producer.send(t.name, t.encode_key(key), t.encode_value(value), headers)
+
+    def declared(self) -> list[str]:
+        """The output topics the app declares (where a recovery marker goes)."""
+        return sorted(self._topics)
 
     async def dead_letter(self, record: Any, reason: str, exc: BaseException | str, handler: str = "") -> None:
         """Send the input record as it came (raw bytes) with headers saying why and whence."""

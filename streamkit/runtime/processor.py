@@ -22,6 +22,8 @@ from stores.cache import CacheBudget, CachedTable
 from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
 from streamkit.checkpoint_keys import INCARNATION, SEEN_STRAYS, STREAM_TIME
 from streamkit.errors import StreamkitError
+from streamkit.exactly_once.reader import EOS_SEEN, CommitGate
+from streamkit.exactly_once.writer import EOS_COMMITTED, AttemptWriter
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.runtime.sides import SIDES, SideClocks
@@ -117,6 +119,10 @@ class ProcessorState:
         in offset order."""
         self.seen_strays = SeenStrays(dict(loaded.extra.get(SEEN_STRAYS, {})))
         """The forwarded strays applied: a second copy of one is dropped."""
+        self.commit_gate: CommitGate | None = None
+        """What its inputs' markers said (``processing="exactly_once"``; set by its host)."""
+        self.attempts: AttemptWriter | None = None
+        """Its output attempts (``processing="exactly_once"``, live; set by its host)."""
 
     def rewind(self) -> None:
         """Forget progress beyond the last checkpoint (call right after one): positions and
@@ -125,6 +131,8 @@ class ProcessorState:
         self.ahead = {k: list(v) for k, v in self.loaded.ic_ranges.items() if v}
         self.pending.clear()
         self.seen_strays = SeenStrays(dict(self.loaded.extra.get(SEEN_STRAYS, {})))
+        if self.commit_gate is not None:
+            self.commit_gate.load(self.loaded.extra)
         if self.windows:
             self.stream_time = int(self.loaded.extra.get(STREAM_TIME, -1))
             self.sides = SideClocks.from_extra(self.loaded.extra, self._key_dumps)
@@ -235,6 +243,14 @@ class ProcessorState:
             out[SIDES] = self.sides.to_extra()
         if self.seen_strays.highest:
             out[SEEN_STRAYS] = dict(self.seen_strays.highest)
+        if self.commit_gate is not None and (seen := self.commit_gate.to_extra()):
+            out[EOS_SEEN] = seen
+        elif EOS_SEEN in self.loaded.extra:
+            out[EOS_SEEN] = self.loaded.extra[EOS_SEEN]
+        if self.attempts is not None and (committing := self.attempts.committing()) is not None:
+            out[EOS_COMMITTED] = committing
+        elif EOS_COMMITTED in self.loaded.extra:
+            out[EOS_COMMITTED] = self.loaded.extra[EOS_COMMITTED]
         return out
 
     def commit(self, checkpoint: Checkpoint) -> None:

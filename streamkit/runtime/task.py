@@ -21,6 +21,7 @@ record through :meth:`Task.checkpoint_record` for every task at once).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from stores.base import Checkpoint
+from streamkit.exactly_once.reader import CommitGate, without_markers
 from streamkit.joins.merge import Lagging, Source, TimeMerge
 from streamkit.runtime.admission import Admission, Admitted
 from streamkit.runtime.dispatch import Dispatcher
@@ -36,6 +38,8 @@ from streamkit.runtime.merging import HELD_PER_PARTITION, merged, merged_inputs
 from streamkit.runtime.processor import Position, ProcessorState
 from streamkit.runtime.restamp import restamp
 from streamkit.runtime.routes import Route, rebuilt_all
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Task", "TaskView", "apply_fetched", "nothing_lags"]
 
@@ -75,6 +79,10 @@ class Task:
         self.dispatcher = dispatcher
         self.merge = merge
         self.lagging = lagging
+        if dispatcher is not None and dispatcher.output.writers is not None and proc.commit_gate is None:
+            proc.commit_gate = CommitGate(proc.loaded.extra)  # processing="exactly_once"
+        if (gate := proc.commit_gate) is not None:
+            self.lagging = lambda pid, source: gate.holds(source) or lagging(pid, source)
         self.routes: dict[TopicPartition, Route] = {}
         self.concurrent: list[Route] = []
         """The routes of key-concurrent handlers (their queued records run after a batch)."""
@@ -113,7 +121,14 @@ class Task:
         come before it: ``TimeMerge.passes``); the rest, and the reports of late records
         and strays, goes to the handlers now. The route's position moves past the batch
         (what the merge holds or a key-concurrent handler queued is pending: applied later,
-        checkpointed then) and the records count as not committed."""
+        checkpointed then) and the records count as not committed. Exactly-once markers go
+        no further; with ``processing="exactly_once"`` the records go through the
+        processor's commit gate first (``exactly_once.reader``)."""
+        freed: set[int] = set()
+        if (gate := self.proc.commit_gate) is not None:
+            freed = self._through_gate(gate, route, admitted)
+        else:
+            admitted.rebuild, admitted.deliver = without_markers(admitted.rebuild), without_markers(admitted.deliver)
         restamp(route, admitted)
         merge = self.merge
         if (
@@ -122,11 +137,31 @@ class Task:
             and merged(route)
             and not merge.passes(route, time.monotonic(), self.lagging)
         ):
+            if freed:
+                self.proc.pending[route.position_key].difference_update(freed)
             merge.hold(route, admitted.rebuild, admitted.deliver)
             admitted.rebuild, admitted.deliver = [], []
+            freed = set()
         await self.dispatcher.apply(route, admitted)
+        if freed:
+            self.proc.pending[route.position_key].difference_update(freed)
         route.position = admitted.next_position
         self.proc.uncommitted += admitted.consumed
+
+    def _through_gate(self, gate: CommitGate, route: Route, admitted: Admitted) -> set[int]:
+        """The batch through the commit gate: what it releases takes the batch's place;
+        what it queues is pending. Returns the offsets it held before and let go now."""
+        source = route.position_key
+        if not admitted.rebuild and not admitted.deliver and not gate.holds(source):
+            return set()
+        dropped = gate.dropped
+        admitted.rebuild, admitted.deliver, freed = gate.admit(source, admitted.rebuild, admitted.deliver)
+        if gate.holds(source):
+            self.proc.pending.setdefault(source, set()).update(gate.held(source))
+        if gate.dropped > dropped:
+            log.info("processor %d: %s[%d]: dropped %d records of aborted attempts (their writer crashed or was "
+                     "replaced before committing them)", self.id, *source, gate.dropped - dropped)  # fmt: skip
+        return freed
 
     async def release(self, *, flush: bool = False) -> int:
         """Apply what the merge releases now, in its order (``flush``: all it holds, waiting

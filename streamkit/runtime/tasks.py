@@ -10,9 +10,10 @@ seek, record the routes, fire the key callbacks and gate.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -93,13 +94,21 @@ class TaskManager:
         """Host ``proc``: its task, reading nothing yet (``routing.Router`` routes it)."""
         merge = TimeMerge(self.app.settings.max_task_idle_ms)
         task = self.active[proc.id] = Task(proc, self.parts.dispatcher, merge, self.parts.lagging)
+        if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
+            proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra)
         return task
+
+    def _unhost(self, task: Task) -> None:
+        self.long_waits_closed += task.merge.long_waits
+        if (writers := self.services.output.writers) is not None and task.proc.attempts is not None:
+            writers.close(task.id, task.proc.attempts)
+            task.proc.attempts = None
 
     def let_go(self, task: Task) -> None:
         """Stop hosting ``task`` (its store stays open: the caller's): its routes go out of
         admission, its positions back to its checkpoint."""
         self.parts.admission.remove(task.let_go())
-        self.long_waits_closed += task.merge.long_waits
+        self._unhost(task)
         del self.active[task.id]
 
     # -- views -------------------------------------------------------------------------------
@@ -181,7 +190,7 @@ class TaskManager:
         for closing in self.on_close:  # a joining processor's bootstrap waits for the lock we hold
             closing()
         for task in self.active.values():
-            self.long_waits_closed += task.merge.long_waits
+            self._unhost(task)
             task.close(discard=discard)
         parts = self.parts
         parts.dispatcher.binder.unbind()
@@ -382,9 +391,11 @@ class TaskManager:
             stamp = checkpointing.CheckpointStamp(
                 self.name, self.assigned_generation, self.layout_epochs, {PROCESSOR_COUNT: self.job_p}
             )
+            output = self.services.output
             sinks = checkpointing.CheckpointSinks(
-                self.services.progress, self.services.output.flush, self._commit_offsets, self.services.changelog
-            )
+                self.services.progress, output.flush, self._commit_offsets, self.services.changelog,
+                commit_attempts=self._commit_attempts if output.writers is not None else None,
+            )  # fmt: skip
             committed = await checkpointing.checkpoint(stamp, self.active.values(), slots, sinks)
         except checkpointing.ZombieCheckpointError as exc:
             self.zombie_rejections += 1
@@ -396,6 +407,14 @@ class TaskManager:
             for tp, route in task.routes.items():
                 route.committed = committed.get((tp, task.id), route.committed)
         self.checkpoint_seconds.observe(time.perf_counter() - started)
+
+    async def _commit_attempts(self, tasks: Iterable[Task]) -> None:
+        """Exactly-once output: the hosted processors' attempts are in their stores now;
+        their markers go out (``exactly_once.writer``)."""
+        output = self.services.output
+        mark, declared = output.producer.mark, output.declared()  # type: ignore[attr-defined]
+        writers = [task.proc.attempts for task in tasks if task.proc.attempts is not None]
+        await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         await self.parts.consumer.commit(offsets)

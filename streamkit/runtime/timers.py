@@ -40,7 +40,7 @@ class TimerContext(Context):
         return int(self._now() * 1000)
 
     def send(self, topic: Any, key: Any, value: Any, headers: Any = ()) -> None:
-        self._outbox.add(topic, key, value, list(headers))
+        self._outbox.add(topic, key, value, list(headers), self.processor)
 
 
 async def run_timer(
@@ -84,5 +84,5 @@ async def fire(
         result = spec.fn(ctx)
         if inspect.isawaitable(result):
             await result
-        for topic, key, value, headers in outbox.items:
-            await output.send(topic, key, value, headers)
+        for topic, key, value, headers, pid in outbox.items:
+            await output.send(topic, key, value, headers, pid)

@@ -21,6 +21,7 @@ from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
 from streamkit.connection import Connection, as_connection
 from streamkit.errors import ConfigError
+from streamkit.exactly_once.writer import Writers
 from streamkit.joins.fed_table import copartition_problem
 from streamkit.joins.global_store import GlobalStores
 from streamkit.kafkaio import KafkaIO
@@ -168,7 +169,8 @@ class Worker:
                 before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
             ),
         ).start()
-        output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer, seal)
+        writers = Writers(app.name) if app.settings.processing == "exactly_once" else None
+        output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer, seal, writers)
         self.services = Services(
             connection=bootstrap,
             client_id=self.client_id,

@@ -20,6 +20,7 @@ class Proc:
     id: int
     pending: dict[Any, set[int]] = field(default_factory=dict)
     sides: Any = None
+    commit_gate: Any = None
 
 
 @dataclass(eq=False)

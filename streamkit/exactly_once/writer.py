@@ -1,0 +1,114 @@
+"""Writing exactly once: a processor's output stamped with its attempt, and the markers
+its checkpoints write (``streamkit.exactly_once.markers``).
+
+The commit decision is the processor's store commit: its checkpoint records the attempt
+(``EOS_COMMITTED``) atomically with its state and input positions. Only then are the
+attempt's commit markers written, so a crash between the two leaves an attempt that is
+committed without markers: the next incarnation, opened from that checkpoint, announces
+it as recovered, which commits it downstream and aborts everything else the incarnations
+before sent. Until that announcement is out, every checkpoint keeps the list of such
+attempts (several, if incarnations die in a row before announcing).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from streamkit.exactly_once.markers import Attempt, commit_header, recover_header
+
+__all__ = ["EOS_COMMITTED", "AttemptWriter", "Writers", "incarnation_of", "recovered_in"]
+
+EOS_COMMITTED = "eos_committed"
+"""Checkpoint extra: [writer, [[incarnation, attempt], ...]]: the last committed attempt
+of each incarnation no marker may have told of yet, this one's last (the writer named: a
+store seeded from another processor's keeps its marks)."""
+
+_COUNTER = itertools.count(1)
+
+Mark = Callable[[str, tuple[str, bytes]], Awaitable[None]]
+"""``mark(topic, header)``: write a marker with ``header`` into every partition of
+``topic`` and wait until the broker has them (``streamkit.producer.Producer.mark``)."""
+
+
+def incarnation_of(generation: int) -> int:
+    """A new incarnation number: the group generation it is opened in, then a counter of
+    this process (a processor is opened again in one generation only by the process
+    that hosts it), so that it only grows over a processor's life."""
+    return (max(generation, 0) << 24) | (next(_COUNTER) & 0xFFFFFF)
+
+
+class AttemptWriter:
+    """One hosted processor's output attempts."""
+
+    def __init__(self, writer: str, incarnation: int, recovered: list[tuple[int, int]]) -> None:
+        self.writer = writer
+        self.incarnation = incarnation
+        self.recovered = recovered
+        """Per incarnation before, its last committed attempt that no marker may have told
+        of (from the checkpoint): what the recovery marker announces."""
+        self.n = 1
+        """The attempt under way."""
+        self.topics: set[str] = set()
+        """Topics sent to in the attempt under way."""
+        self.announced = False
+        self._header = Attempt(writer, incarnation, 1).header()
+
+    def header(self, topic: str) -> tuple[str, bytes]:
+        """The header of a record sent to ``topic`` now."""
+        self.topics.add(topic)
+        return self._header
+
+    def committing(self) -> list[Any] | None:
+        """What the checkpoint being written records (``EOS_COMMITTED``): the attempts
+        not announced yet, and this incarnation's attempt under way if it sent anything,
+        else its last committed one (None: nothing to keep)."""
+        pairs = [] if self.announced else [list(p) for p in self.recovered]
+        n = self.n if self.topics else self.n - 1
+        if n > 0:
+            pairs.append([self.incarnation, n])
+        return [self.writer, pairs] if pairs else None
+
+    async def committed(self, mark: Mark, declared: Iterable[str]) -> None:
+        """The checkpoint recording :meth:`committing` is in the store: announce this
+        incarnation (at its first checkpoint), then commit the attempt's topics."""
+        if not self.announced:
+            header = recover_header(self.writer, self.incarnation, self.recovered)
+            for topic in sorted(set(declared) | self.topics):
+                await mark(topic, header)
+            self.announced = True
+        if self.topics:
+            header = commit_header(Attempt(self.writer, self.incarnation, self.n))
+            for topic in sorted(self.topics):
+                await mark(topic, header)
+            self.topics = set()
+            self.n += 1
+            self._header = Attempt(self.writer, self.incarnation, self.n).header()
+
+
+def recovered_in(writer: str, extra: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The committed attempts a checkpoint's ``extra`` keeps for ``writer``."""
+    kept = extra.get(EOS_COMMITTED)
+    if not (isinstance(kept, list) and len(kept) == 2 and kept[0] == writer):
+        return []
+    return [(int(inc), int(n)) for inc, n in kept[1]]
+
+
+class Writers:
+    """The attempt writers of a worker's hosted processors, by processor id: what the
+    output stamps records with (``streamkit.runtime.output.Output``)."""
+
+    def __init__(self, app: str) -> None:
+        self.app = app
+        self.by_processor: dict[int, AttemptWriter] = {}
+
+    def open(self, pid: int, generation: int, extra: Mapping[str, Any]) -> AttemptWriter:
+        """A new incarnation of processor ``pid``, from its checkpoint's ``extra``."""
+        name = f"{self.app}/{pid}"
+        writer = self.by_processor[pid] = AttemptWriter(name, incarnation_of(generation), recovered_in(name, extra))
+        return writer
+
+    def close(self, pid: int, writer: AttemptWriter) -> None:
+        if self.by_processor.get(pid) is writer:
+            del self.by_processor[pid]
