@@ -270,7 +270,7 @@ class Producer:
             raise self._error
 
     async def mark(self, topic: str, header: tuple[str, bytes]) -> None:
-        """Write a record with no key and no value, only ``header``, into every partition
+        """Write a record with no key, an empty value and ``header`` into every partition
         of ``topic`` and wait until the broker has them all (exactly-once markers: after
         :meth:`flush`, so each lands behind the output sent before it)."""
         if self._closed or not self._started:
@@ -278,7 +278,7 @@ class Producer:
         partitions = sorted(await self._kp.partitions_for(topic) or ())
         if not partitions:
             raise StreamkitError(f"topic {topic!r} has no partitions the client knows of")
-        sent = [await self._kp.send(topic, None, key=None, partition=q, headers=[header]) for q in partitions]
+        sent = [await self._kp.send(topic, b"", key=None, partition=q, headers=[header]) for q in partitions]
         await asyncio.gather(*sent)
 
     # ------------------------------------------------------------------ batching

@@ -14,7 +14,7 @@ partition of every output topic the app declares: "this writer goes on as incarn
 of the incarnations before, these attempts were committed: (I', n'), ..." (those whose
 commit no marker may have said: a crash between a store commit and its markers, perhaps
 several in a row), which aborts whatever else an earlier incarnation sent (a crash, or a
-zombie). A marker is a record with neither key nor value.
+zombie). A marker is a record with no key and an empty value.
 
 A reader that processes exactly once (``streamkit.exactly_once.reader``) applies a record
 only once its attempt is known committed, drops it once known aborted, and holds what is
@@ -95,16 +95,16 @@ def attempt_of(record: Any) -> Attempt | None:
 
 
 def is_marker(record: Any) -> bool:
-    """A commit or recovery marker: no key, no value, a marker header. Every reader skips
-    it (a handler never sees one); an exactly-once reader reads it first."""
-    if record.key is not None or record.value is not None:
+    """A commit or recovery marker: no key, an empty value, a marker header. Every reader
+    skips it (a handler never sees one); an exactly-once reader reads it first."""
+    if record.key is not None or record.value:
         return False
     return any(name in (COMMIT_HEADER, RECOVER_HEADER) for name, _ in record.headers or ())
 
 
 def marker_of(record: Any) -> Marker | None:
     """The marker a record is (None: it is not one, or a malformed one)."""
-    if record.key is not None or record.value is not None:
+    if record.key is not None or record.value:
         return None
     for name, value in record.headers or ():
         if value is None:

@@ -44,7 +44,7 @@ Source = tuple[str, int]
 
 def without_markers(records: list[Any]) -> list[Any]:
     """``records`` less the markers (a reader that does not process exactly once)."""
-    if not any(r.value is None and r.key is None for r in records):
+    if not any(r.key is None and not r.value for r in records):
         return records
     return [r for r in records if not is_marker(r)]
 
@@ -70,7 +70,7 @@ class SourceGate:
     """Per writer, the markers in the queue, in order."""
 
     def push(self, rec: Any, again: bool) -> None:
-        if rec.key is None and rec.value is None and (marker := marker_of(rec)) is not None:
+        if rec.key is None and not rec.value and (marker := marker_of(rec)) is not None:
             self.queue.append((rec, again, marker))
             self.markers.setdefault(marker.writer, deque()).append(marker)
         else:

@@ -412,7 +412,8 @@ class TaskManager:
         """Exactly-once output: the hosted processors' attempts are in their stores now;
         their markers go out (``exactly_once.writer``)."""
         output = self.services.output
-        mark, declared = output.producer.mark, output.declared()  # type: ignore[attr-defined]
+        mark = output.producer.mark  # type: ignore[attr-defined]
+        declared = [t for t in output.declared() if t not in self.app.handlers]  # the app's outputs
         writers = [task.proc.attempts for task in tasks if task.proc.attempts is not None]
         await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
 

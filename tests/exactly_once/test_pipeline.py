@@ -1,0 +1,137 @@
+"""Exactly once from one job to the next, in real processes against the broker: job A
+counts the records of each key and sends every new count, job B adds up what it
+receives. Both are SIGKILLed at random moments while records come in; in the end B's
+sums equal n(n+1)/2 for a key with n records, A's counts equal n: no count lost, none
+applied twice. With ``processing="at_least_once"`` the same run applies counts twice
+(what the test would see if exactly-once broke)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from stores.rocksdb import RocksDBStore
+from streamkit.testing import produce_json
+from tests.runtime.jobs import Job, committed, last_words
+
+KEYS = 40
+PARTITIONS = 4
+
+
+def totals(job: Job, processors: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pid in range(processors):
+        store = RocksDBStore.open(str(job.state_dir / job.app / f"processor-{pid}"), ["totals"])
+        try:
+            for k, v in store.items("totals"):
+                assert k.decode() not in out, f"key {k!r} is in two processors' stores"
+                out[k.decode()] = orjson.loads(v)
+        finally:
+            store.close()
+    return out
+
+
+def ends(bootstrap: str, topic: str) -> dict[int, int]:
+    async def run() -> dict[int, int]:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await c.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            return {tp.partition: o for tp, o in (await c.end_offsets(tps)).items()}
+        finally:
+            await c.stop()
+
+    return asyncio.run(run())
+
+
+def wait_drained(job: Job, topic: str, timeout: float = 120.0) -> None:
+    """Until the job's group has committed every offset of ``topic`` (markers too)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        end = ends(job.bootstrap, topic)
+        got = committed(job.bootstrap, f"streamkit-{job.app}", topic, PARTITIONS)
+        if all(got[p] >= end[p] for p in end):
+            return
+        for w in job.workers:
+            assert w.poll() in (None, -signal.SIGKILL, 0), f"worker exited with {w.returncode}: {job.log(w, 3000)}"
+        assert time.monotonic() < deadline, f"{job.app} stuck at {got} of {end}\n{last_words(job)}"
+        time.sleep(0.3)
+
+
+def run_pipeline(broker: str, topic_factory: Callable[..., str], tmp_path: Path, processing: str, seed: int) -> tuple[
+    Counter[str], dict[str, int], dict[str, int]
+]:  # fmt: skip
+    rng = random.Random(seed)
+    source, middle = topic_factory(PARTITIONS, prefix="eos-in"), topic_factory(PARTITIONS, prefix="eos-mid")
+    env = {"SK_EOS_PROCESSING": processing, "SK_TEST_COMMIT_INTERVAL": "1.0"}
+    a = Job(broker, f"eos-a-{seed}", source, tmp_path / "a", processors=2,
+            app_spec="tests.exactly_once.pipeline_app:app")  # fmt: skip
+    b = Job(broker, f"eos-b-{seed}", middle, tmp_path / "b", processors=2,
+            app_spec="tests.exactly_once.pipeline_app:app")  # fmt: skip
+    a_env = {**env, "SK_EOS_ROLE": "count", "SK_EOS_OUT": middle}
+    b_env = {**env, "SK_EOS_ROLE": "sum"}
+    sent: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def feed() -> None:  # about 400 records/s, in small batches
+        i = 0
+        while not stop.is_set():
+            batch = [(f"k{rng.randrange(KEYS)}", {"i": i + j}) for j in range(40)]
+            produce_json(broker, source, batch)
+            sent.update(k for k, _ in batch)
+            i += len(batch)
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=feed, daemon=True)
+    try:
+        a.start_worker(**a_env)
+        b.start_worker(**b_env)
+        producer.start()
+        for _ in range(3):  # kill each job's newest worker at a random moment, and start another
+            for job, job_env in ((a, a_env), (b, b_env)):
+                time.sleep(1.0 + rng.random() * 2.0)
+                job.workers[-1].send_signal(signal.SIGKILL)
+                job.workers[-1].wait()
+                job.start_worker(**job_env)
+        stop.set()
+        producer.join()
+        wait_drained(a, source)
+        wait_drained(b, middle)
+        a.stop_all()
+        b.stop_all()
+        for job in (a, b):
+            for w in job.workers:
+                assert w.returncode in (0, -signal.SIGKILL), job.log(w, 3000)
+        return sent, totals(a, 2), totals(b, 2)
+    finally:
+        stop.set()
+        a.kill_all()
+        b.kill_all()
+
+
+def test_two_jobs_through_kills_count_every_record_once(
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("STREAMKIT_EOS_SEED", "1"))
+    sent, counts, sums = run_pipeline(broker, topic_factory, tmp_path, "exactly_once", seed)
+    assert counts == dict(sent)
+    assert sums == {k: n * (n + 1) // 2 for k, n in sent.items()}
+
+
+def test_at_least_once_applies_counts_twice_through_the_same_kills(
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    sent, counts, sums = run_pipeline(broker, topic_factory, tmp_path, "at_least_once", 1)
+    assert counts == dict(sent)  # state is exact either way
+    over = {k for k, n in sent.items() if sums.get(k, 0) > n * (n + 1) // 2}
+    assert over, "no count was applied twice: the kills did not land between a send and its checkpoint"
