@@ -18,11 +18,13 @@ from stores.serde import serde_for
 from streamkit.connection import Connection
 from streamkit.joins import FedTable, GlobalTable, StreamJoin
 from streamkit.settings import connection_settings, load_settings
+from streamkit.sinks.base import Sink
 from streamkit.tables import Table
 from streamkit.topics import Topic
 from streamkit.windows import BookTable, Count, Session, Sliding, Tumbling, WindowedTable, WindowKind
 
 F = TypeVar("F", bound=Callable[..., Any])
+SinkT = TypeVar("SinkT", bound=Sink)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class App:
         self.keys_assigned_callbacks: list[Callable[..., Any]] = []
         self.window_close_callbacks: dict[str, list[Callable[..., Any]]] = {}
         self.late_callbacks: dict[str, list[Callable[..., Any]]] = {}
+        self.sinks: dict[str, Sink] = {}
 
     def connection(self, broker: str | None = None) -> Connection | None:
         """How every client of this app connects: to ``broker`` (else the app's, else the
@@ -110,6 +113,16 @@ class App:
             raise ValueError(f"topic {name!r} is declared twice with different serdes or settings")
         self.topics[name] = topic
         return topic
+
+    def sink(self, name: str, sink: SinkT) -> SinkT:
+        """Declare a sink: a database table handlers write rows to (``ctx.write(sink,
+        row)``, a row a dict of column -> JSON value), committed with the processor's
+        checkpoint, exactly once (``streamkit.sinks``: ``PostgresSink``, ``DeltaSink``)."""
+        if not name or name in self.sinks:
+            raise ValueError(f"sink {name!r}: a sink needs a name of its own")
+        sink.name = name
+        self.sinks[name] = sink
+        return sink
 
     def table(
         self,

@@ -20,12 +20,18 @@ class Outbox:
     runtime batch the sends. In rebuild (catch-up) mode the outbox drops what it gets.
     """
 
-    __slots__ = ("items", "suppress")
+    __slots__ = ("items", "rows", "suppress")
 
     def __init__(self) -> None:
         self.items: list[tuple[Any, Any, Any, list[Header], int]] = []
         """(topic, key, value, headers, the processor that sent it)."""
+        self.rows: list[tuple[int, str, dict[str, Any]]] = []
+        """Sink rows: (processor, sink, row)."""
         self.suppress = False
+
+    def write(self, processor: int, sink: str, row: dict[str, Any]) -> None:
+        if not self.suppress:
+            self.rows.append((processor, sink, row))
 
     def add(self, topic: Any, key: Any, value: Any, headers: list[Header], processor: int = -1) -> None:
         if not self.suppress:
@@ -80,6 +86,11 @@ class Context:
         hdrs = list(headers)
         hdrs.append(("streamkit.source", f"{rec.topic}/{rec.partition}/{rec.offset}".encode()))
         self._outbox.add(topic, key, value, hdrs, self.processor)
+
+    def write(self, sink: Any, row: dict[str, Any]) -> None:
+        """Write ``row`` (column -> JSON value) to ``sink`` (``app.sink``): it is written
+        with the processor's next checkpoint, exactly once (``streamkit.sinks``)."""
+        self._outbox.write(self.processor, sink if isinstance(sink, str) else sink.name, row)
 
 
 class ReplayRecord:

@@ -137,6 +137,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.fixture(scope="session")
+def postgres(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The DSN of a real PostgreSQL server of the session's own (``tests/pg_server.py``)."""
+    from tests.pg_server import pg_bin, postgres_server
+
+    bin_dir = pg_bin()
+    if bin_dir is None:
+        why = "PostgreSQL's server is not installed (apt-get install postgresql; .ci/run installs it)"
+        if request.config.getoption("--allow-missing-system-tools"):
+            pytest.skip(why)
+        pytest.fail(f"{why}, or run with --allow-missing-system-tools", pytrace=False)
+    with postgres_server(bin_dir) as dsn:
+        yield dsn
+
+
 @pytest.fixture
 def system_tool(request: pytest.FixtureRequest) -> Callable[[str, str], str]:
     """``need(command, package) -> path``: a system tool a test runs (``.ci/run`` installs

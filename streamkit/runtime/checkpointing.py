@@ -15,6 +15,9 @@
    batch: its commit markers go out now (``streamkit.exactly_once.writer``). A crash
    before they do leaves the attempt committed without markers: the processor's next
    incarnation announces it.
+   2c. Sink rows (``streamkit.sinks``) are in that batch too: each sink writes them now,
+   in one transaction with how far their processor got (a crash before that: the
+   processor's next incarnation writes them, the sink skips what it holds).
 3. The positions are recorded in the progress log (generation-fenced: what gating and
    rebuilding hosts read) and committed as the group's Kafka offsets (what tools read;
    for a shared partition, the lowest of its sharers' positions in the progress log).
@@ -207,6 +210,9 @@ class CheckpointSinks:
     commit_attempts: Callable[[Iterable[Task]], Awaitable[None]] | None = None
     """Step 2b: the tasks' exactly-once markers, once their stores hold their attempts
     (None: output at least once)."""
+    commit_rows: Callable[[Iterable[ProcessorState], Iterable[Task]], Awaitable[None]] | None = None
+    """Step 2c: the sink rows of the checkpoints written (the processors'), and every
+    task's not known written, to their sinks (None: the app has no sink)."""
 
 
 async def checkpoint(
@@ -243,6 +249,8 @@ async def checkpoint(
     await log_and_commit_stores(writes, changelog)
     if sinks.commit_attempts is not None:
         await sinks.commit_attempts(tasks)
+    if sinks.commit_rows is not None:
+        await sinks.commit_rows([proc for proc, _ in writes], tasks)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

@@ -266,6 +266,9 @@ class Dispatcher:
             items, self.outbox.items = self.outbox.items, []
             for topic, key, value, headers, pid in items:
                 await self.output.send(topic, key, value, headers, pid)
+        if self.outbox.rows:
+            rows, self.outbox.rows = self.outbox.rows, []
+            self.output.write_rows(rows)
 
     async def fire(self, callbacks: list[Callable[..., Any]], partitions: Mapping[ProcessorState, list[Any]]) -> None:
         """Call each key callback once per processor with that processor's partitions,

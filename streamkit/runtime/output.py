@@ -19,6 +19,7 @@ from streamkit.exactly_once.writer import Writers
 from streamkit.layout.seal import OriginSeal
 from streamkit.layout.stamps import EPOCH_HEADER, PRODUCER_HEADER, STAMP_HEADER
 from streamkit.layout.strays import STRAY_HEADER
+from streamkit.sinks.outbox import SinkOutbox
 from streamkit.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class Output:
         self.writers = writers
         """The hosted processors' attempt writers (``processing="exactly_once"``): handler
         output is stamped with its processor's attempt. None: at least once."""
+        self.sink_outboxes: dict[int, SinkOutbox] = {}
+        """The hosted processors' sink rows, by processor id (the app's sinks)."""
         self.seal = seal or OriginSeal.ephemeral()
         """Seals the origin of forwarded strays (the cluster's, for its workers to recognise)."""
         self.dead_letter_topic = dead_letter_topic
@@ -95,6 +98,14 @@ class Output:
                 )
             headers = [*headers, writer.header(t.name)]
         await self.producer.send(t.name, t.encode_key(key), t.encode_value(value), headers)
+
+    def write_rows(self, rows: list[tuple[int, str, dict[str, Any]]]) -> None:
+        """Sink rows (processor, sink, row) into their processor's outbox."""
+        for pid, sink, row in rows:
+            outbox = self.sink_outboxes.get(pid)
+            if outbox is None:
+                raise StreamkitError(f"processor {pid} wrote to sink {sink!r}, but the app declares no sink")
+            outbox.add(sink, row)
 
     def declared(self) -> list[str]:
         """The output topics the app declares (where a recovery marker goes)."""

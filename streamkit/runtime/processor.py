@@ -27,6 +27,7 @@ from streamkit.exactly_once.writer import EOS_COMMITTED, AttemptWriter
 from streamkit.layout.strays import SeenStrays
 from streamkit.runtime.icranges import Range, compact, snapshot
 from streamkit.runtime.sides import SIDES, SideClocks
+from streamkit.sinks.outbox import SINK_OUTBOX, SinkOutbox
 from streamkit.state.changelog import teed_changes
 from streamkit.tables import Table
 from streamkit.windows import WindowedTable
@@ -123,6 +124,8 @@ class ProcessorState:
         """What its inputs' markers said (``processing="exactly_once"``; set by its host)."""
         self.attempts: AttemptWriter | None = None
         """Its output attempts (``processing="exactly_once"``, live; set by its host)."""
+        self.sink_outbox: SinkOutbox | None = None
+        """Its sink rows since the last checkpoint (live, when the app has sinks; set by its host)."""
 
     def rewind(self) -> None:
         """Forget progress beyond the last checkpoint (call right after one): positions and
@@ -251,6 +254,10 @@ class ProcessorState:
             out[EOS_COMMITTED] = committing
         elif EOS_COMMITTED in self.loaded.extra:
             out[EOS_COMMITTED] = self.loaded.extra[EOS_COMMITTED]
+        if self.sink_outbox is not None and (rows := self.sink_outbox.to_extra()) is not None:
+            out[SINK_OUTBOX] = rows
+        elif SINK_OUTBOX in self.loaded.extra:
+            out[SINK_OUTBOX] = self.loaded.extra[SINK_OUTBOX]
         return out
 
     def commit(self, checkpoint: Checkpoint) -> None:

@@ -39,6 +39,7 @@ from streamkit.runtime.routing import Starts
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
 from streamkit.runtime.task import Task
+from streamkit.sinks.outbox import SinkOutbox
 from streamkit.state.changelog import position_of
 from streamkit.state.restore import ChangelogSource, restore_store
 
@@ -96,6 +97,9 @@ class TaskManager:
         task = self.active[proc.id] = Task(proc, self.parts.dispatcher, merge, self.parts.lagging)
         if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
             proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra)
+        if self.app.sinks:
+            proc.sink_outbox = SinkOutbox(f"{self.app.name}/{proc.id}", proc.loaded.extra)
+            self.services.output.sink_outboxes[proc.id] = proc.sink_outbox
         return task
 
     def _unhost(self, task: Task) -> None:
@@ -103,6 +107,10 @@ class TaskManager:
         if (writers := self.services.output.writers) is not None and task.proc.attempts is not None:
             writers.close(task.id, task.proc.attempts)
             task.proc.attempts = None
+        if task.proc.sink_outbox is not None:
+            if self.services.output.sink_outboxes.get(task.id) is task.proc.sink_outbox:
+                del self.services.output.sink_outboxes[task.id]
+            task.proc.sink_outbox = None
 
     def let_go(self, task: Task) -> None:
         """Stop hosting ``task`` (its store stays open: the caller's): its routes go out of
@@ -157,7 +165,8 @@ class TaskManager:
     def dirty_keys(self) -> int:
         """The keys the hosted processors changed since the last checkpoint: what the next
         one writes (it commits every processor at once), so its pause."""
-        return sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
+        rows = sum(t.proc.sink_outbox.count() for t in self.active.values() if t.proc.sink_outbox is not None)
+        return rows + sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
 
     def standby_info(self, info: MemberInfo) -> None:
         """What the leader places standbys by: this worker's disk and the stores it holds."""
@@ -395,6 +404,7 @@ class TaskManager:
             sinks = checkpointing.CheckpointSinks(
                 self.services.progress, output.flush, self._commit_offsets, self.services.changelog,
                 commit_attempts=self._commit_attempts if output.writers is not None else None,
+                commit_rows=self._commit_rows if self.app.sinks else None,
             )  # fmt: skip
             committed = await checkpointing.checkpoint(stamp, self.active.values(), slots, sinks)
         except checkpointing.ZombieCheckpointError as exc:
@@ -416,6 +426,16 @@ class TaskManager:
         declared = [t for t in output.declared() if t not in self.app.handlers]  # the app's outputs
         writers = [task.proc.attempts for task in tasks if task.proc.attempts is not None]
         await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
+
+    async def _commit_rows(self, written: Iterable[ProcessorState], tasks: Iterable[Task]) -> None:
+        """Sink rows: those of the checkpoints just written are in their stores now; every
+        hosted processor's rows not known written go to their sinks (``sinks.outbox``)."""
+        for proc in written:
+            if proc.sink_outbox is not None:
+                proc.sink_outbox.committed()
+        for task in tasks:
+            if task.proc.sink_outbox is not None:
+                await task.proc.sink_outbox.flush(self.app.sinks)
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         await self.parts.consumer.commit(offsets)

@@ -86,3 +86,4 @@ async def fire(
             await result
         for topic, key, value, headers, pid in outbox.items:
             await output.send(topic, key, value, headers, pid)
+        output.write_rows(outbox.rows)

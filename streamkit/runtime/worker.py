@@ -169,6 +169,8 @@ class Worker:
                 before_ack=partial(adoptions.wait, timeout=ADOPTION_WAIT),
             ),
         ).start()
+        for sink in app.sinks.values():
+            await asyncio.to_thread(sink.open)
         writers = Writers(app.name) if app.settings.processing == "exactly_once" else None
         output = Output(app.name, app.dead_letter_topic, app.topics, self._output_producer, seal, writers)
         self.services = Services(
@@ -309,6 +311,8 @@ class Worker:
             self._standbys = None
         if self._output_producer is not None:
             await self._output_producer.stop()
+        for sink in self.app.sinks.values():
+            sink.close()
         if self._changelog_producer is not None:
             await self._changelog_producer.stop()
         if self._registry is not None:

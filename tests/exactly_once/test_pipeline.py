@@ -15,10 +15,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import psycopg
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from deltalake import DeltaTable
 
 from stores.rocksdb import RocksDBStore
 from streamkit.testing import produce_json
@@ -68,18 +72,37 @@ def wait_drained(job: Job, topic: str, timeout: float = 120.0) -> None:
         time.sleep(0.3)
 
 
-def run_pipeline(broker: str, topic_factory: Callable[..., str], tmp_path: Path, processing: str, seed: int) -> tuple[
-    Counter[str], dict[str, int], dict[str, int]
-]:  # fmt: skip
+@dataclass
+class Outcome:
+    sent: Counter[str]
+    counts: dict[str, int]
+    """A's state."""
+    sums: dict[str, int]
+    """B's state."""
+    pg: dict[str, int]
+    delta: dict[str, int]
+
+    def reference(self) -> dict[str, int]:
+        return {k: n * (n + 1) // 2 for k, n in self.sent.items()}
+
+
+def run_pipeline(
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path, postgres: str, processing: str, seed: int
+) -> Outcome:
     rng = random.Random(seed)
     source, middle = topic_factory(PARTITIONS, prefix="eos-in"), topic_factory(PARTITIONS, prefix="eos-mid")
     env = {"SK_EOS_PROCESSING": processing, "SK_TEST_COMMIT_INTERVAL": "1.0"}
-    a = Job(broker, f"eos-a-{seed}", source, tmp_path / "a", processors=2,
+    run = source.rsplit("-", 1)[-1]  # app names of their own: the broker is the session's
+    a = Job(broker, f"eos-a-{run}", source, tmp_path / "a", processors=2,
             app_spec="tests.exactly_once.pipeline_app:app")  # fmt: skip
-    b = Job(broker, f"eos-b-{seed}", middle, tmp_path / "b", processors=2,
+    b = Job(broker, f"eos-b-{run}", middle, tmp_path / "b", processors=2,
             app_spec="tests.exactly_once.pipeline_app:app")  # fmt: skip
+    table = f"sums_{processing}_{seed}"
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (key text PRIMARY KEY, total bigint)")
     a_env = {**env, "SK_EOS_ROLE": "count", "SK_EOS_OUT": middle}
-    b_env = {**env, "SK_EOS_ROLE": "sum"}
+    b_env = {**env, "SK_EOS_ROLE": "sum", "SK_EOS_PG": postgres, "SK_EOS_PG_TABLE": table,
+             "SK_EOS_DELTA": str(tmp_path / "sums.delta")}  # fmt: skip
     sent: Counter[str] = Counter()
     stop = threading.Event()
 
@@ -97,12 +120,15 @@ def run_pipeline(broker: str, topic_factory: Callable[..., str], tmp_path: Path,
         a.start_worker(**a_env)
         b.start_worker(**b_env)
         producer.start()
-        for _ in range(3):  # kill each job's newest worker at a random moment, and start another
+        a.start_worker(**a_env)  # a second worker of A: a scale to 3 processors spreads over both
+        for round in range(3):  # kill each job's newest worker at a random moment, and start another
             for job, job_env in ((a, a_env), (b, b_env)):
                 time.sleep(1.0 + rng.random() * 2.0)
                 job.workers[-1].send_signal(signal.SIGKILL)
                 job.workers[-1].wait()
                 job.start_worker(**job_env)
+            if round < 2:  # A: 2 -> 3 processors (4 partitions: shared ones), then back to 2
+                a.scale(3 if round == 0 else 2, **a_env)
         stop.set()
         producer.join()
         wait_drained(a, source)
@@ -112,26 +138,37 @@ def run_pipeline(broker: str, topic_factory: Callable[..., str], tmp_path: Path,
         for job in (a, b):
             for w in job.workers:
                 assert w.returncode in (0, -signal.SIGKILL), job.log(w, 3000)
-        return sent, totals(a, 2), totals(b, 2)
+        with psycopg.connect(postgres) as conn:
+            pg = dict(conn.execute(f"SELECT key, total FROM {table}").fetchall())
+        rows = DeltaTable(str(tmp_path / "sums.delta")).to_pyarrow_table().to_pylist()
+        delta = {r["key"]: r["total"] for r in rows}
+        assert len(delta) == len(rows), "a key twice in the Delta table"
+        return Outcome(sent, totals(a, 2), totals(b, 2), pg, delta)
     finally:
         stop.set()
         a.kill_all()
         b.kill_all()
 
 
-def test_two_jobs_through_kills_count_every_record_once(
-    broker: str, topic_factory: Callable[..., str], tmp_path: Path
+SEEDS = [int(s) for s in os.environ.get("STREAMKIT_EOS_SEEDS", "1").split(",")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_jobs_through_kills_and_scaling_count_every_record_once_into_postgres_and_delta(
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path, postgres: str, seed: int
 ) -> None:
-    seed = int(os.environ.get("STREAMKIT_EOS_SEED", "1"))
-    sent, counts, sums = run_pipeline(broker, topic_factory, tmp_path, "exactly_once", seed)
-    assert counts == dict(sent)
-    assert sums == {k: n * (n + 1) // 2 for k, n in sent.items()}
+    out = run_pipeline(broker, topic_factory, tmp_path, postgres, "exactly_once", seed)
+    assert out.counts == dict(out.sent)
+    assert out.sums == out.reference()
+    assert out.pg == out.reference()
+    assert out.delta == out.reference()
 
 
 def test_at_least_once_applies_counts_twice_through_the_same_kills(
-    broker: str, topic_factory: Callable[..., str], tmp_path: Path
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path, postgres: str
 ) -> None:
-    sent, counts, sums = run_pipeline(broker, topic_factory, tmp_path, "at_least_once", 1)
-    assert counts == dict(sent)  # state is exact either way
-    over = {k for k, n in sent.items() if sums.get(k, 0) > n * (n + 1) // 2}
+    out = run_pipeline(broker, topic_factory, tmp_path, postgres, "at_least_once", 1)
+    assert out.counts == dict(out.sent)  # state is exact either way
+    over = {k for k, total in out.sums.items() if total > out.reference()[k]}
     assert over, "no count was applied twice: the kills did not land between a send and its checkpoint"
+    assert out.pg == out.sums == out.delta  # the sinks are exactly once with B's state, whatever B read

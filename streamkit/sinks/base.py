@@ -1,0 +1,55 @@
+"""What a sink is: a destination that writes batches of rows and, in the same
+transaction, how far each writer got, so that it can tell a batch it already holds."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Sink", "SinkBatch", "last_per_key"]
+
+
+@dataclass(frozen=True)
+class SinkBatch:
+    """The rows one processor wrote to one sink between two of its checkpoints."""
+
+    writer: str
+    """The processor ("app/3")."""
+    seq: int
+    """The writer's checkpoint number for its rows: it only grows over the writer's life
+    (it is in the processor's checkpoint), and only a committed checkpoint's batch is
+    ever written, so a number the sink holds always stands for the same rows."""
+    rows: list[dict[str, Any]]
+
+
+class Sink(ABC):
+    """A destination for rows (``app.sink(name, sink)``; ``ctx.write(sink, row)``).
+
+    ``write`` gets the batches of committed checkpoints, oldest first per writer, perhaps
+    again after a crash: in one transaction it writes those whose ``seq`` is beyond what
+    it holds for their writer, and records the new ``seq`` per writer; it returns the rows
+    it wrote. It runs in a thread (it may block)."""
+
+    name: str = ""
+    """Set by ``app.sink``."""
+
+    def open(self) -> None:  # noqa: B027 - most sinks connect on their first write
+        """Connect (and create what the sink needs); called once per worker, at start."""
+
+    @abstractmethod
+    def write(self, batches: Sequence[SinkBatch]) -> int: ...
+
+    def close(self) -> None:  # noqa: B027 - nothing to let go of, for most
+        """Disconnect; called once, at stop."""
+
+
+def last_per_key(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """``rows`` with only the last row of each key (an upsert of a batch writes that one)."""
+    last: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        k = tuple(row[c] for c in keys)
+        last.pop(k, None)
+        last[k] = row
+    return list(last.values())

@@ -1,0 +1,78 @@
+"""The rows one processor wrote to sinks since its last checkpoint, and how they are
+committed with it (the transactional outbox pattern).
+
+The rows go into the processor's checkpoint (``SINK_OUTBOX``: the store's atomic batch,
+its changelog), numbered with the writer's next checkpoint number. Only once that
+checkpoint is in the store are they written to their sinks (``flush``), each sink in one
+transaction with the number it reached per writer. A crash before the store commit loses
+the rows with the state that made them (the input is applied again); a crash after it,
+before or during the sinks' write, leaves them in the checkpoint, and the processor's
+next incarnation writes them again: a sink that holds that number skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from streamkit.sinks.base import Sink, SinkBatch
+
+__all__ = ["SINK_OUTBOX", "SinkOutbox"]
+
+SINK_OUTBOX = "sink_outbox"
+"""Checkpoint extra: {"seq": the writer's last checkpoint number, "pending": [{"sink",
+"writer", "seq", "rows"}, ...] not known written}."""
+
+
+class SinkOutbox:
+    """One hosted processor's sink rows (see the module docstring)."""
+
+    def __init__(self, writer: str, extra: Mapping[str, Any]) -> None:
+        self.writer = writer
+        kept = extra.get(SINK_OUTBOX) or {}
+        self.seq = int(kept.get("seq", 0)) if kept.get("writer", writer) == writer else 0
+        self.pending: list[dict[str, Any]] = list(kept.get("pending", ()))
+        """Batches of committed checkpoints not known written (those of another writer
+        too: a store seeded from another processor's carries its)."""
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.written = 0
+        """Rows the sinks took (not those they held already)."""
+
+    def add(self, sink: str, row: dict[str, Any]) -> None:
+        self.rows.setdefault(sink, []).append(row)
+
+    def count(self) -> int:
+        return sum(len(rows) for rows in self.rows.values())
+
+    def _entries(self, seq: int) -> list[dict[str, Any]]:
+        return [{"sink": s, "writer": self.writer, "seq": seq, "rows": rows} for s, rows in sorted(self.rows.items())]
+
+    def to_extra(self) -> dict[str, Any] | None:
+        """What the checkpoint being written records (None: nothing)."""
+        seq = self.seq + 1 if self.rows else self.seq
+        pending = self.pending + self._entries(seq)
+        if not pending and not seq:
+            return None
+        return {"writer": self.writer, "seq": seq, "pending": pending}
+
+    def committed(self) -> None:
+        """The checkpoint recording :meth:`to_extra` is in the store."""
+        if self.rows:
+            self.seq += 1
+            self.pending += self._entries(self.seq)
+            self.rows = {}
+
+    async def flush(self, sinks: Mapping[str, Sink]) -> None:
+        """Write the pending batches, each sink in one transaction (in a thread)."""
+        if not self.pending:
+            return
+        by_sink: dict[str, list[SinkBatch]] = {}
+        for entry in self.pending:
+            by_sink.setdefault(entry["sink"], []).append(SinkBatch(entry["writer"], int(entry["seq"]), entry["rows"]))
+        for name, batches in sorted(by_sink.items()):
+            sink = sinks.get(name)
+            if sink is None:
+                raise KeyError(f"the checkpoint holds rows for sink {name!r}, which the app no longer declares")
+            self.written += await asyncio.to_thread(sink.write, batches)
+        self.pending = []

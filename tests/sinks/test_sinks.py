@@ -1,0 +1,81 @@
+"""The sinks against a real PostgreSQL server and a real Delta table: a batch is written
+once per writer and checkpoint number (again after a crash: skipped), upserts keep a key's
+last row, inserts append, and the progress is in the same transaction as the rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from streamkit.sinks.base import Sink, SinkBatch
+from streamkit.sinks.delta import DeltaSink
+from streamkit.sinks.postgres import PostgresSink
+
+
+def rows_of(sink: Sink, where: Any) -> list[tuple[Any, ...]]:
+    if isinstance(sink, PostgresSink):
+        with psycopg.connect(where) as conn:
+            return sorted(conn.execute(f"SELECT * FROM {sink.table}").fetchall())
+    data = DeltaTable(where).to_pyarrow_table().to_pylist()
+    return sorted(tuple(r.values()) for r in data)
+
+
+@pytest.fixture(params=["postgres", "delta"])
+def upsert_sink(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Sink, Any]:
+    if request.param == "postgres":
+        dsn = request.getfixturevalue("postgres")
+        table = f"sums_{abs(hash(str(tmp_path))) % 10**8}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, total bigint)")
+        sink: Sink = PostgresSink(dsn, table, key=["key"])
+        where: Any = dsn
+    else:
+        sink, where = DeltaSink(str(tmp_path / "sums"), key=["key"]), str(tmp_path / "sums")
+    sink.name = "sums"
+    sink.open()
+    return sink, where
+
+
+def test_a_checkpoints_rows_are_written_once_and_upserts_keep_the_last_row(upsert_sink: tuple[Sink, Any]) -> None:
+    sink, where = upsert_sink
+    first = SinkBatch("job/0", 1, [{"key": "a", "total": 1}, {"key": "b", "total": 2}, {"key": "a", "total": 3}])
+    assert sink.write([first]) == 2
+    assert rows_of(sink, where) == [("a", 3), ("b", 2)]
+    second = SinkBatch("job/0", 2, [{"key": "b", "total": 5}])
+    other = SinkBatch("job/1", 1, [{"key": "c", "total": 7}])
+    assert sink.write([first, second, other]) == 2  # the first again (a restart): skipped
+    assert rows_of(sink, where) == [("a", 3), ("b", 5), ("c", 7)]
+    assert sink.write([second, other]) == 0
+    assert rows_of(sink, where) == [("a", 3), ("b", 5), ("c", 7)]
+    sink.close()
+
+
+def test_a_postgres_write_that_fails_writes_neither_rows_nor_progress(postgres: str) -> None:
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE TABLE events_fail (id bigint PRIMARY KEY, what text)")
+    sink = PostgresSink(postgres, "events_fail")
+    sink.name = "events"
+    good = SinkBatch("job/0", 1, [{"id": 1, "what": "x"}])
+    bad = SinkBatch("job/1", 1, [{"id": 2, "what": "y"}, {"id": 2, "what": "again"}])  # a duplicate key
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        sink.write([good, bad])
+    assert rows_of(sink, postgres) == []
+    assert sink.write([good]) == 1  # nothing of the failed transaction stayed: written now
+    assert rows_of(sink, postgres) == [(1, "x")]
+    sink.close()
+
+
+def test_delta_appends_and_records_each_writers_transaction(tmp_path: Path) -> None:
+    uri = str(tmp_path / "events")
+    sink = DeltaSink(uri)
+    sink.name = "events"
+    batches = [SinkBatch("job/0", 1, [{"id": 1}, {"id": 2}]), SinkBatch("job/0", 2, [{"id": 3}])]
+    assert sink.write(batches) == 3
+    assert sink.write(batches) == 0
+    table = DeltaTable(uri)
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [1, 2, 3]
+    assert table.transaction_version("streamkit/events/job/0") == 2
