@@ -139,8 +139,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(scope="session")
 def postgres(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The DSN of a real PostgreSQL server of the session's own (``tests/pg_server.py``)."""
-    from tests.pg_server import pg_bin, postgres_server
+    """The DSN of a real PostgreSQL server of the session's own (``streamkit.sinks.local_postgres``)."""
+    from streamkit.sinks.local_postgres import pg_bin, postgres_server
 
     bin_dir = pg_bin()
     if bin_dir is None:

@@ -96,6 +96,10 @@ ALIASES: dict[str, str] = {
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
     "streamkit-metrics": "streamkit_app",
+    "streamkit-out": "streamkit_app",
+    "streamkit-eos": "streamkit_app",
+    "streamkit-eos-pg": "streamkit_app",
+    "streamkit-eos-delta": "streamkit_app",
     "streamkit-merged": "streamkit_join_app",
     "streamkit-join": "streamkit_join_app",
     "streamkit-sjoin": "streamkit_join_app",
@@ -108,7 +112,10 @@ ALIASES: dict[str, str] = {
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
 streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
-served and scraped every second; ``streamkit-merged``, ``streamkit-join`` and
+served and scraped every second; ``streamkit-out``: sending each key's new count and sum
+to an output topic, at least once, ``streamkit-eos`` the same exactly once, and
+``streamkit-eos-pg`` and ``streamkit-eos-delta`` writing them to a PostgreSQL table
+(``BENCH_PG_DSN``) or a Delta table as well; ``streamkit-merged``, ``streamkit-join`` and
 ``streamkit-sjoin``: with a second input topic, a table fed by it or a stream join with
 it, ``benchmarks.contenders.streamkit_join_app``; ``streamkit-hopping`` and the other
 kinds: a windowed table of that kind instead of the plain one,
@@ -124,6 +131,10 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),
+    "streamkit-out": ("streamkit", "stores", "rocksdict"),
+    "streamkit-eos": ("streamkit", "stores", "rocksdict"),
+    "streamkit-eos-pg": ("streamkit", "stores", "rocksdict", "psycopg"),
+    "streamkit-eos-delta": ("streamkit", "stores", "rocksdict", "deltalake"),
     "streamkit-merged": ("streamkit", "stores", "rocksdict"),
     "streamkit-join": ("streamkit", "stores", "rocksdict"),
     "streamkit-sjoin": ("streamkit", "stores", "rocksdict"),

@@ -38,7 +38,7 @@ from streamkit.runtime.worker import Worker
 def main() -> None:
     a = parse_args(prog="benchmarks.contenders.streamkit_app")
 
-    contender = os.environ.get("BENCH_CONTENDER")
+    contender = os.environ.get("BENCH_CONTENDER") or "streamkit"
     metrics_port = _free_port() if contender == "streamkit-metrics" else None
     app = streamkit.App(
         f"bench-{uuid.uuid4().hex[:8]}",
@@ -47,7 +47,9 @@ def main() -> None:
         session_timeout_ms=a.session_timeout_ms,
         changelog=contender != "streamkit-nolog",
         metrics_port=metrics_port,
+        processing="exactly_once" if contender.startswith("streamkit-eos") else "at_least_once",
     )
+    out, sink = _outputs(app, contender, a)
     if metrics_port is not None:  # scraped every second, as Prometheus would
         threading.Thread(target=_scrape, args=(metrics_port,), daemon=True).start()
     source = app.topic(a.topic, key_serde="raw")
@@ -59,7 +61,11 @@ def main() -> None:
     @app.processor(source)
     def count_and_sum(key: bytes, value: Any, ctx: streamkit.Context) -> None:
         s = stats[key]
-        stats[key] = [s[0] + 1, s[1] + value["amount"]]
+        s = stats[key] = [s[0] + 1, s[1] + value["amount"]]
+        if out is not None:
+            ctx.send(out, key, s)
+        if sink is not None:
+            ctx.write(sink, {"key": key.decode(), "n": s[0], "total": s[1]})
         n = progress["n"] = progress["n"] + 1
         if n == 1:
             progress["first"], progress["cpu_first"] = time.time(), time.process_time()
@@ -77,6 +83,31 @@ def main() -> None:
         check=check_totals(stored_stats(app, a.partitions)),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
+
+
+def _outputs(app: streamkit.App, contender: str, a: Any) -> tuple[Any, Any]:
+    """The output topic (``streamkit-out`` and ``streamkit-eos*``) and the sink
+    (``streamkit-eos-pg``, ``streamkit-eos-delta``) of the contender, made here."""
+    if contender not in ("streamkit-out", "streamkit-eos", "streamkit-eos-pg", "streamkit-eos-delta"):
+        return None, None
+    from streamkit.testing import create_topic
+
+    name = create_topic(a.bootstrap, f"{app.name}-out", a.partitions)
+    out = app.topic(name, key_serde="raw")
+    if contender == "streamkit-eos-pg":
+        import psycopg
+
+        from streamkit.sinks.postgres import PostgresSink
+
+        dsn, table = os.environ["BENCH_PG_DSN"], app.name.replace("-", "_")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, n bigint, total bigint)")
+        return out, app.sink("pg", PostgresSink(dsn, table, key=["key"]))
+    if contender == "streamkit-eos-delta":
+        from streamkit.sinks.delta import DeltaSink
+
+        return out, app.sink("delta", DeltaSink(str(Path(a.workdir) / "delta"), key=["key"]))
+    return out, None
 
 
 def stored_stats(app: streamkit.App, processors: int) -> Iterator[Any]:

@@ -1,6 +1,7 @@
-"""A real PostgreSQL server of the tests' own, from Debian's binaries, in a temporary
-directory (``.ci/run`` installs the package): initdb, postgres on a free local port,
-stopped at the end. As root (CI), the server runs as ``nobody``: PostgreSQL refuses root."""
+"""A PostgreSQL server of one's own, from the machine's binaries (Debian's package), in a
+temporary directory: initdb, postgres on a free local port, stopped and removed at the
+end. For the tests and benchmarks of the PostgreSQL sink (``.ci/run`` installs the
+package). As root (CI) the server runs as ``nobody``: PostgreSQL refuses root."""
 
 from __future__ import annotations
 
@@ -38,17 +39,16 @@ def postgres_server(bin_dir: str) -> Iterator[str]:
     if user is not None:
         os.chmod(base, 0o777)
         shutil.chown(base, user)
-    run_as = {"user": user} if user else {}
     subprocess.run(
         [f"{bin_dir}/initdb", "-D", data, "-U", "streamkit", "--auth=trust", "-E", "UTF8", "--no-sync"],
-        check=True, capture_output=True, **run_as,  # type: ignore[arg-type]
+        check=True, capture_output=True, user=user,
     )  # fmt: skip
     port = _free_port()
     log = open(os.path.join(base, "server.log"), "wb")  # noqa: SIM115 - open while the server runs
     server = subprocess.Popen(
         [f"{bin_dir}/postgres", "-D", data, "-p", str(port), "-k", base, "-c", "listen_addresses=127.0.0.1",
          "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
-        stdout=log, stderr=subprocess.STDOUT, **run_as,  # type: ignore[arg-type]
+        stdout=log, stderr=subprocess.STDOUT, user=user,
     )  # fmt: skip
     dsn = f"host=127.0.0.1 port={port} user=streamkit dbname=postgres"
     try:
