@@ -21,13 +21,15 @@ applied as it comes, in its turn. Queued records are pending for the processor (
 checkpoint's stable offset stays below them: a restart reads them again), and their
 partition counts as lagging for the time-ordered merge, which waits for them as for
 records not fetched yet. The table goes into the processor's checkpoint (``to_extra``):
-atomic with its state, in its changelog, with the processor wherever it goes.
+atomic with its state, in its changelog, with the processor wherever it goes. It goes in
+as of the checkpoint's stable offset (the markers learned beyond it left out: a restart
+reads them again, with the records around them, and decides those alike).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,11 @@ class SourceGate:
     """One input partition's table and queue (see the module docstring)."""
 
     seen: dict[str, WriterSeen] = field(default_factory=dict)
+    """What the markers passed said (what decides)."""
+    saved: dict[str, WriterSeen] = field(default_factory=dict)
+    """The table as of the offset the last checkpoint recorded (``compact``)."""
+    learned: list[tuple[int, Marker]] = field(default_factory=list)
+    """The markers passed since, with their offsets."""
     queue: deque[tuple[Any, bool, Attempt | Marker | None]] = field(default_factory=deque)
     """(record, rebuild, its attempt or marker) from the first undecided record on."""
     markers: dict[str, deque[Marker]] = field(default_factory=dict)
@@ -85,7 +92,8 @@ class SourceGate:
         while queue:
             rec, again, what = queue[0]
             if isinstance(what, Marker):
-                self._learn(what)
+                _learn(self.seen, what)
+                self.learned.append((rec.offset, what))
                 self.markers[what.writer].popleft()
             elif what is not None:
                 decided = self._decide(what)
@@ -117,15 +125,30 @@ class SourceGate:
                 return attempt.n <= m.recovered.get(attempt.incarnation, 0)
         return None
 
-    def _learn(self, m: Marker) -> None:
-        seen = self.seen.setdefault(m.writer, WriterSeen())
-        if m.incarnation > seen.current:
-            seen.current, seen.committed = m.incarnation, 0
-        if m.incarnation == seen.current and m.recovered is None:
-            seen.committed = max(seen.committed, m.n)
+    def table_at(self, offset: int) -> dict[str, WriterSeen]:
+        """The table as of ``offset``: the markers passed below it learned."""
+        table = {w: WriterSeen(s.current, s.committed) for w, s in self.saved.items()}
+        for at, marker in self.learned:
+            if at < offset:
+                _learn(table, marker)
+        return table
+
+    def compact(self, offset: int) -> None:
+        """A checkpoint recorded ``offset``: the table as of it is the one to start from."""
+        if self.learned and self.learned[0][0] < offset:
+            self.saved = self.table_at(offset)
+            self.learned = [(at, m) for at, m in self.learned if at >= offset]
 
     def held_offsets(self) -> Iterator[int]:
         return (rec.offset for rec, _, _ in self.queue)
+
+
+def _learn(table: dict[str, WriterSeen], m: Marker) -> None:
+    seen = table.setdefault(m.writer, WriterSeen())
+    if m.incarnation > seen.current:
+        seen.current, seen.committed = m.incarnation, 0
+    if m.incarnation == seen.current and m.recovered is None:
+        seen.committed = max(seen.committed, m.n)
 
 
 class CommitGate:
@@ -146,13 +169,21 @@ class CommitGate:
             gate = self.sources[(topic, int(partition))] = SourceGate()
             for writer, (current, committed) in writers.items():
                 gate.seen[writer] = WriterSeen(int(current), int(committed))
+                gate.saved[writer] = WriterSeen(int(current), int(committed))
 
-    def to_extra(self) -> dict[str, Any]:
-        return {
-            f"{topic}/{partition}": {w: [s.current, s.committed] for w, s in sorted(gate.seen.items())}
-            for (topic, partition), gate in sorted(self.sources.items())
-            if gate.seen
-        }
+    def to_extra(self, positions: Mapping[Source, int]) -> dict[str, Any]:
+        """The tables as of the checkpoint's ``positions`` (its stable offsets)."""
+        out: dict[str, Any] = {}
+        for source, gate in sorted(self.sources.items()):
+            table = gate.table_at(positions.get(source, 0)) if gate.learned else gate.saved
+            if table:
+                out[f"{source[0]}/{source[1]}"] = {w: [s.current, s.committed] for w, s in sorted(table.items())}
+        return out
+
+    def compact(self, positions: Mapping[Source, int]) -> None:
+        """A checkpoint recording ``positions`` is in the store."""
+        for source, gate in self.sources.items():
+            gate.compact(positions.get(source, 0))
 
     def admit(self, source: Source, rebuild: list[Any], deliver: list[Any]) -> tuple[list[Any], list[Any], set[int]]:
         """A partition batch through the gate: the records to apply now (rebuilt ones,

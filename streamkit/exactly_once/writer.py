@@ -53,6 +53,9 @@ class AttemptWriter:
         self.topics: set[str] = set()
         """Topics sent to in the attempt under way."""
         self.announced = False
+        self.owed: list[tuple[int, set[str]]] = []
+        """Attempts a store commit recorded whose commit markers are not out yet, with
+        their topics."""
         self._header = Attempt(writer, incarnation, 1).header()
 
     def header(self, topic: str) -> tuple[str, bytes]:
@@ -70,21 +73,30 @@ class AttemptWriter:
             pairs.append([self.incarnation, n])
         return [self.writer, pairs] if pairs else None
 
-    async def committed(self, mark: Mark, declared: Iterable[str]) -> None:
-        """The checkpoint recording :meth:`committing` is in the store: announce this
-        incarnation (at its first checkpoint), then commit the attempt's topics."""
-        if not self.announced:
-            header = recover_header(self.writer, self.incarnation, self.recovered)
-            for topic in sorted(set(declared) | self.topics):
-                await mark(topic, header)
-            self.announced = True
+    def stored(self) -> None:
+        """A store commit recorded :meth:`committing` (the member's checkpoint, or any
+        other commit of the processor's store: a rebuild's beside it): the attempt under
+        way is committed; what is sent from now on is the next one. Its markers are owed."""
         if self.topics:
-            header = commit_header(Attempt(self.writer, self.incarnation, self.n))
-            for topic in sorted(self.topics):
-                await mark(topic, header)
+            self.owed.append((self.n, self.topics))
             self.topics = set()
             self.n += 1
             self._header = Attempt(self.writer, self.incarnation, self.n).header()
+
+    async def committed(self, mark: Mark, declared: Iterable[str]) -> None:
+        """After a checkpoint: announce this incarnation (at its first checkpoint), then
+        the commit markers owed."""
+        if not self.announced:
+            header = recover_header(self.writer, self.incarnation, self.recovered)
+            for topic in sorted(set(declared) | {t for _, topics in self.owed for t in topics}):
+                await mark(topic, header)
+            self.announced = True
+        while self.owed:
+            n, topics = self.owed[0]
+            header = commit_header(Attempt(self.writer, self.incarnation, n))
+            for topic in sorted(topics):
+                await mark(topic, header)
+            self.owed.pop(0)
 
 
 def recovered_in(writer: str, extra: Mapping[str, Any]) -> list[tuple[int, int]]:

@@ -218,8 +218,9 @@ class Admission:
         ahead = route.proc.ahead.get(route.position_key)
         if ahead and records:  # gap amending: applied before a restart, beyond the stable offset
             keep, amended = skip_applied([r.offset for r in records], ahead)
-            if amended:
-                records = [records[i] for i in keep]
+            if amended:  # (exactly-once markers are read again: a reader's table is as of the stable offset)
+                kept = set(keep)
+                records = [r for i, r in enumerate(records) if i in kept or (r.key is None and is_marker(r))]
                 self.amended += amended
                 log.info("%s: %s[%d]: skipped %d records applied before a restart (IC ranges of the last checkpoint)",
                          self.name, tp.topic, tp.partition, amended)  # fmt: skip

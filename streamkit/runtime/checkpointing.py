@@ -210,9 +210,9 @@ class CheckpointSinks:
     commit_attempts: Callable[[Iterable[Task]], Awaitable[None]] | None = None
     """Step 2b: the tasks' exactly-once markers, once their stores hold their attempts
     (None: output at least once)."""
-    commit_rows: Callable[[Iterable[ProcessorState], Iterable[Task]], Awaitable[None]] | None = None
-    """Step 2c: the sink rows of the checkpoints written (the processors'), and every
-    task's not known written, to their sinks (None: the app has no sink)."""
+    commit_rows: Callable[[Iterable[Task]], Awaitable[None]] | None = None
+    """Step 2c: every task's sink rows its store holds and no sink is known to hold, to
+    their sinks (None: the app has no sink)."""
 
 
 async def checkpoint(
@@ -250,7 +250,7 @@ async def checkpoint(
     if sinks.commit_attempts is not None:
         await sinks.commit_attempts(tasks)
     if sinks.commit_rows is not None:
-        await sinks.commit_rows([proc for proc, _ in writes], tasks)
+        await sinks.commit_rows(tasks)
     committed: dict[tuple[TopicPartition, int], int] = {}
     whole: dict[tuple[str, int], int | None] = {}
     shares: dict[tuple[str, int, int], tuple[int | None, tuple[int, ...]]] = {}

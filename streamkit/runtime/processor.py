@@ -235,8 +235,11 @@ class ProcessorState:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    def checkpoint_extra(self, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """``extra`` as this processor's checkpoints carry it (with the job's incarnation)."""
+    def checkpoint_extra(
+        self, extra: Mapping[str, Any], positions: Mapping[Position, int] | None = None
+    ) -> dict[str, Any]:
+        """``extra`` as this processor's checkpoints carry it (with the job's incarnation);
+        ``positions``: the checkpoint's (default: :meth:`stable`'s)."""
         out = dict(extra)
         if self.incarnation:
             out[INCARNATION] = self.incarnation
@@ -246,7 +249,7 @@ class ProcessorState:
             out[SIDES] = self.sides.to_extra()
         if self.seen_strays.highest:
             out[SEEN_STRAYS] = dict(self.seen_strays.highest)
-        if self.commit_gate is not None and (seen := self.commit_gate.to_extra()):
+        if self.commit_gate is not None and (seen := self.commit_gate.to_extra(positions or self.stable()[0])):
             out[EOS_SEEN] = seen
         elif EOS_SEEN in self.loaded.extra:
             out[EOS_SEEN] = self.loaded.extra[EOS_SEEN]
@@ -272,8 +275,14 @@ class ProcessorState:
 
     def finish_commit(self, prepared: PreparedCommit, checkpoint: Checkpoint) -> None:
         """Write ``prepared`` and ``checkpoint`` in one atomic batch (:meth:`commit`'s end)."""
-        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra))
+        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra, checkpoint.positions))
         prepared.finish(checkpoint)
+        if self.commit_gate is not None:
+            self.commit_gate.compact(checkpoint.positions)
+        if self.attempts is not None:
+            self.attempts.stored()
+        if self.sink_outbox is not None:
+            self.sink_outbox.committed()
         for cache in self.caches.values():
             cache.mark_clean()
         self.loaded = checkpoint

@@ -295,12 +295,14 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
     # The inputs in time order as live: a partition short of its target may bring an
     # earlier record; what is held when every target is reached is applied then.
     # (A partition at its gate's limit brings nothing until the gate opens: it does not lag.)
-    task.lagging = lambda _pid, source: any(
-        r.position_key == source
-        and r.position < plan.targets[tp]
-        and tp not in fetcher.paused
-        and (r.limit is None or r.position < r.limit)
-        for tp, r in admission
+    task.lagging = task.gated(
+        lambda _pid, source: any(
+            r.position_key == source
+            and r.position < plan.targets[tp]
+            and tp not in fetcher.paused
+            and (r.limit is None or r.position < r.limit)
+            for tp, r in admission
+        )
     )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()

@@ -78,16 +78,20 @@ class Task:
         self.proc = proc
         self.dispatcher = dispatcher
         self.merge = merge
-        self.lagging = lagging
         if dispatcher is not None and dispatcher.output.writers is not None and proc.commit_gate is None:
             proc.commit_gate = CommitGate(proc.loaded.extra)  # processing="exactly_once"
-        if (gate := proc.commit_gate) is not None:
-            self.lagging = lambda pid, source: gate.holds(source) or lagging(pid, source)
+        self.lagging = self.gated(lagging)
         self.routes: dict[TopicPartition, Route] = {}
         self.concurrent: list[Route] = []
         """The routes of key-concurrent handlers (their queued records run after a batch)."""
         self.holding: set[TopicPartition] = set()
         """Partitions the merge holds too many records of (``back_pressure``)."""
+
+    def gated(self, lagging: Lagging) -> Lagging:
+        """``lagging``, and a partition whose records the commit gate holds lags too."""
+        if (gate := self.proc.commit_gate) is None:
+            return lagging
+        return lambda pid, source: gate.holds(source) or lagging(pid, source)
 
     @property
     def id(self) -> int:
@@ -124,9 +128,8 @@ class Task:
         checkpointed then) and the records count as not committed. Exactly-once markers go
         no further; with ``processing="exactly_once"`` the records go through the
         processor's commit gate first (``exactly_once.reader``)."""
-        freed: set[int] = set()
         if (gate := self.proc.commit_gate) is not None:
-            freed = self._through_gate(gate, route, admitted)
+            self._through_gate(gate, route, admitted)
         else:
             admitted.rebuild, admitted.deliver = without_markers(admitted.rebuild), without_markers(admitted.deliver)
         restamp(route, admitted)
@@ -137,31 +140,28 @@ class Task:
             and merged(route)
             and not merge.passes(route, time.monotonic(), self.lagging)
         ):
-            if freed:
-                self.proc.pending[route.position_key].difference_update(freed)
             merge.hold(route, admitted.rebuild, admitted.deliver)
             admitted.rebuild, admitted.deliver = [], []
-            freed = set()
         await self.dispatcher.apply(route, admitted)
-        if freed:
-            self.proc.pending[route.position_key].difference_update(freed)
         route.position = admitted.next_position
         self.proc.uncommitted += admitted.consumed
 
-    def _through_gate(self, gate: CommitGate, route: Route, admitted: Admitted) -> set[int]:
+    def _through_gate(self, gate: CommitGate, route: Route, admitted: Admitted) -> None:
         """The batch through the commit gate: what it releases takes the batch's place;
-        what it queues is pending. Returns the offsets it held before and let go now."""
+        what it queues is pending (what it let go of no longer: the merge or a
+        key-concurrent handler's queue, which shares the pending set, takes it on)."""
         source = route.position_key
         if not admitted.rebuild and not admitted.deliver and not gate.holds(source):
-            return set()
+            return
         dropped = gate.dropped
         admitted.rebuild, admitted.deliver, freed = gate.admit(source, admitted.rebuild, admitted.deliver)
+        pending = self.proc.pending.setdefault(source, set())
+        pending.difference_update(freed)
         if gate.holds(source):
-            self.proc.pending.setdefault(source, set()).update(gate.held(source))
+            pending.update(gate.held(source))
         if gate.dropped > dropped:
             log.info("processor %d: %s[%d]: dropped %d records of aborted attempts (their writer crashed or was "
                      "replaced before committing them)", self.id, *source, gate.dropped - dropped)  # fmt: skip
-        return freed
 
     async def release(self, *, flush: bool = False) -> int:
         """Apply what the merge releases now, in its order (``flush``: all it holds, waiting
@@ -251,7 +251,7 @@ class Task:
             layout_epochs=dict(epochs),
             generation=generation,
             ic_ranges=ranges,
-            extra=self.proc.checkpoint_extra(extra),
+            extra=self.proc.checkpoint_extra(extra, positions),
         )
 
     def commit(self, checkpoint: Checkpoint) -> None:

@@ -98,7 +98,9 @@ class TaskManager:
         if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
             proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra)
         if self.app.sinks:
-            proc.sink_outbox = SinkOutbox(f"{self.app.name}/{proc.id}", proc.loaded.extra)
+            writer = f"{self.app.name}/{proc.id}"
+            floor = max(sink.progress(writer) for sink in self.app.sinks.values())
+            proc.sink_outbox = SinkOutbox(writer, proc.loaded.extra, floor)
             self.services.output.sink_outboxes[proc.id] = proc.sink_outbox
         return task
 
@@ -423,16 +425,13 @@ class TaskManager:
         their markers go out (``exactly_once.writer``)."""
         output = self.services.output
         mark = output.producer.mark  # type: ignore[attr-defined]
-        declared = [t for t in output.declared() if t not in self.app.handlers]  # the app's outputs
+        declared = output.declared()  # every topic it may have sent to, its own inputs too
         writers = [task.proc.attempts for task in tasks if task.proc.attempts is not None]
         await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
 
-    async def _commit_rows(self, written: Iterable[ProcessorState], tasks: Iterable[Task]) -> None:
-        """Sink rows: those of the checkpoints just written are in their stores now; every
-        hosted processor's rows not known written go to their sinks (``sinks.outbox``)."""
-        for proc in written:
-            if proc.sink_outbox is not None:
-                proc.sink_outbox.committed()
+    async def _commit_rows(self, tasks: Iterable[Task]) -> None:
+        """Sink rows: every hosted processor's rows its store holds and no sink is known to
+        hold go to their sinks (``sinks.outbox``)."""
         for task in tasks:
             if task.proc.sink_outbox is not None:
                 await task.proc.sink_outbox.flush(self.app.sinks)

@@ -41,6 +41,11 @@ class Sink(ABC):
     @abstractmethod
     def write(self, batches: Sequence[SinkBatch]) -> int: ...
 
+    @abstractmethod
+    def progress(self, writer: str) -> int:
+        """The ``seq`` the sink holds for ``writer`` (0: none): a processor whose store
+        lost its count (a rebuild from the input) goes on beyond it."""
+
     def close(self) -> None:  # noqa: B027 - nothing to let go of, for most
         """Disconnect; called once, at stop."""
 

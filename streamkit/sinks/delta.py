@@ -34,6 +34,16 @@ class DeltaSink(Sink):
     def _app_id(self, writer: str) -> str:
         return f"streamkit/{self.name}/{writer}"
 
+    def progress(self, writer: str) -> int:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return 0
+        return int(table.transaction_version(self._app_id(writer)) or 0)
+
     def write(self, batches: Sequence[SinkBatch]) -> int:
         """One Delta commit (see the class docstring). Another writer's commit in between
         (workers write one table) fails it: it is tried again from the table's new version,

@@ -28,10 +28,13 @@ SINK_OUTBOX = "sink_outbox"
 class SinkOutbox:
     """One hosted processor's sink rows (see the module docstring)."""
 
-    def __init__(self, writer: str, extra: Mapping[str, Any]) -> None:
+    def __init__(self, writer: str, extra: Mapping[str, Any], floor: int = 0) -> None:
+        """``floor``: the highest number a sink holds for the writer (a store that lost its
+        count, rebuilt from the input or seeded from another processor's, goes on beyond
+        it: a sink would skip a number it holds)."""
         self.writer = writer
         kept = extra.get(SINK_OUTBOX) or {}
-        self.seq = int(kept.get("seq", 0)) if kept.get("writer", writer) == writer else 0
+        self.seq = max(int(kept.get("seq", 0)) if kept.get("writer", writer) == writer else 0, floor)
         self.pending: list[dict[str, Any]] = list(kept.get("pending", ()))
         """Batches of committed checkpoints not known written (those of another writer
         too: a store seeded from another processor's carries its)."""

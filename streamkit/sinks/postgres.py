@@ -91,6 +91,14 @@ class PostgresSink(Sink):
                 )
         return written
 
+    def progress(self, writer: str) -> int:
+        if self._conn is None:
+            self.open()
+        found = self._conn.execute(
+            f"SELECT seq FROM {PROGRESS_TABLE} WHERE sink = %s AND writer = %s", (self.name, writer)
+        ).fetchone()
+        return int(found[0]) if found else 0
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
