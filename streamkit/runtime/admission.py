@@ -220,7 +220,7 @@ class Admission:
             keep, amended = skip_applied([r.offset for r in records], ahead)
             if amended:  # (exactly-once markers are read again: a reader's table is as of the stable offset)
                 kept = set(keep)
-                records = [r for i, r in enumerate(records) if i in kept or (r.key is None and is_marker(r))]
+                records = [r for i, r in enumerate(records) if i in kept or is_marker(r)]
                 self.amended += amended
                 log.info("%s: %s[%d]: skipped %d records applied before a restart (IC ranges of the last checkpoint)",
                          self.name, tp.topic, tp.partition, amended)  # fmt: skip
@@ -441,15 +441,8 @@ def seals_to_hold(mine: dict[int, list[Route]], gates: Mapping[int, PartitionGat
 
 def _keys_of(key_filter: KeyFilter, null_keys: bool, records: list[Any], until: int | None = None) -> list[Any]:
     """The records whose key hash ``key_filter`` accepts (keyless ones if ``null_keys``;
-    exactly-once markers always: every sharer reads them), and every record at or beyond
-    ``until``."""
-    accepts = key_filter.accepts
-    if until is None:
-        return [
-            r for r in records if ((null_keys or is_marker(r)) if r.key is None else accepts(key_hash_cached(r.key)))
-        ]
+    exactly-once markers always: every sharer reads them), and every one from ``until``."""
+    accepts, nk, marker, u = key_filter.accepts, null_keys, is_marker, until if until is not None else 1 << 62
     return [
-        r
-        for r in records
-        if r.offset >= until or ((null_keys or is_marker(r)) if r.key is None else accepts(key_hash_cached(r.key)))
+        r for r in records if r.offset >= u or ((nk or marker(r)) if r.key is None else accepts(key_hash_cached(r.key)))
     ]
