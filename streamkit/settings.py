@@ -168,6 +168,13 @@ class Settings(BaseSettings):
         "the last checkpoint: a checkpoint's pause grows with the keys it writes (about 1.5 µs each) and the "
         "cache holds them until then; fewer keys per checkpoint cost throughput",
     )
+    sink_rows_per_checkpoint: int = Field(
+        5_000,
+        ge=1,
+        description="checkpoint as soon as the processors of one group member hold this many rows for sinks (an "
+        "upsert sink's rows count once per key): a checkpoint keeps its rows in its changelog marker, one Kafka "
+        "record, so this many rows must fit in one (1 MB by default)",
+    )
     layout_poll_interval: float = Field(
         0.2,
         gt=0,

@@ -100,7 +100,8 @@ class TaskManager:
         if self.app.sinks:
             writer = f"{self.app.name}/{proc.id}"
             floor = max(sink.progress(writer) for sink in self.app.sinks.values())
-            proc.sink_outbox = SinkOutbox(writer, proc.loaded.extra, floor)
+            keys = {name: sink.upsert_key for name, sink in self.app.sinks.items()}
+            proc.sink_outbox = SinkOutbox(writer, proc.loaded.extra, floor, keys)
             self.services.output.sink_outboxes[proc.id] = proc.sink_outbox
         return task
 
@@ -167,8 +168,11 @@ class TaskManager:
     def dirty_keys(self) -> int:
         """The keys the hosted processors changed since the last checkpoint: what the next
         one writes (it commits every processor at once), so its pause."""
-        rows = sum(t.proc.sink_outbox.count() for t in self.active.values() if t.proc.sink_outbox is not None)
-        return rows + sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
+        return sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
+
+    def sink_rows(self) -> int:
+        """The rows the hosted processors hold for sinks: what the next checkpoint keeps."""
+        return sum(t.proc.sink_outbox.count() for t in self.active.values() if t.proc.sink_outbox is not None)
 
     def standby_info(self, info: MemberInfo) -> None:
         """What the leader places standbys by: this worker's disk and the stores it holds."""

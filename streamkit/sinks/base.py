@@ -34,6 +34,9 @@ class Sink(ABC):
 
     name: str = ""
     """Set by ``app.sink``."""
+    upsert_key: tuple[str, ...] = ()
+    """The columns a row replaces the row of (empty: rows are appended): a processor keeps
+    a key's last row of a checkpoint only."""
 
     def open(self) -> None:  # noqa: B027 - most sinks connect on their first write
         """Connect (and create what the sink needs); called once per worker, at start."""

@@ -30,6 +30,7 @@ class DeltaSink(Sink):
         self.mode = mode or ("upsert" if self.key else "append")
         if self.mode == "upsert" and not self.key:
             raise ValueError(f"DeltaSink({uri!r}): mode='upsert' needs key=[the key columns]")
+        self.upsert_key = self.key if self.mode == "upsert" else ()
 
     def _app_id(self, writer: str) -> str:
         return f"streamkit/{self.name}/{writer}"

@@ -28,7 +28,9 @@ SINK_OUTBOX = "sink_outbox"
 class SinkOutbox:
     """One hosted processor's sink rows (see the module docstring)."""
 
-    def __init__(self, writer: str, extra: Mapping[str, Any], floor: int = 0) -> None:
+    def __init__(
+        self, writer: str, extra: Mapping[str, Any], floor: int = 0, keys: Mapping[str, tuple[str, ...]] | None = None
+    ) -> None:
         """``floor``: the highest number a sink holds for the writer (a store that lost its
         count, rebuilt from the input or seeded from another processor's, goes on beyond
         it: a sink would skip a number it holds)."""
@@ -38,18 +40,31 @@ class SinkOutbox:
         self.pending: list[dict[str, Any]] = list(kept.get("pending", ()))
         """Batches of committed checkpoints not known written (those of another writer
         too: a store seeded from another processor's carries its)."""
-        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.keys = dict(keys or {})
+        """Per upsert sink, its key columns: a key's last row of a checkpoint is the one kept."""
+        self.rows: dict[str, dict[Any, dict[str, Any]]] = {}
+        """Per sink, its rows since the last checkpoint, in order (keyed by the row's key
+        for an upsert sink, else by their number)."""
         self.written = 0
         """Rows the sinks took (not those they held already)."""
 
     def add(self, sink: str, row: dict[str, Any]) -> None:
-        self.rows.setdefault(sink, []).append(row)
+        rows = self.rows.setdefault(sink, {})
+        if columns := self.keys.get(sink):
+            key = tuple(row[c] for c in columns)
+            rows.pop(key, None)  # the last row of a key, in the place of its last write
+            rows[key] = row
+        else:
+            rows[len(rows)] = row
 
     def count(self) -> int:
         return sum(len(rows) for rows in self.rows.values())
 
     def _entries(self, seq: int) -> list[dict[str, Any]]:
-        return [{"sink": s, "writer": self.writer, "seq": seq, "rows": rows} for s, rows in sorted(self.rows.items())]
+        return [
+            {"sink": s, "writer": self.writer, "seq": seq, "rows": list(rows.values())}
+            for s, rows in sorted(self.rows.items())
+        ]
 
     def to_extra(self) -> dict[str, Any] | None:
         """What the checkpoint being written records (None: nothing)."""

@@ -27,6 +27,7 @@ class PostgresSink(Sink):
         self.mode = mode or ("upsert" if self.key else "insert")
         if self.mode == "upsert" and not self.key:
             raise ValueError(f"PostgresSink({table!r}): mode='upsert' needs key=[the table's key columns]")
+        self.upsert_key = self.key if self.mode == "upsert" else ()
         self._conn: Any = None
 
     def open(self) -> None:
