@@ -123,7 +123,7 @@ def run_pipeline(
         a.start_worker(**a_env)  # a second worker of A: a scale to 3 processors spreads over both
         for round in range(3):  # kill each job's newest worker at a random moment, and start another
             for job, job_env in ((a, a_env), (b, b_env)):
-                time.sleep(1.0 + rng.random() * 2.0)
+                time.sleep(0.5 + rng.random() * 1.5)
                 job.workers[-1].send_signal(signal.SIGKILL)
                 job.workers[-1].wait()
                 job.start_worker(**job_env)
