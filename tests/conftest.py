@@ -71,6 +71,7 @@ def read_all(broker: str) -> Callable[..., list[ConsumerRecord]]:
 
 SCALING_UNDER_LOAD = (
     "tests/autoscale/test_step_load.py",
+    "tests/exactly_once/test_pipeline.py",
     "tests/joins/test_stream_joins.py",
     "tests/ops/test_live_scale.py",
     "tests/runtime/test_layout_soak.py",

@@ -33,7 +33,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamkit.exactly_once.markers import Attempt, Marker, attempt_of, is_marker, marker_of
+from streamkit.exactly_once.markers import (
+    ATTEMPT_HEADER,
+    COMMIT_HEADER,
+    RECOVER_HEADER,
+    Attempt,
+    Marker,
+    attempt_of,
+    is_marker,
+    marker_of,
+)
 
 __all__ = ["EOS_SEEN", "CommitGate", "SourceGate", "without_markers"]
 
@@ -143,6 +152,21 @@ class SourceGate:
         return (rec.offset for rec, _, _ in self.queue)
 
 
+_EOS_HEADERS = frozenset((ATTEMPT_HEADER, COMMIT_HEADER, RECOVER_HEADER))
+
+
+def _pass_plain(records: list[Any], out: list[Any]) -> list[Any]:
+    """Move the records before the first one with an exactly-once header into ``out``;
+    return the rest."""
+    names = _EOS_HEADERS
+    for i, rec in enumerate(records):
+        if rec.headers and any(h[0] in names for h in rec.headers):
+            out.extend(records[:i])
+            return records[i:]
+    out.extend(records)
+    return []
+
+
 def _learn(table: dict[str, WriterSeen], m: Marker) -> None:
     seen = table.setdefault(m.writer, WriterSeen())
     if m.incarnation > seen.current:
@@ -191,12 +215,16 @@ class CommitGate:
         gate = self.sources.get(source)
         if gate is None:
             gate = self.sources[source] = SourceGate()
+        out_rebuild: list[Any] = []
+        out_deliver: list[Any] = []
+        if not gate.queue:  # what carries nothing of exactly-once passes as it is, up to the first that does
+            rebuild = _pass_plain(rebuild, out_rebuild)
+            if not rebuild:
+                deliver = _pass_plain(deliver, out_deliver)
         before = set(gate.held_offsets()) if gate.queue else set()
         for records, again in ((rebuild, True), (deliver, False)):
             for rec in records:
                 gate.push(rec, again)
-        out_rebuild: list[Any] = []
-        out_deliver: list[Any] = []
         self.dropped += gate.release(out_rebuild, out_deliver)
         freed = before - set(gate.held_offsets()) if before else set()
         return out_rebuild, out_deliver, freed
