@@ -36,7 +36,10 @@ def test_create_expand_shrink_describe_round_trip(broker: str) -> None:
             created = await co.create(topic, 2, capacity=8)
             assert (created.epoch, created.active, created.physical) == (1, 2, 8)
             r = await co.expand(topic, 5)
-            assert r.layout.epoch == 2 and r.layout.pending is None and r.fenced == frozenset()
+            assert r.layout.epoch == 2 and r.layout.pending is None
+            # no producer of this test is fenced (it has none): one of another test running
+            # beside it on the session's broker may be, if it was busy for the 2 s ack wait
+            assert not {p for p in r.fenced if not p.startswith("scale-")}
             r = await co.shrink(topic, 3, delay=600)
             assert r.layout.draining == (3, 4)
             with pytest.raises(model.LayoutError, match="still draining"):
