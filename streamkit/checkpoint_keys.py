@@ -10,6 +10,7 @@ __all__ = [
     "INCARNATION",
     "PROCESSOR_COUNT",
     "REBUILD_MARK",
+    "RETIRED",
     "SEEN_STRAYS",
     "SIDES",
     "STREAM_TIME",
@@ -31,3 +32,7 @@ SIDES = "sides"
 """A shrink's merged store: the stream time of each of the two key sets (``runtime.sides``)."""
 BACKFILL = "backfill"
 """A store written by a backfill from Spark: what it was written for."""
+RETIRED = "retired"
+"""Processors a shrink retired into this one (their keys came here) that may still owe
+their readers a word: with exactly-once output, this processor's next incarnation
+announces each of them as ended (``exactly_once.writer``), then drops the list."""

@@ -8,6 +8,14 @@ committed without markers: the next incarnation, opened from that checkpoint, an
 it as recovered, which commits it downstream and aborts everything else the incarnations
 before sent. Until that announcement is out, every checkpoint keeps the list of such
 attempts (several, if incarnations die in a row before announcing).
+
+A processor a shrink retires may have died in that window too, and it never runs again:
+the processor that received its keys announces it as ended (a recovery marker of the
+retired writer with nothing committed, under the receiver's own, newer, incarnation).
+That is right because the receiver goes on from the group's positions of the retired
+processor's partitions (its progress log), which are written only after the markers of
+every attempt they cover: what the retired writer committed beyond them without markers
+is sent again by the receiver, so it must be aborted.
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from streamkit.checkpoint_keys import RETIRED
 from streamkit.exactly_once.markers import Attempt, commit_header, recover_header
 
-__all__ = ["EOS_COMMITTED", "AttemptWriter", "Writers", "incarnation_of", "recovered_in"]
+__all__ = ["EOS_COMMITTED", "AttemptWriter", "Writers", "incarnation_of", "recovered_in", "retired_in"]
 
 EOS_COMMITTED = "eos_committed"
 """Checkpoint extra: [writer, [[incarnation, attempt], ...]]: the last committed attempt
@@ -42,12 +51,17 @@ def incarnation_of(generation: int) -> int:
 class AttemptWriter:
     """One hosted processor's output attempts."""
 
-    def __init__(self, writer: str, incarnation: int, recovered: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, writer: str, incarnation: int, recovered: list[tuple[int, int]], retired: Iterable[int] = ()
+    ) -> None:
         self.writer = writer
         self.incarnation = incarnation
         self.recovered = recovered
         """Per incarnation before, its last committed attempt that no marker may have told
         of (from the checkpoint): what the recovery marker announces."""
+        self.retired = sorted(retired)
+        """Processors retired into this one, whose writers this incarnation's first
+        checkpoint announces as ended (from the checkpoint, ``RETIRED``)."""
         self.n = 1
         """The attempt under way."""
         self.topics: set[str] = set()
@@ -73,6 +87,11 @@ class AttemptWriter:
             pairs.append([self.incarnation, n])
         return [self.writer, pairs] if pairs else None
 
+    def retired_owed(self) -> list[int]:
+        """The retired processors the checkpoint being written keeps (``RETIRED``): those
+        not announced yet."""
+        return [] if self.announced else self.retired
+
     def stored(self) -> None:
         """A store commit recorded :meth:`committing` (the member's checkpoint, or any
         other commit of the processor's store: a rebuild's beside it): the attempt under
@@ -90,6 +109,10 @@ class AttemptWriter:
             header = recover_header(self.writer, self.incarnation, self.recovered)
             for topic in sorted(set(declared) | {t for _, topics in self.owed for t in topics}):
                 await mark(topic, header)
+            app = self.writer.rpartition("/")[0]
+            for pid in self.retired:  # ended: nothing of theirs is committed beyond their markers
+                for topic in sorted(declared):
+                    await mark(topic, recover_header(f"{app}/{pid}", self.incarnation, ()))
             self.announced = True
         while self.owed:
             n, topics = self.owed[0]
@@ -107,6 +130,15 @@ def recovered_in(writer: str, extra: Mapping[str, Any]) -> list[tuple[int, int]]
     return [(int(inc), int(n)) for inc, n in kept[1]]
 
 
+def retired_in(extra: Mapping[str, Any], active: int) -> list[int]:
+    """The retired processors a checkpoint's ``extra`` keeps (``RETIRED``), of those still
+    retired with ``active`` processors (one the job grew back to runs as itself)."""
+    kept = extra.get(RETIRED)
+    if not isinstance(kept, list):
+        return []
+    return [pid for pid in kept if isinstance(pid, int) and pid >= active]
+
+
 class Writers:
     """The attempt writers of a worker's hosted processors, by processor id: what the
     output stamps records with (``streamkit.runtime.output.Output``)."""
@@ -115,10 +147,12 @@ class Writers:
         self.app = app
         self.by_processor: dict[int, AttemptWriter] = {}
 
-    def open(self, pid: int, generation: int, extra: Mapping[str, Any]) -> AttemptWriter:
-        """A new incarnation of processor ``pid``, from its checkpoint's ``extra``."""
+    def open(self, pid: int, generation: int, extra: Mapping[str, Any], active: int) -> AttemptWriter:
+        """A new incarnation of processor ``pid`` of a job of ``active`` processors, from its
+        checkpoint's ``extra``."""
         name = f"{self.app}/{pid}"
-        writer = self.by_processor[pid] = AttemptWriter(name, incarnation_of(generation), recovered_in(name, extra))
+        recovered, retired = recovered_in(name, extra), retired_in(extra, active)
+        writer = self.by_processor[pid] = AttemptWriter(name, incarnation_of(generation), recovered, retired)
         return writer
 
     def close(self, pid: int, writer: AttemptWriter) -> None:

@@ -5,7 +5,9 @@ processor's keys at a time), and the stores of retired processors.
 A store written for fewer processors than the job has now loses the keys that moved
 away (:func:`purge_moved_keys`); one written for more lacks the keys that came back from
 a retired processor: it is replaced by the staging store a shrink's bootstrap built
-beside it, or emptied to be rebuilt (:func:`adopt_store`).
+beside it, or emptied to be rebuilt (:func:`adopt_store`). Either way the store it
+becomes names the processors retired into it (``RETIRED``: with exactly-once output, its
+next incarnation announces their writers as ended).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignors.linear_hashing import bucket_modulus, lh_bucket
+from assignors.linear_hashing import bucket_modulus, lh_bucket, nearest_ancestor_below
 from assignors.murmur2 import key_hash
 from stores.rocksdb import RocksDBStore
-from streamkit.checkpoint_keys import BACKFILL, PROCESSOR_COUNT
+from streamkit.checkpoint_keys import BACKFILL, PROCESSOR_COUNT, RETIRED
 from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.state.changelog import unlogged
 from streamkit.tables import Table
@@ -154,15 +156,29 @@ def key_set_change(pid: int, p0: int, stored: int | None, count: int) -> str | N
     return None if had == has else ("shrank" if has > had else "grew")
 
 
-def adopt_store(path: Path, count: int) -> str:
+def retired_into(pid: int, p0: int, stored: int, count: int, extra: Mapping[str, object]) -> list[int]:
+    """The processors retired into ``pid`` when a store written for ``stored`` processors
+    serves ``count``: those its keys came back from, and those its store still names."""
+    kept = extra.get(RETIRED)
+    named = {k for k in kept if isinstance(k, int) and k >= count} if isinstance(kept, list) else set()
+    came = {k for k in range(count, stored) if nearest_ancestor_below(k, p0, count) == pid}
+    return sorted(named | came)
+
+
+def adopt_store(path: Path, count: int, retired: list[int] | None = None) -> str:
     """Make the store at ``path`` hold its processor's keys for ``count`` processors, when it
     was written for more (the processor receives a retiring one's keys): replace it by its
     staging store if that was built for ``count``, or else empty it (the member rebuilds it
-    from the whole history). Call with the store closed; returns what was done."""
+    from the whole history). The staging store names the ``retired`` processors
+    (``RETIRED``) before it becomes the store. Call with the store closed; returns what
+    was done."""
     staging = staging_path(path)
     try:
         with RocksDBStore.open(str(staging), create=False) as store:
-            ready = store.checkpoint().extra.get(PROCESSOR_COUNT) == count
+            loaded = store.checkpoint()
+            ready = loaded.extra.get(PROCESSOR_COUNT) == count
+            if ready and retired:
+                store.commit({}, loaded.replace(extra={**loaded.extra, RETIRED: retired}))
     except Exception:  # noqa: BLE001 - none, held (a bootstrap still running) or broken: rebuild
         ready = False
     old = path.with_name(path.name + ".replaced")
@@ -202,15 +218,21 @@ async def open_for_count(
     stored = stored_count(proc, p0)
     change = key_set_change(pid, p0, stored, count)
     if change == "grew":
+        assert stored is not None
+        retired = retired_into(pid, p0, stored, count, proc.loaded.extra)
         proc.close()
         if adopt:
-            done = adopt_store(path, count)
+            done = adopt_store(path, count, retired)
         else:
             shutil.rmtree(path)
             done = "emptied, to be rebuilt"
         log.info("%s: processor %d's store was for %d processors, the job has %d: %s",
                  log_as, pid, stored, count, done)  # fmt: skip
         proc = await opening.open(pid, path)
+        if proc.loaded.is_empty() and retired:  # emptied: an empty store for `count` that names them
+            extra = proc.checkpoint_extra({PROCESSOR_COUNT: count, RETIRED: retired})
+            proc.store.commit({}, proc.loaded.replace(extra=extra))
+            proc.reload()
     elif change == "shrank":
         gone = purge_moved_keys(proc, tables, p0, count)
         log.info("%s: processor %d: %d keys moved to new processors, deleted", log_as, pid, gone)

@@ -20,7 +20,7 @@ from typing import Any
 from stores.base import Checkpoint, StoreLockedError
 from stores.cache import CacheBudget, CachedTable
 from stores.rocksdb import PreparedCommit, RocksDBStore, SharedMemory
-from streamkit.checkpoint_keys import INCARNATION, SEEN_STRAYS, STREAM_TIME
+from streamkit.checkpoint_keys import INCARNATION, RETIRED, SEEN_STRAYS, STREAM_TIME
 from streamkit.errors import StreamkitError
 from streamkit.exactly_once.reader import EOS_SEEN, CommitGate
 from streamkit.exactly_once.writer import EOS_COMMITTED, AttemptWriter
@@ -257,6 +257,11 @@ class ProcessorState:
             out[EOS_COMMITTED] = committing
         elif EOS_COMMITTED in self.loaded.extra:
             out[EOS_COMMITTED] = self.loaded.extra[EOS_COMMITTED]
+        if self.attempts is not None:
+            if retired := self.attempts.retired_owed():
+                out[RETIRED] = retired
+        elif RETIRED in self.loaded.extra:
+            out[RETIRED] = self.loaded.extra[RETIRED]
         if self.sink_outbox is not None and (rows := self.sink_outbox.to_extra()) is not None:
             out[SINK_OUTBOX] = rows
         elif SINK_OUTBOX in self.loaded.extra:

@@ -96,7 +96,7 @@ class TaskManager:
         merge = TimeMerge(self.app.settings.max_task_idle_ms)
         task = self.active[proc.id] = Task(proc, self.parts.dispatcher, merge, self.parts.lagging)
         if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
-            proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra)
+            proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra, self.job_p)
         if self.app.sinks:
             writer = f"{self.app.name}/{proc.id}"
             floor = max(sink.progress(writer) for sink in self.app.sinks.values())

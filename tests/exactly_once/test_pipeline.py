@@ -1,6 +1,7 @@
 """Exactly once from one job to the next, in real processes against the broker: job A
 counts the records of each key and sends every new count, job B adds up what it
-receives. Both are SIGKILLed at random moments while records come in; in the end B's
+receives. Both are SIGKILLed at random moments while records come in, and each is scaled
+from 2 to 3 processors and back (so that processors share partitions); in the end B's
 sums equal n(n+1)/2 for a key with n records, A's counts equal n: no count lost, none
 applied twice. With ``processing="at_least_once"`` the same run applies counts twice
 (what the test would see if exactly-once broke)."""
@@ -131,8 +132,9 @@ def run_pipeline(
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 job.start_worker(**job_env)
-            if scale and round < 2:  # A: 2 -> 3 processors (4 partitions: shared ones), then back to 2
+            if scale and round < 2:  # each job: 2 -> 3 processors (4 partitions: shared ones), then back to 2
                 a.scale(3 if round == 0 else 2, **a_env)
+                b.scale(3 if round == 0 else 2, **b_env)
         stop.set()
         producer.join()
         wait_drained(a, source)

@@ -1,13 +1,16 @@
 """The commit gate's rule (``streamkit.exactly_once.reader``), on plain records: over
 randomized histories of writers that crash before or after their markers, come back as
-new incarnations and leave zombies sending on, a reader that restarts from its
-checkpoints at random applies exactly the committed records, each once, in the
-partition's order, and holds nothing once every writer has committed again. The worker
-tests run it against the broker (``test_pipeline``)."""
+new incarnations, leave zombies sending on, and are retired by shrinks (perhaps killed
+between their last checkpoint and its markers, so that only the processor receiving
+their keys can end them), a reader that restarts from its checkpoints at random applies
+exactly the committed records, each once, in the partition's order, and holds nothing
+once every writer has committed again. The worker tests run it against the broker
+(``test_pipeline``)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 from dataclasses import dataclass, field
@@ -15,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from streamkit.exactly_once.markers import recover_header
+from streamkit.checkpoint_keys import RETIRED
+from streamkit.exactly_once.markers import marker_of, recover_header
 from streamkit.exactly_once.reader import CommitGate
-from streamkit.exactly_once.writer import EOS_COMMITTED, AttemptWriter, incarnation_of, recovered_in
+from streamkit.exactly_once.writer import EOS_COMMITTED, AttemptWriter, incarnation_of, recovered_in, retired_in
 
 SOURCE = ("t", 0)
 
@@ -35,7 +39,8 @@ class Writer:
     """A writer as the log sees it: its store's checkpoint, its live incarnation, its zombies."""
 
     name: str
-    generation: int = 1
+    generations: itertools.count[int]
+    """The group's generations: each new incarnation opens in a newer one."""
     store: dict[str, Any] = field(default_factory=dict)
     """The checkpoint's extra."""
     live: AttemptWriter = field(init=False)
@@ -45,8 +50,8 @@ class Writer:
         self.start()
 
     def start(self) -> None:
-        self.generation += 1
-        self.live = AttemptWriter(self.name, incarnation_of(self.generation), recovered_in(self.name, self.store))
+        recovered, retired = recovered_in(self.name, self.store), retired_in(self.store, 0)
+        self.live = AttemptWriter(self.name, incarnation_of(next(self.generations)), recovered, retired)
 
 
 class Log:
@@ -55,6 +60,8 @@ class Log:
         self.committed_ids: set[int] = set()
         self.attempt_of: dict[int, tuple[str, int, int]] = {}
         self.committed_attempts: set[tuple[str, int, int]] = set()
+        self.marked: dict[tuple[str, int], int] = {}
+        """Per (writer, incarnation), the last attempt a marker committed."""
 
     def send(self, writer: AttemptWriter) -> None:
         offset = len(self.records)
@@ -62,7 +69,12 @@ class Log:
         self.attempt_of[offset] = (writer.writer, writer.incarnation, writer.n)
 
     async def mark(self, topic: str, header: tuple[str, bytes]) -> None:
-        self.records.append(Rec(len(self.records), None, b"", (header,)))
+        rec = Rec(len(self.records), None, b"", (header,))
+        self.records.append(rec)
+        m = marker_of(rec)
+        assert m is not None
+        for inc, n in ((m.incarnation, m.n),) if m.recovered is None else m.recovered.items():
+            self.marked[m.writer, inc] = max(self.marked.get((m.writer, inc), 0), n)
 
     def plain(self) -> None:
         offset = len(self.records)
@@ -76,6 +88,7 @@ def commit(log: Log, w: Writer, markers: bool) -> None:
     live = w.live
     if (kept := live.committing()) is not None:
         w.store[EOS_COMMITTED] = kept
+    w.store[RETIRED] = live.retired_owed()
     if live.topics:
         log.committed_attempts.add((live.writer, live.incarnation, live.n))
     live.stored()
@@ -83,13 +96,42 @@ def commit(log: Log, w: Writer, markers: bool) -> None:
         asyncio.run(live.committed(log.mark, ["t"]))
 
 
+def retire(log: Log, w: Writer, receiver: Writer, markers: bool, late: set[int]) -> None:
+    """A shrink retires ``w`` into ``receiver``: ``w`` checkpoints a last time (killed
+    before its markers unless ``markers``) and never runs again; the receiver, which goes
+    on from the group's positions (behind an unmarked checkpoint, so it sends that
+    output again), opens a new incarnation whose store names ``w`` (``RETIRED``)."""
+    commit(log, w, markers)
+    if not markers:  # what no marker committed is aborted: the receiver sends it again
+        log.committed_attempts -= {
+            (name, inc, n) for name, inc, n in log.committed_attempts
+            if name == w.name and n > log.marked.get((name, inc), 0)
+        }  # fmt: skip
+    w.zombies.append(w.live)  # (perhaps only paused: it may send on, never to be committed)
+    late.difference_update(id(z) for z in w.zombies)  # (its zombies are fenced: no late markers)
+    commit(log, receiver, markers=True)  # the receiver's checkpoint at the handover
+    pid = int(w.name.rpartition("/")[2])
+    receiver.store[RETIRED] = sorted({*receiver.store.get(RETIRED, []), *w.store.get(RETIRED, []), pid})
+    receiver.zombies.append(receiver.live)
+    receiver.start()
+
+
 def history(rng: random.Random, writers: int, steps: int) -> Log:
     log = Log()
-    ws = [Writer(f"up/{i}") for i in range(writers)]
+    generations = itertools.count(2)
+    ws = [Writer(f"up/{i}", generations) for i in range(writers)]
+    retired: list[Writer] = []
     late: set[int] = set()
     for _ in range(steps):
         w = rng.choice(ws)
         roll = rng.random()
+        if roll > 0.97 and len(ws) > 1:
+            ws.remove(w)
+            retired.append(w)
+            retire(log, w, rng.choice(ws), rng.random() < 0.5, late)
+            continue
+        if 0.82 <= roll < 0.88 and retired and rng.random() < 0.3:
+            w = rng.choice(retired)  # a zombie of a retired writer wakes up
         if roll < 0.55:
             log.send(w.live)
         elif roll < 0.7:

@@ -37,9 +37,9 @@ def test_create_expand_shrink_describe_round_trip(broker: str) -> None:
             assert (created.epoch, created.active, created.physical) == (1, 2, 8)
             r = await co.expand(topic, 5)
             assert r.layout.epoch == 2 and r.layout.pending is None
-            # no producer of this test is fenced (it has none): one of another test running
-            # beside it on the session's broker may be, if it was busy for the 2 s ack wait
-            assert not {p for p in r.fenced if not p.startswith("scale-")}
+            # (r.fenced is not checked: this test has no producer, and any producer of another
+            # test on the session's broker that is busy through the 2 s ack wait is fenced,
+            # whatever its name; test_layout_producers checks who is fenced)
             r = await co.shrink(topic, 3, delay=600)
             assert r.layout.draining == (3, 4)
             with pytest.raises(model.LayoutError, match="still draining"):

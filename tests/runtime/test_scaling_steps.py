@@ -15,7 +15,10 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
+from streamkit.checkpoint_keys import RETIRED
 from streamkit.cli.scale import plan_moves
+from streamkit.exactly_once.markers import marker_of
+from streamkit.exactly_once.writer import Writers
 from streamkit.runtime.jobmeta import Bootstrap, JobLayout
 from streamkit.runtime.key_sets import StoreOpening, adopt_store, key_set_change, open_for_count, staging_path
 from streamkit.state.changelog import MARKER_PREFIX, Marker
@@ -92,6 +95,50 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
     assert kept and kept == {k for k in keys if lh_bucket(key_hash(k), 2, 3) == 0}
     assert asyncio.run(reopen(3)) == kept  # the same count again: nothing changes
     assert asyncio.run(reopen(2)) == set()  # keys came back, no staging store: rebuilt from the history
+
+
+def test_a_receiving_store_names_the_processors_retired_into_it_until_its_writer_announced_them(
+    tmp_path: Path,
+) -> None:
+    """A shrink 4 -> 2 (p0 = 2) retires processors 2 and 3 into 0 and 1: the store processor
+    0 takes (its staging store, or an empty one) names 2 (``RETIRED``); its exactly-once
+    writer, opened from it, announces writer 2 as ended (a recovery marker of writer 2
+    with nothing committed, under its own incarnation) at its first checkpoint, and the
+    checkpoints after it no longer name it."""
+    app = streamkit.App("steps")
+    app.table("seen")
+
+    async def reopen(path: Path) -> dict[str, Any]:
+        proc = await open_for_count(0, path, StoreOpening(app.tables, 1.0), 2, 2, log_as="test", adopt=True)
+        try:
+            return dict(proc.loaded.extra)
+        finally:
+            proc.close()
+
+    staged, emptied = tmp_path / "a" / "processor-0", tmp_path / "b" / "processor-0"
+    for path in (staged, emptied):
+        path.parent.mkdir()
+        _write(path, [b"a"], p=4)
+    _write(staging_path(staged), [b"a", b"b"], p=2)
+    extra = asyncio.run(reopen(staged))
+    assert extra[RETIRED] == [2] and _keys(staged) == {b"a", b"b"}
+    assert asyncio.run(reopen(staged))[RETIRED] == [2]  # (the same count again: it keeps the list)
+    assert asyncio.run(reopen(emptied))[RETIRED] == [2] and _keys(emptied) == set()
+
+    writer = Writers("steps").open(0, 7, extra, active=2)
+    marks: list[Any] = []
+
+    async def mark(topic: str, header: tuple[str, bytes]) -> None:
+        marks.append(marker_of(SimpleNamespace(key=None, value=b"", headers=[header])))
+
+    assert writer.retired_owed() == [2]
+    asyncio.run(writer.committed(mark, ["out"]))
+    assert [(m.writer, m.incarnation, m.recovered) for m in marks] == [
+        ("steps/0", writer.incarnation, {}),
+        ("steps/2", writer.incarnation, {}),
+    ]
+    assert writer.retired_owed() == []
+    assert Writers("steps").open(0, 8, extra, active=3).retired == []  # grown back: processor 2 is itself again
 
 
 class _TruncatedTopic:
