@@ -19,7 +19,10 @@ over must, with output), and applies only the processor's keys:
   (``HistoryTruncatedError``) rather than build incomplete state;
 - checkpointing the store as it goes, marked as a rebuild in progress, so that a
   rebuild killed midway resumes from where it got (T2), and the processor does not
-  take its partitions over with half its state.
+  take its partitions over with half its state;
+- with exactly-once input, reading on past a target for commit markers only, where the
+  commit gate holds records below it: the group decided them (it handled them), by
+  markers that may lie beyond its position.
 
 The fetching goes through ``KafkaIO`` (holes asked for again); admission is the
 worker's and the records are applied by a task (``task.Task``) over the member's own
@@ -44,12 +47,13 @@ from stores.base import Checkpoint
 from streamkit.app import HandlerSpec
 from streamkit.checkpoint_keys import REBUILD_MARK
 from streamkit.errors import HistoryTruncatedError
+from streamkit.exactly_once.markers import is_marker
 from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
 from streamkit.layout.strays import SweepEnds, in_place_until, plain_rule
-from streamkit.runtime.admission import Admission
+from streamkit.runtime.admission import Admission, Admitted
 from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.epochs import catch_up_epochs
@@ -295,6 +299,9 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
     # The inputs in time order as live: a partition short of its target may bring an
     # earlier record; what is held when every target is reached is applied then.
     # (A partition at its gate's limit brings nothing until the gate opens: it does not lag.)
+    # (A partition whose commit gate holds records below its target lags too, while its
+    # markers are read on past it: ``MarkersPast``.)
+    past = MarkersPast(io, task)
     task.lagging = task.gated(
         lambda _pid, source: any(
             r.position_key == source
@@ -302,7 +309,8 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
             and tp not in fetcher.paused
             and (r.limit is None or r.position < r.limit)
             for tp, r in admission
-        )
+        ),
+        undecided=past.ended,
     )
     read = since_checkpoint = 0
     started = last_checkpoint = last_progress = time.monotonic()
@@ -310,9 +318,13 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
     while True:
         admission.regate(registry.get, lambda _topic: {}, history=True)
         todo = [(tp, r) for tp, r in admission if r.position < plan.targets[tp]]
-        if not todo:
+        deciding = [(tp, r) for tp, r in admission if r.position >= plan.targets[tp] and past.wanted(tp, r)]
+        if not todo and not deciding:
             break
-        if all(tp in fetcher.paused for tp, _ in todo):
+        for tp, route in deciding:
+            if await past.read(tp, route, guard):
+                last_progress = time.monotonic()
+        if todo and all(tp in fetcher.paused for tp, _ in todo):
             # Held by gates whose blockers are read to their targets: the group itself
             # is short of a seal there; the member goes on from these positions.
             held = {f"{tp.topic}[{tp.partition}]": (r.position, r.limit) for tp, r in todo}
@@ -366,6 +378,41 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
             await before_checkpoint()
         _checkpoint(task, stamp, extra, done=True)
     return read
+
+
+class MarkersPast:
+    """A rebuild's reads past a partition's target for exactly-once commit markers only:
+    a record below the target that the commit gate holds was decided by the group (it
+    handled it, or its position would be below it) with a marker that may lie beyond the
+    target. The records there are left to whoever reads on (the route's position stays at
+    the target, and the commit gate's table is checkpointed as of the stable offset,
+    without what it learned past it). A partition read to its end with records still
+    held (their attempt is not decided yet: a target beyond the group's position, such as
+    a partition's end) is left as it is: its records stay pending, to be read again."""
+
+    def __init__(self, io: KafkaIO, task: Task) -> None:
+        self.io, self.task = io, task
+        self.at: dict[TopicPartition, int] = {}
+        self.ended: set[tuple[str, int]] = set()
+        """Sources read to their end past the target with records still held."""
+
+    def wanted(self, tp: TopicPartition, route: Route) -> bool:
+        gate = self.task.proc.commit_gate
+        return gate is not None and gate.holds(route.position_key) and route.position_key not in self.ended
+
+    async def read(self, tp: TopicPartition, route: Route, guard: contextlib.AbstractAsyncContextManager[Any]) -> bool:
+        """One fetch past the target, its markers applied under ``guard``; whether it read
+        anything."""
+        at = self.at.get(tp, route.position)
+        records, high = await self.io.fetch(tp.topic, tp.partition, at, max_wait_ms=50)
+        if records:
+            self.at[tp] = records[-1].offset + 1
+            if markers := [r for r in records if is_marker(r)]:
+                async with guard:
+                    await self.task.apply(route, Admitted([], markers, [], [], route.position, 0))
+        elif 0 <= high <= at:
+            self.ended.add(route.position_key)
+        return bool(records)
 
 
 def _checkpoint(task: Task, stamp: Stamp, extra: Mapping[str, Any] | None, *, done: bool) -> None:

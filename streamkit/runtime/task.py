@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +87,12 @@ class Task:
         self.holding: set[TopicPartition] = set()
         """Partitions the merge holds too many records of (``back_pressure``)."""
 
-    def gated(self, lagging: Lagging) -> Lagging:
-        """``lagging``, and a partition whose records the commit gate holds lags too."""
+    def gated(self, lagging: Lagging, undecided: Collection[tuple[str, int]] = ()) -> Lagging:
+        """``lagging``, and a partition whose records the commit gate holds lags too (unless
+        it is ``undecided``: nothing will decide them in this read)."""
         if (gate := self.proc.commit_gate) is None:
             return lagging
-        return lambda pid, source: gate.holds(source) or lagging(pid, source)
+        return lambda pid, source: (gate.holds(source) and source not in undecided) or lagging(pid, source)
 
     @property
     def id(self) -> int:
