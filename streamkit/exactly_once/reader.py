@@ -148,6 +148,18 @@ class SourceGate:
             self.saved = self.table_at(offset)
             self.learned = [(at, m) for at, m in self.learned if at >= offset]
 
+    def forget_from(self, offset: int) -> None:
+        """Forget the markers read at or past ``offset`` (read ahead of where the reading
+        goes on: it reads them again, in their turn): the table as of ``offset``, and the
+        queue without them."""
+        self.seen = self.table_at(offset)
+        self.learned = [(at, m) for at, m in self.learned if at < offset]
+        queue = self.queue
+        while queue and queue[-1][0].offset >= offset:
+            _, _, what = queue.pop()
+            if isinstance(what, Marker):
+                self.markers[what.writer].pop()
+
     def held_offsets(self) -> Iterator[int]:
         return (rec.offset for rec, _, _ in self.queue)
 
@@ -232,6 +244,11 @@ class CommitGate:
     def holds(self, source: Source) -> bool:
         gate = self.sources.get(source)
         return gate is not None and bool(gate.queue)
+
+    def forget_from(self, source: Source, offset: int) -> None:
+        """``SourceGate.forget_from`` for ``source``."""
+        if (gate := self.sources.get(source)) is not None:
+            gate.forget_from(offset)
 
     def held(self, source: Source) -> Iterable[int]:
         gate = self.sources.get(source)

@@ -14,8 +14,12 @@ the processor that received its keys announces it as ended (a recovery marker of
 retired writer with nothing committed, under the receiver's own, newer, incarnation).
 That is right because the receiver goes on from the group's positions of the retired
 processor's partitions (its progress log), which are written only after the markers of
-every attempt they cover: what the retired writer committed beyond them without markers
-is sent again by the receiver, so it must be aborted.
+every attempt they cover (a checkpoint's, after its markers; where an opened processor's
+routes start, after its recovery marker and the markers its store owes): what the retired
+writer committed beyond them without markers is sent again by the receiver, so it must
+be aborted. (One window is left: a crash between a retiring processor's markers and its
+progress record, then the shrink before it runs again: the receiver sends that
+checkpoint's output again, after readers committed it.)
 """
 
 from __future__ import annotations

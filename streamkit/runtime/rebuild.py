@@ -374,6 +374,7 @@ async def rebuild(reader: HistoryReader, task: Task, plan: RebuildPlan, pace: Pa
             await asyncio.sleep(0.01)
     async with guard:
         await task.release(flush=True)
+        past.forget()
         if before_checkpoint is not None:
             await before_checkpoint()
         _checkpoint(task, stamp, extra, done=True)
@@ -393,6 +394,7 @@ class MarkersPast:
     def __init__(self, io: KafkaIO, task: Task) -> None:
         self.io, self.task = io, task
         self.at: dict[TopicPartition, int] = {}
+        self.routes: dict[TopicPartition, Route] = {}
         self.ended: set[tuple[str, int]] = set()
         """Sources read to their end past the target with records still held."""
 
@@ -412,7 +414,21 @@ class MarkersPast:
                     await self.task.apply(route, Admitted([], markers, [], [], route.position, 0))
         elif 0 <= high <= at:
             self.ended.add(route.position_key)
+        self.routes[tp] = route
         return bool(records)
+
+    def forget(self) -> None:
+        """At the rebuild's end: the commit gate forgets the markers read past the targets
+        (whoever reads on from a target, the processor's live routes, reads them again in
+        their turn: a recovery marker learned early would abort the records before it)."""
+        proc = self.task.proc
+        if (gate := proc.commit_gate) is None:
+            return
+        for route in self.routes.values():
+            source, target = route.position_key, route.position
+            gate.forget_from(source, target)
+            if pending := proc.pending.get(source):  # (the markers past it were pending while queued)
+                pending.difference_update([o for o in pending if o >= target])
 
 
 def _checkpoint(task: Task, stamp: Stamp, extra: Mapping[str, Any] | None, *, done: bool) -> None:

@@ -341,6 +341,7 @@ class TaskManager:
         admission, consumer = self.parts.admission, self.parts.consumer
         for tp in admission.routes:
             consumer.seek(tp, admission.fetch_position(tp))
+        await self.mark_attempts()
         await self.parts.router.record(self.name, generation, self.layout_epochs, starts)
         self.next_checkpoint = time.monotonic() + self.app.settings.commit_interval
         await self.parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(admission))
@@ -423,6 +424,14 @@ class TaskManager:
             for tp, route in task.routes.items():
                 route.committed = committed.get((tp, task.id), route.committed)
         self.checkpoint_seconds.observe(time.perf_counter() - started)
+
+    async def mark_attempts(self) -> None:
+        """Before the routes' starts go into the progress log: every hosted processor's new
+        incarnation announced, and the markers of what its store holds committed sent (a
+        catch-up's output), so that no group position ever lies beyond an attempt without
+        its markers (what a shrink's receiving processor relies on, ``exactly_once.writer``)."""
+        if self.services.output.writers is not None:
+            await self._commit_attempts(self.active.values())
 
     async def _commit_attempts(self, tasks: Iterable[Task]) -> None:
         """Exactly-once output: the hosted processors' attempts are in their stores now;

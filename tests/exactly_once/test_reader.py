@@ -96,7 +96,15 @@ def commit(log: Log, w: Writer, markers: bool) -> None:
         asyncio.run(live.committed(log.mark, ["t"]))
 
 
-def retire(log: Log, w: Writer, receiver: Writer, markers: bool, late: set[int]) -> None:
+def reopen(rng: random.Random, log: Log, w: Writer) -> None:
+    """A new incarnation of ``w``: its markers go out when its routes start (before any
+    record), unless it is killed first (then at its first checkpoint)."""
+    w.start()
+    if rng.random() < 0.7:
+        asyncio.run(w.live.committed(log.mark, ["t"]))
+
+
+def retire(rng: random.Random, log: Log, w: Writer, receiver: Writer, markers: bool, late: set[int]) -> None:
     """A shrink retires ``w`` into ``receiver``: ``w`` checkpoints a last time (killed
     before its markers unless ``markers``) and never runs again; the receiver, which goes
     on from the group's positions (behind an unmarked checkpoint, so it sends that
@@ -113,7 +121,7 @@ def retire(log: Log, w: Writer, receiver: Writer, markers: bool, late: set[int])
     pid = int(w.name.rpartition("/")[2])
     receiver.store[RETIRED] = sorted({*receiver.store.get(RETIRED, []), *w.store.get(RETIRED, []), pid})
     receiver.zombies.append(receiver.live)
-    receiver.start()
+    reopen(rng, log, receiver)
 
 
 def history(rng: random.Random, writers: int, steps: int) -> Log:
@@ -128,7 +136,7 @@ def history(rng: random.Random, writers: int, steps: int) -> Log:
         if roll > 0.97 and len(ws) > 1:
             ws.remove(w)
             retired.append(w)
-            retire(log, w, rng.choice(ws), rng.random() < 0.5, late)
+            retire(rng, log, w, rng.choice(ws), rng.random() < 0.5, late)
             continue
         if 0.82 <= roll < 0.88 and retired and rng.random() < 0.3:
             w = rng.choice(retired)  # a zombie of a retired writer wakes up
@@ -140,10 +148,10 @@ def history(rng: random.Random, writers: int, steps: int) -> Log:
             commit(log, w, markers=False)  # committed, then killed (or paused) before its markers
             late.add(id(w.live))
             w.zombies.append(w.live)
-            w.start()
+            reopen(rng, log, w)
         elif roll < 0.82:
             w.zombies.append(w.live)  # killed (or paused) mid-attempt
-            w.start()
+            reopen(rng, log, w)
         elif roll < 0.88 and w.zombies:
             zombie = rng.choice(w.zombies)  # a paused one wakes up and sends on (its next commits are fenced)
             if id(zombie) in late:  # paused between its store commit and its markers: they go out now

@@ -1,8 +1,9 @@
 """A rebuild of an exactly-once reader's state (a catch-up, a scaling bootstrap, a staging
 store) reads the input up to the group's position; a record just below it whose commit
 marker lies beyond it was decided by the group all the same. The rebuild reads on past
-its target for markers only: the record is applied, and nothing past the target is.
-Against the broker, with a real store."""
+its target for markers only: the record is applied, nothing past the target is, and the
+markers read past it are forgotten (the processor reading on from the target reads
+them again in their turn). Against the broker, with a real store."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import streamkit
 from assignors.linear_hashing import bucket_modulus
 from assignors.placement import KeyFilter
 from streamkit.checkpoint_keys import PROCESSOR_COUNT
-from streamkit.exactly_once.markers import Attempt, commit_header
+from streamkit.exactly_once.markers import Attempt, commit_header, recover_header
 from streamkit.exactly_once.writer import Writers
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.registry import LayoutRegistry
@@ -26,7 +27,7 @@ from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.rebuild import HistoryReader, Pace, RebuildPlan, rebuild
 from streamkit.testdriver.capture import CaptureProducer
-from streamkit.testing import create_topic, produce_json, unique_topic_name
+from streamkit.testing import create_topic, produce_json, read_topic, unique_topic_name
 
 BASE_MS = 1_700_000_000_000
 
@@ -64,15 +65,21 @@ async def rebuild_to(broker: str, app: streamkit.App, targets: dict[TopicPartiti
     return proc
 
 
-def test_a_rebuild_applies_a_record_whose_commit_marker_lies_past_its_target(broker: str, tmp_path: Path) -> None:
-    topic = create_topic(broker, unique_topic_name("eos-rebuild"), 2)
-    write_history(broker, topic)
+def adding_app(topic: str) -> streamkit.App:
     app = streamkit.App(unique_topic_name("eos-rebuild"), processing="exactly_once")
     totals = app.table("totals", default=int)
 
     @app.processor(app.topic(topic))
     def add(key: str, value: Any, ctx: streamkit.Context) -> None:
         totals[key] += value["n"]
+
+    return app
+
+
+def test_a_rebuild_applies_a_record_whose_commit_marker_lies_past_its_target(broker: str, tmp_path: Path) -> None:
+    topic = create_topic(broker, unique_topic_name("eos-rebuild"), 2)
+    write_history(broker, topic)
+    app = adding_app(topic)
 
     # the group's position: partition 0 just past a's first record (its marker is at 1),
     # partition 1 past b
@@ -82,5 +89,34 @@ def test_a_rebuild_applies_a_record_whose_commit_marker_lies_past_its_target(bro
         # a's first record applied, its second (past the target, undecided) not
         assert dict(proc.caches["totals"].items()) == {"a": 1, "b": 10}
         assert proc.loaded.positions == {(topic, 0): 1, (topic, 1): 2}
+    finally:
+        proc.close()
+
+
+def test_markers_read_past_the_target_do_not_decide_what_the_processor_reads_on_from_it(
+    broker: str, tmp_path: Path
+) -> None:
+    """Writer up/1 sends x (incarnation I) after up/0's h; up/0's commit marker and then
+    up/1's recovery marker (a newer incarnation, naming I's attempt as committed) follow.
+    A rebuild to just past h reads both markers to decide h; the processor goes on from
+    there: x is committed by the recovery marker, not aborted by what the rebuild saw of
+    up/1's newer incarnation."""
+    topic = create_topic(broker, unique_topic_name("eos-rebuild"), 1)
+    h, x = Attempt("up/0", 1 << 24 | 1, 1), Attempt("up/1", 1 << 24 | 2, 1)
+    produce_json(broker, topic, [("h", {"n": 1}, 0, BASE_MS)], headers=[h.header()])  # @0
+    produce_json(broker, topic, [("x", {"n": 7}, 0, BASE_MS + 1)], headers=[x.header()])  # @1
+    produce_json(broker, topic, [(None, b"", 0, BASE_MS + 2)], headers=[commit_header(h)])  # @2
+    recovery = recover_header("up/1", 2 << 24 | 1, [(x.incarnation, 1)])
+    produce_json(broker, topic, [(None, b"", 0, BASE_MS + 3)], headers=[recovery])  # @3
+    app = adding_app(topic)
+    proc = asyncio.run(rebuild_to(broker, app, {TopicPartition(topic, 0): 1}, tmp_path / "p0"))
+    try:
+        assert dict(proc.caches["totals"].items()) == {"h": 1}
+        assert proc.loaded.positions == {(topic, 0): 1}
+        gate = proc.commit_gate
+        assert gate is not None
+        records = [r for r in read_topic(broker, topic) if r.offset >= 1]
+        _, delivered, _ = gate.admit((topic, 0), [], records)  # the live route, from the target on
+        assert [r.offset for r in delivered] == [1] and gate.dropped == 0
     finally:
         proc.close()

@@ -322,6 +322,7 @@ class Joining:
         parts = self.parts
         for tp in moving:
             parts.consumer.seek(tp, parts.admission.fetch_position(tp))
+        await self.tasks.mark_attempts()
         await parts.router.record(self.name, generation, self.tasks.layout_epochs, starts)
         await parts.dispatcher.fire(self.app.keys_assigned_callbacks, by_processor(taker.routes.items()))
         await self.tasks.regate()

@@ -30,7 +30,7 @@ from typing import Any
 
 from assignors.linear_hashing import bucket_modulus
 from stores.base import Checkpoint
-from streamkit.checkpoint_keys import CHANGELOG_POSITION, PROCESSOR_COUNT
+from streamkit.checkpoint_keys import CHANGELOG_POSITION, PROCESSOR_COUNT, RETIRED
 from streamkit.runtime.catchup import CatchUp
 from streamkit.runtime.checkpointing import Stamp
 from streamkit.runtime.processor import SEEN_STRAYS, STREAM_TIME, ProcessorState, StateMemory
@@ -206,8 +206,9 @@ class StagingSeed:
 def seed_marks(head: Checkpoint, count: int) -> dict[str, Any]:
     """The extra of a store seeded from a changelog ``head`` for ``count`` processors: the
     head's, off the changelog (the store is not on its chain), marked as a rebuild in
-    progress (the bootstrap reads the input from there)."""
-    kept = {k: v for k, v in head.extra.items() if k != CHANGELOG_POSITION}
+    progress (the bootstrap reads the input from there). Not the processors retired into
+    the head's processor (``RETIRED``): those are its own to announce."""
+    kept = {k: v for k, v in head.extra.items() if k not in (CHANGELOG_POSITION, RETIRED)}
     return kept | {PROCESSOR_COUNT: count, REBUILD_MARK: True}
 
 
