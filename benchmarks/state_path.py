@@ -42,11 +42,12 @@ from streamkit.checkpoint_keys import PROCESSOR_COUNT
 from streamkit.joins.merge import TimeMerge
 from streamkit.kafkaio import FetchedRecord
 from streamkit.layout.seal import OriginSeal
+from streamkit.runtime import collector
 from streamkit.runtime.admission import Admission
 from streamkit.runtime.checkpointing import prepare_checkpoints
 from streamkit.runtime.dispatch import Dispatcher
 from streamkit.runtime.output import Output
-from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.processor import ProcessorState, StateMemory
 from streamkit.runtime.routes import Route
 from streamkit.runtime.task import Task, apply_fetched
 from streamkit.state.changelog import ChangelogRecords
@@ -119,8 +120,12 @@ async def run_once(answers: list[dict[TopicPartition, list[Any]]], partitions: i
     dispatcher = Dispatcher("state-path", app.tables, output, failure_alarm_after=1 << 30)
     admission = Admission(_Fetcher(), group=app.group_id, name="state-path", seal=OriginSeal.ephemeral())
     tasks: dict[int, Task] = {}
+    settings = app.settings  # the worker's memory: shared RocksDB cache and memtables, one cache budget
+    memory = StateMemory.of(
+        settings.state_cache_bytes, settings.rocksdb_block_cache_bytes, settings.rocksdb_memtable_bytes
+    )
     for q in range(partitions):
-        proc = await ProcessorState.open(q, workdir / f"processor-{q}", app.tables, 5.0)
+        proc = await ProcessorState.open(q, workdir / f"processor-{q}", app.tables, 5.0, memory=memory)
         task = tasks[q] = Task(proc, dispatcher, TimeMerge(app.settings.max_task_idle_ms))
         route = Route.build(proc, app.handlers[TOPIC], (TOPIC, q), 0, None)
         admission.add(TopicPartition(TOPIC, q), route)
@@ -145,6 +150,7 @@ async def run_once(answers: list[dict[TopicPartition, list[Any]]], partitions: i
             run.cpu["store write"] += t0 - t1
             run.changelog_records += batch.count
         run.checkpoints += 1
+        collector.settle()  # (the member's, after each checkpoint)
 
     try:
         for answer in answers:
@@ -190,9 +196,11 @@ def floor(answers: Answers) -> float:
 
 
 def measure(answers: Answers, partitions: int, every: int) -> Run:
+    """One run, with the worker's garbage collector settings (``runtime.collector``)."""
     workdir = Path(tempfile.mkdtemp(prefix="state-path-"))
     try:
-        return asyncio.run(run_once(answers, partitions, every, workdir))
+        with collector.fewer_collections(streamkit.App("state-path").settings.gc_threshold):
+            return asyncio.run(run_once(answers, partitions, every, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
