@@ -17,9 +17,12 @@ processor's partitions (its progress log), which are written only after the mark
 every attempt they cover (a checkpoint's, after its markers; where an opened processor's
 routes start, after its recovery marker and the markers its store owes): what the retired
 writer committed beyond them without markers is sent again by the receiver, so it must
-be aborted. (One window is left: a crash between a retiring processor's markers and its
-progress record, then the shrink before it runs again: the receiver sends that
-checkpoint's output again, after readers committed it.)
+be aborted. (Windows are left, each an instant wide, then the shrink before the processor
+runs again: a crash of the retiring or the receiving processor between a checkpoint's
+markers and its progress record, after which the receiver sends that checkpoint's output
+again; and a crash between the store commit of a read of a partition the processor no
+longer consumes, whose output no group position covers, and its markers, sent right
+after it, after which that output is lost.)
 """
 
 from __future__ import annotations

@@ -391,6 +391,7 @@ class TaskManager:
             owned = [(tp.topic, tp.partition) for tp, r in task.routes.items() if not r.swept]
             handled = self.handled_before.get(task.id)
             await self.parts.catchup.read_left_history(task.proc, stamp, assignment.p0, self.job_p, owned, handled)
+        await self.mark_attempts()  # (its output is beyond every group position: no receiver would send it again)
         return True
 
     # -- checkpoints -------------------------------------------------------------------------
