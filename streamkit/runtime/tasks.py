@@ -411,7 +411,7 @@ class TaskManager:
             output = self.services.output
             sinks = checkpointing.CheckpointSinks(
                 self.services.progress, output.flush, self._commit_offsets, self.services.changelog,
-                commit_attempts=self._commit_attempts if output.writers is not None else None,
+                commit_attempts=self.mark_attempts if output.writers is not None else None,
                 commit_rows=self._commit_rows if self.app.sinks else None,
             )  # fmt: skip
             committed = await checkpointing.checkpoint(stamp, self.active.values(), slots, sinks)
@@ -426,22 +426,17 @@ class TaskManager:
                 route.committed = committed.get((tp, task.id), route.committed)
         self.checkpoint_seconds.observe(time.perf_counter() - started)
 
-    async def mark_attempts(self) -> None:
-        """Before the routes' starts go into the progress log: every hosted processor's new
-        incarnation announced, and the markers of what its store holds committed sent (a
-        catch-up's output), so that no group position ever lies beyond an attempt without
-        its markers (what a shrink's receiving processor relies on, ``exactly_once.writer``)."""
-        if self.services.output.writers is not None:
-            await self._commit_attempts(self.active.values())
-
-    async def _commit_attempts(self, tasks: Iterable[Task]) -> None:
-        """Exactly-once output: the hosted processors' attempts are in their stores now;
-        their markers go out (``exactly_once.writer``)."""
-        output = self.services.output
-        mark = output.producer.mark  # type: ignore[attr-defined]
-        declared = output.declared()  # every topic it may have sent to, its own inputs too
+    async def mark_attempts(self, tasks: Iterable[Task] | None = None) -> None:
+        """Exactly-once: the markers of what the stores hold committed go out, each new
+        incarnation announced first (``exactly_once.writer``); at checkpoints, and before route
+        starts are recorded, so no group position lies beyond an attempt without markers."""
+        tasks = self.active.values() if tasks is None else tasks
         writers = [task.proc.attempts for task in tasks if task.proc.attempts is not None]
-        await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
+        if writers:
+            output = self.services.output
+            mark = output.producer.mark  # type: ignore[attr-defined]
+            declared = output.declared()  # every topic it may have sent to, its own inputs too
+            await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
 
     async def _commit_rows(self, tasks: Iterable[Task]) -> None:
         """Sink rows: every hosted processor's rows its store holds and no sink is known to
