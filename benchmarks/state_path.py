@@ -10,7 +10,8 @@ job (count and sum of ``amount`` per key, one processor per partition) and its i
 What it leaves out is the broker: fetching and decoding fetch answers, sending the
 changelog's batches, committing offsets (``benchmarks.harness`` runs the whole job
 against the raw client). Per key count it prints records/s through the whole path and
-the CPU microseconds per record of each stage, medians of the repeats (each in a fresh
+the CPU microseconds per record of each stage and the RocksDB reads per record (cache
+misses that the filter of stored keys did not answer), medians of the repeats (each in a fresh
 state directory), and the ratio to the same work done in a plain dict in the same run
 (decode, count and sum: the interpreter's floor); with ``--profile``, one more run under cProfile and the functions that
 take the most time, in microseconds per record.
@@ -72,6 +73,8 @@ class Run:
     cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     checkpoints: int = 0
     changelog_records: int = 0
+    store_reads: int = 0
+    """Reads of RocksDB: cache misses the filter of stored keys did not answer."""
 
     def per_record(self, stage: str) -> float:
         return self.cpu[stage] / self.records * 1e6
@@ -163,6 +166,7 @@ async def run_once(answers: list[dict[TopicPartition, list[Any]]], partitions: i
                 since = 0
         checkpoint()
         run.seconds = clock() - started
+        run.store_reads = sum(c.misses - c.reads_spared for t in tasks.values() for c in t.proc.caches.values())
         check(answers, [v for task in tasks.values() for _, v in task.proc.store.items("stats")])
     finally:
         for task in tasks.values():
@@ -220,7 +224,15 @@ def main() -> None:
     a = p.parse_args()
     console = Console(width=150)
     table = Table(title=f"state path, {a.records:,} records, {a.partitions} processors (medians of {a.repeat})")
-    columns = ("keys", "records/s", "vs dict floor", *(f"{s} µs/rec" for s in STAGES), "CPU µs/rec", "keys/checkpoint")
+    columns = (
+        "keys",
+        "records/s",
+        "vs dict floor",
+        *(f"{s} µs/rec" for s in STAGES),
+        "CPU µs/rec",
+        "store reads/rec",
+        "keys/checkpoint",
+    )
     for col in columns:
         table.add_column(col, justify="right")
     for keys in [int(k) for k in a.keys.split(",")]:
@@ -234,7 +246,15 @@ def main() -> None:
         stages = [med(r.per_record(s) for r in runs) for s in STAGES]
         changed = med(r.changelog_records / r.checkpoints for r in runs)
         ratio = f"{rate / med(floors):.2f}x"
-        cells = [f"{keys:,}", f"{rate:,.0f}", ratio, *(f"{s:.2f}" for s in stages), f"{sum(stages):.2f}"]
+        reads = med(r.store_reads / r.records for r in runs)
+        cells = [
+            f"{keys:,}",
+            f"{rate:,.0f}",
+            ratio,
+            *(f"{s:.2f}" for s in stages),
+            f"{sum(stages):.2f}",
+            f"{reads:.3f}",
+        ]
         table.add_row(*cells, f"{changed:,.0f}")
         if a.profile:
             profile(answers, a.partitions, a.checkpoint_records, keys, console)

@@ -68,10 +68,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
+from . import stored_keys
 from .base import Checkpoint, Store, StoreError
 from .cache_budget import ENTRY_OVERHEAD, SAMPLE, CacheBudget, deep_size
 from .cache_changes import _ABSENT, PendingChanges
 from .serde import RawSerde, Serde, serde_for
+from .stored_keys import StoredKeys
 
 __all__ = ["CacheBudget", "CachedTable", "PendingChanges", "commit_cached", "deep_size"]
 
@@ -96,6 +98,9 @@ class CachedTable:
         "_vdumps",
         "_vloads",
         "misses",
+        "reads_spared",
+        "_stored",
+        "_rescan",
     )
 
     def __init__(
@@ -131,12 +136,25 @@ class CachedTable:
         self._vdumps = self.value_serde.dumps
         self._vloads = self.value_serde.loads
         self.misses = 0
-        """Reads the cache could not answer (each read the store)."""
+        """Reads the cache could not answer."""
+        self.reads_spared = 0
+        """Misses the filter of stored keys answered (a key the store lacks) without a store read."""
+        self._stored: StoredKeys | None = None
+        """The keys the table may hold but the cache may not (None: every miss reads the store)."""
+        self._rescan = True
+        """The filter must be built again (from a scan) before it answers: at the next
+        :meth:`mark_clean`; False with no filter means the table is too big to scan."""
+        self._scan()
 
     # -- the hot path ----------------------------------------------------------
 
     def _load(self, key: Any) -> Any:
         self.misses += 1
+        stored = self._stored
+        if stored is not None and not stored.may_hold(key):
+            self.reads_spared += 1
+            self._cache[key] = _ABSENT
+            return _ABSENT
         data = self.store.get(self.table, self._kdumps(key))
         value = _ABSENT if data is None else self._vloads(data)
         self._cache[key] = value
@@ -237,6 +255,7 @@ class CachedTable:
         enforce the limit (see module doc)."""
         cache = self._cache
         dirty = self._dirty
+        stored = self._stored
         if self.budget is not None:
             self._measure()
         excess = len(cache) - self.limit
@@ -247,25 +266,49 @@ class CachedTable:
                     cache[k] = cache.pop(k)  # written in the last interval: a second chance
                     spared += 1
                 else:
-                    del cache[k]
+                    value = cache.pop(k)
                     excess -= 1
+                    if stored is not None and value is not _ABSENT:  # the store holds it
+                        stored.add(k)
         dirty.clear()
+        if self._rescan or (stored is not None and stored.full):
+            self._scan(0 if stored is None else 2 * stored.capacity)
+
+    def _scan(self, capacity: int = 0) -> None:
+        """Build the filter of stored keys from a scan of the table's committed keys (none
+        if there are more than ``SCAN_LIMIT``, or a key does not load or hash)."""
+        self._stored, self._rescan = None, False
+        try:
+            self._stored = StoredKeys.scan(
+                self._stored_keys, self._kloads, limit=stored_keys.SCAN_LIMIT, capacity=max(capacity, 1)
+            )
+        except Exception:  # noqa: BLE001 - a key that does not load: the table is read as before
+            self._stored = None
+
+    def _stored_keys(self) -> Iterator[bytes]:
+        return (k for k, _ in self.store.items(self.table))
 
     def discard(self) -> None:
         """Drop every uncommitted change; the next reads see the store's committed state."""
-        cache = self._cache
+        cache, stored = self._cache, self._stored
         for k in self._dirty:
             cache.pop(k, None)
+            if stored is not None:  # it may hold a committed value
+                stored.add(k)
         self._dirty.clear()
 
     def invalidate(self) -> None:
-        """Drop the whole cache, uncommitted changes included."""
+        """Drop the whole cache, uncommitted changes included. The store was changed by
+        something else: its keys are scanned again at the next :meth:`mark_clean`."""
         self._cache.clear()
         self._dirty.clear()
+        if self._stored is not None:
+            self._stored, self._rescan = None, True
 
     def release(self) -> None:
         """The table is done with (its store closes): drop the cache, leave the budget."""
         self.invalidate()
+        self._rescan = False
         if self.budget is not None:
             self.budget.leave()
             self.budget = None
