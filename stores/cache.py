@@ -259,6 +259,10 @@ class CachedTable:
         if self.budget is not None:
             self._measure()
         excess = len(cache) - self.limit
+        if stored is not None and excess > 0 and stored.empty and stored.capacity < self.limit + excess:
+            # the first keys let go: an empty filter is made as big as the cache for free
+            # (later, one that fills up is built again from a scan of the whole table)
+            stored = self._stored = StoredKeys(min(self.limit + excess, stored_keys.SCAN_LIMIT))
         spared = 0  # each written entry is spared once: the loop ends
         while excess > 0:
             for k in list(islice(cache, excess)):

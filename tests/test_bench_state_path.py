@@ -15,5 +15,5 @@ def test_the_state_path_benchmark_applies_and_checkpoints_every_record() -> None
     assert 500 <= run.changelog_records <= 5000  # each changed key once per checkpoint
     assert all(run.cpu[stage] > 0 for stage in STAGES)
     # the stores start empty and the caches hold every key: the filter of stored keys answers
-    # each first read of a key (a false positive, about one in 5,000 here, reads RocksDB)
-    assert run.store_reads <= 5
+    # the first read of each of the 500 keys (a false positive, under 1% here, reads RocksDB)
+    assert run.store_reads <= 25

@@ -5,10 +5,11 @@ the store holds (the cache's model test, in test_stores_cache, runs its historie
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
-from stores import CachedTable, Checkpoint, RocksDBStore, stored_keys
+from stores import CachedTable, Checkpoint, MemoryStore, RocksDBStore, stored_keys
 from stores.stored_keys import StoredKeys
 
 CP = Checkpoint(positions={("in", 0): 1})
@@ -35,7 +36,7 @@ def test_a_filter_never_rules_out_a_key_it_learnt(seed: int) -> None:
     known = set(learnt)
     strangers = [key for key in others if key not in known]
     false_positives = sum(filt.may_hold(key) for key in strangers) / len(strangers)
-    assert false_positives < 0.03, f"{false_positives:.1%} of keys never learnt pass"
+    assert false_positives < 0.04, f"{false_positives:.1%} of keys never learnt pass"
     assert not filt.full
 
 
@@ -90,3 +91,32 @@ def test_a_table_beyond_the_scan_limit_is_read_as_before(tmp_path, monkeypatch) 
         t = CachedTable(store, "t", "int", "json")
         assert t.get(5) == 1 and t.get(99) is None
         assert t.reads_spared == 0 and t.misses == 2
+
+
+class ScanCountingStore(MemoryStore):
+    """A MemoryStore that counts scans of its tables."""
+
+    def __init__(self) -> None:
+        super().__init__(["t"])
+        self.scans = 0
+
+    def items(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self.scans += 1
+        return super().items(table, start, end)
+
+
+def test_the_first_keys_let_go_need_no_scan_of_the_table() -> None:
+    """A table that grew in its cache (nothing let go yet) gets a filter as big as the
+    cache when it first lets keys go, not a scan of every key it holds."""
+    store = ScanCountingStore()
+    t = CachedTable(store, "t", "int", "json", max_cached=5_000)
+    assert store.scans == 1  # at construction: empty
+    for k in range(20_000):
+        t[k] = k
+    store.commit({"t": t.changes()}, CP)
+    t.mark_clean()  # lets 15,000 go, into a filter made for them
+    assert store.scans == 1 and t.cached_count == 5_000
+    assert all(t.get(k) == k for k in range(20_000))
+    assert t.misses == 15_000 and t.reads_spared == 0
+    assert sum(t.get(k) is None for k in range(20_000, 30_000)) == 10_000
+    assert t.reads_spared >= 9_500
