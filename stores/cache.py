@@ -29,7 +29,8 @@ Rules for callers:
   store's checkpoint), or keep them and retry the commit.
 - If the store is changed by anything other than this table's own commits
   (a restore, another ``CachedTable`` on the same table), call
-  :meth:`invalidate`.
+  :meth:`invalidate`: until then a key written that way may read as absent (the
+  filter of stored keys, ``stores.stored_keys``, does not know it).
 
 Dirty entries.  The keys changed since the last checkpoint are kept with their
 values in a second dict, so a checkpoint serialises them from there: at a million
@@ -72,12 +73,15 @@ from . import stored_keys
 from .base import Checkpoint, Store, StoreError
 from .cache_budget import ENTRY_OVERHEAD, SAMPLE, CacheBudget, deep_size
 from .cache_changes import _ABSENT, PendingChanges
-from .serde import RawSerde, Serde, serde_for
+from .serde import IntSerde, JsonSerde, RawSerde, Serde, StrSerde, serde_for
 from .stored_keys import StoredKeys
 
 __all__ = ["CacheBudget", "CachedTable", "PendingChanges", "commit_cached", "deep_size"]
 
 _MISSING: Any = object()
+
+_PLAIN_SERDES = (JsonSerde, RawSerde, StrSerde, IntSerde)
+_PLAIN_TYPES = frozenset((str, bytes, int, float, bool))
 
 
 class CachedTable:
@@ -101,6 +105,7 @@ class CachedTable:
         "reads_spared",
         "_stored",
         "_rescan",
+        "_plain_keys",
     )
 
     def __init__(
@@ -139,6 +144,8 @@ class CachedTable:
         """Reads the cache could not answer."""
         self.reads_spared = 0
         """Misses the filter of stored keys answered (a key the store lacks) without a store read."""
+        self._plain_keys = type(self.key_serde) in _PLAIN_SERDES
+        """Keys of plain types come back from the serde as they went in (same hash)."""
         self._stored: StoredKeys | None = None
         """The keys the table may hold but the cache may not (None: every miss reads the store)."""
         self._rescan = True
@@ -151,7 +158,9 @@ class CachedTable:
     def _load(self, key: Any) -> Any:
         self.misses += 1
         stored = self._stored
-        if stored is not None and not stored.may_hold(key):
+        if stored is not None and not stored.may_hold(
+            key if self._plain_keys and type(key) in _PLAIN_TYPES else self._canonical(key)
+        ):
             self.reads_spared += 1
             self._cache[key] = _ABSENT
             return _ABSENT
@@ -273,7 +282,7 @@ class CachedTable:
                     value = cache.pop(k)
                     excess -= 1
                     if stored is not None and value is not _ABSENT:  # the store holds it
-                        stored.add(k)
+                        stored.add(self._canonical(k))
         dirty.clear()
         if self._rescan or (stored is not None and stored.full):
             self._scan(0 if stored is None else 2 * stored.capacity)
@@ -289,6 +298,15 @@ class CachedTable:
         except Exception:  # noqa: BLE001 - a key that does not load: the table is read as before
             self._stored = None
 
+    def _canonical(self, key: Any) -> Any:
+        """``key`` as a scan of the store gives it back (``loads(dumps(key))``): the form the
+        filter of stored keys hashes. A key the serde turns into another type (a UUID or a
+        date into a string with JSON, an enum into its value) hashes differently; a key of a
+        plain type under a built-in serde is itself."""
+        if self._plain_keys and type(key) in _PLAIN_TYPES:
+            return key
+        return self._kloads(self._kdumps(key))
+
     def _stored_keys(self) -> Iterator[bytes]:
         return (k for k, _ in self.store.items(self.table))
 
@@ -298,7 +316,7 @@ class CachedTable:
         for k in self._dirty:
             cache.pop(k, None)
             if stored is not None:  # it may hold a committed value
-                stored.add(k)
+                stored.add(self._canonical(k))
         self._dirty.clear()
 
     def invalidate(self) -> None:

@@ -4,9 +4,11 @@ in the store" for a key it lacks, without reading the store (``stores.cache``).
 At a million keys nearly every record reads a key its processor has never held: the
 cache misses, and the store's read of a key it lacks walked RocksDB's memtables and every
 level's filter, about 0.9 µs of each record's time, with the interpreter's lock held.
-This filter is a bit array in the process, one bit per key from the key's own Python
-hash (the cache's keys are deserialised, so the hash is the one the cache's dict uses,
-already computed): a probe is one bit test. One bit, not two: each probe is a miss of the
+This filter is a bit array in the process, one bit per key from the Python hash of the
+key as a scan of the store gives it back (the cache's keys are deserialised: for a plain
+key under a built-in serde that is the key itself, its hash already computed by the
+cache's dict; a key the serde turns into another type, as JSON turns a UUID into a
+string, is hashed in the form it comes back in): a probe is one bit test. One bit, not two: each probe is a miss of the
 CPU's caches, and two cost 300 ns where one costs 180.
 
 It answers for a table's committed keys: it is built by a scan of the table (at most
