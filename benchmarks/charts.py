@@ -187,7 +187,10 @@ def charts(results: dict[str, Any]) -> dict[str, str]:
 
 
 def _measured(run: dict[str, Any]) -> str:
-    return f"Measured on {run['date']} by `{run['command']}`:" if "command" in run else ""
+    if "command" not in run:
+        return ""
+    note = f" ({run['note']})" if "note" in run else ""
+    return f"Measured on {run['date']} by `{run['command']}`{note}:"
 
 
 def throughput_table(run: dict[str, Any]) -> str:
