@@ -158,12 +158,17 @@ class CachedTable:
     def _load(self, key: Any) -> Any:
         self.misses += 1
         stored = self._stored
-        if stored is not None and not stored.may_hold(
-            key if self._plain_keys and type(key) in _PLAIN_TYPES else self._canonical(key)
-        ):
-            self.reads_spared += 1
-            self._cache[key] = _ABSENT
-            return _ABSENT
+        if stored is not None:
+            try:
+                absent = not stored.may_hold(
+                    key if self._plain_keys and type(key) in _PLAIN_TYPES else self._canonical(key)
+                )
+            except TypeError:  # it comes back unhashable (a tuple through JSON): no filter
+                self._stored, absent = None, False
+            if absent:
+                self.reads_spared += 1
+                self._cache[key] = _ABSENT
+                return _ABSENT
         data = self.store.get(self.table, self._kdumps(key))
         value = _ABSENT if data is None else self._vloads(data)
         self._cache[key] = value
@@ -282,7 +287,7 @@ class CachedTable:
                     value = cache.pop(k)
                     excess -= 1
                     if stored is not None and value is not _ABSENT:  # the store holds it
-                        stored.add(self._canonical(k))
+                        stored = self._learn(stored, k)
         dirty.clear()
         if self._rescan or (stored is not None and stored.full):
             self._scan(0 if stored is None else 2 * stored.capacity)
@@ -307,6 +312,16 @@ class CachedTable:
             return key
         return self._kloads(self._kdumps(key))
 
+    def _learn(self, stored: StoredKeys, key: Any) -> StoredKeys | None:
+        """Add ``key`` to the filter; the filter, or None (and none from now) if the key
+        comes back from its serde unhashable (a tuple through JSON comes back a list)."""
+        try:
+            stored.add(self._canonical(key))
+        except TypeError:
+            self._stored = None
+            return None
+        return stored
+
     def _stored_keys(self) -> Iterator[bytes]:
         return (k for k, _ in self.store.items(self.table))
 
@@ -316,7 +331,7 @@ class CachedTable:
         for k in self._dirty:
             cache.pop(k, None)
             if stored is not None:  # it may hold a committed value
-                stored.add(self._canonical(k))
+                stored = self._learn(stored, k)
         self._dirty.clear()
 
     def invalidate(self) -> None:

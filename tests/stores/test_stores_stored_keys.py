@@ -146,3 +146,24 @@ def test_a_key_the_serde_gives_back_as_another_type_is_found(tmp_path, key: obje
         assert reopened.get(key) == 41
         loaded = orjson.loads(orjson.dumps(key))  # the form a query by key, or a scan, has
         assert reopened.get(loaded) == 41 and t.get(loaded) == 41
+
+
+def test_keys_that_come_back_unhashable_turn_the_filter_off(tmp_path) -> None:
+    """JSON gives a tuple key back as a list: the filter cannot hash it, so the table is
+    read as before (a miss, an eviction, a discard, a scan: none raises)."""
+    with RocksDBStore.open(str(tmp_path / "s"), ["t"]) as store:
+        t = CachedTable(store, "t", "json", "json", max_cached=0)
+        assert t.get(("a", 1)) is None  # a miss probes the filter: off
+        t[("a", 1)] = 5
+        store.commit({"t": t.changes()}, CP)
+        t.mark_clean()
+        assert t.get(("a", 1)) == 5 and t.reads_spared == 0
+        evicting = CachedTable(store, "t", "json", "json", max_cached=0)  # its scan turns it off
+        assert evicting.get(("a", 1)) == 5
+        t2 = CachedTable(store, "t", "str", "json", max_cached=0)  # a filter on, then a tuple let go
+        t2["k"] = 1
+        store.commit({"t": t2.changes()}, CP)
+        t2.mark_clean()
+        t2[("x", 2)] = 3  # type: ignore[index]
+        t2.discard()
+        assert t2.get("k") == 1
