@@ -18,6 +18,9 @@ from typing import Any, Protocol
 from stores.serde import Serde
 
 _MISSING: Any = object()
+_NOTHING_CACHED: dict[Any, Any] = {}
+"""The cache of a table bound to no cache: read only (a table writes its ``_cached`` only
+while its ``_dirty`` is a cache's)."""
 
 
 class TableBackend(Protocol):
@@ -61,6 +64,13 @@ class Table(MutableMapping[Any, Any]):
         self.value_serde = value_serde
         self.default = default
         self._backend: TableBackend = _Unbound(name)
+        self._cached: dict[Any, Any] = _NOTHING_CACHED
+        """The bound backend's cache (``CachedTable.hot_path``), or nothing: every read asks ``_load``."""
+        self._dirty: dict[Any, Any] | None = None
+        """The bound cache's changes (None: writes go to the backend)."""
+        self._load: Callable[[Any], Any] = self._read
+        self._absent: Any = _MISSING
+        """What ``_load`` gives for a key the backend lacks."""
 
     @property
     def store_key_serde(self) -> Serde:
@@ -71,21 +81,38 @@ class Table(MutableMapping[Any, Any]):
         """Point the table at `backend` (None: unbound). Only the runtime's binder and the
         offline replay call this; `clock` is what windowed tables read the time from."""
         self._backend = backend if backend is not None else _Unbound(self.name)
+        hot = getattr(backend, "hot_path", None)
+        if hot is not None:  # a write-back cache: its dicts read and written here
+            self._cached, self._dirty, self._load, self._absent = hot()
+        else:
+            self._cached, self._dirty, self._load, self._absent = _NOTHING_CACHED, None, self._read, _MISSING
 
-    # -- the hot path: one extra call over the cache ------------------------------------
+    def _read(self, key: Any) -> Any:
+        return self._backend.get(key, _MISSING)
+
+    # -- the hot path: no call over the cache's dicts (``CachedTable.hot_path``) --------
     def __getitem__(self, key: Any) -> Any:
-        value = self._backend.get(key, _MISSING)
+        value = self._cached.get(key, _MISSING)
         if value is _MISSING:
+            value = self._load(key)
+        if value is self._absent:
             if self.default is None:
                 raise KeyError(key)
             return self.default()
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._backend.get(key, default)
+        value = self._cached.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._load(key)
+        return default if value is self._absent else value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._backend[key] = value
+        dirty = self._dirty
+        if dirty is None:
+            self._backend[key] = value
+        else:
+            self._cached[key] = dirty[key] = value
 
     def __delitem__(self, key: Any) -> None:
         self._backend.__delitem__(key)
