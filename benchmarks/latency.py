@@ -1,9 +1,9 @@
 """Latency at a fixed input rate: the time from a producer's send to the handler's call,
 and to the output record being readable, for streamkit and quixstreams in the same run.
 
-    python -m benchmarks.latency [--rate 5000] [--seconds 20] [--keys 1000]
-        [--contenders raw:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low]
-        [--warmup 5]
+    python -m benchmarks.latency [--rate 5000] [--seconds 20] [--keys 1000] [--warmup 5]
+        [--contenders raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low]
+        [--repeat 1]
 
 Per contender (``NAME:latency``, see ``benchmarks.latency_app``): an embedded broker of
 its own (the test broker slows down as its logs grow: a shared one would favour the
@@ -15,11 +15,16 @@ directly reached a p99 of 200 ms within 8 s). The records until the job's first 
 and ``--warmup`` seconds more, are not measured (group join, backlog); then ``--seconds``
 are. A reader of the output topic (fetch wait 5 ms, counted in the send-to-output
 figure) notes when each output arrives. ``raw`` is that reader on the input topic, with
-no job: the floor that the broker and the clients set.
+no job: the floor that the broker and the clients set. ``client`` is the same client as
+a job of its own (``latency_app.run_client``: a group member and a producer in a process
+of their own, no framework): what any job pays on this machine, beside the broker, before
+a framework's code runs.
 
 Printed per contender: p50, p99 and max of send-to-handler and of send-to-output, in ms,
-and the records measured; then each streamkit figure as a ratio to quixstreams' figure
-at the same setting.
+and the records measured (with ``--repeat N``, each contender runs N times, interleaved
+with the others, and each figure is the median of its runs; the p99 of each run is
+printed too); then each streamkit figure as a ratio to the floor's, the plain client's and
+quixstreams' at the same setting.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,46 +145,75 @@ async def measure(
     }
 
 
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's repeats as one row: each figure the median of the runs' figures;
+    ``p99s`` keeps every run's send-to-handler p99, to show the spread."""
+    return {
+        "contender": runs[0]["contender"],
+        "records": sum(r["records"] for r in runs),
+        "handler": [statistics.median(r["handler"][i] for r in runs) for i in range(3)],
+        "output": [statistics.median(r["output"][i] for r in runs) for i in range(3)],
+        "p99s": [r["handler"][1] for r in runs],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="benchmarks.latency")
     ap.add_argument("--rate", type=int, default=5000, help="input records/s")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per contender")
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds sent unmeasured after the first output")
-    ap.add_argument("--contenders", default="raw:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low")
+    ap.add_argument(
+        "--contenders", default="raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low"
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs per contender, interleaved; figures are medians")
     a = ap.parse_args()
     contenders = [c.strip() for c in a.contenders.split(",") if c.strip()]
     bad = [
         c
         for c in contenders
-        if c.split(":")[0] not in ("raw", "streamkit", "quix") or not c.endswith((":low", ":throughput"))
+        if c.split(":")[0] not in ("raw", "client", "streamkit", "quix") or not c.endswith((":low", ":throughput"))
     ]
     if bad:
-        ap.error(f"unknown contender(s) {bad}: NAME:latency, NAME raw, streamkit or quix, latency low or throughput")
+        ap.error(
+            f"unknown contender(s) {bad}: NAME:latency, NAME raw, client, streamkit or quix, latency low or throughput"
+        )
 
     from streamkit.broker import EmbeddedBroker
 
-    rows = []
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory(prefix="sk-latency-") as tmp:
-        for c in contenders:  # a broker each: the test broker slows down as its logs grow
-            with EmbeddedBroker() as broker:
-                rows.append(asyncio.run(measure(broker.bootstrap, c, a.rate, a.seconds, a.warmup, a.keys, Path(tmp))))
-    table = Table(title=f"latency at {a.rate:,} records/s, {a.keys:,} keys, 4 partitions (ms)")
+        for _ in range(a.repeat):  # interleaved: a slow spell of the machine hits every contender alike
+            for c in contenders:  # a broker each: the test broker slows down as its logs grow
+                with EmbeddedBroker() as broker:
+                    runs[c].append(
+                        asyncio.run(measure(broker.bootstrap, c, a.rate, a.seconds, a.warmup, a.keys, Path(tmp)))
+                    )
+    rows = [medians(runs[c]) for c in contenders]
+    what = f"medians of {a.repeat} interleaved runs, " if a.repeat > 1 else ""
+    table = Table(title=f"latency at {a.rate:,} records/s, {a.keys:,} keys, 4 partitions ({what}ms)")
     for col in ("contender", "records", "send→handler p50", "p99", "max", "send→output p50", "p99", "max"):
         table.add_column(col, justify="right")
+    if a.repeat > 1:
+        table.add_column("p99 of each run", justify="right")
     for r in rows:
-        table.add_row(r["contender"], f"{r['records']:,}", *(f"{x:.1f}" for x in r["handler"] + r["output"]))
-    console = Console()
+        cells = [r["contender"], f"{r['records']:,}", *(f"{x:.1f}" for x in r["handler"] + r["output"])]
+        if a.repeat > 1:
+            cells.append(" ".join(f"{x:.0f}" for x in r["p99s"]))
+        table.add_row(*cells)
+    console = Console(width=200)
     console.print(table)
     by = {r["contender"]: r for r in rows}
     for setting in ("throughput", "low"):
-        sk, quix = by.get(f"streamkit:{setting}"), by.get(f"quix:{setting}")
-        if sk and quix:
-            ratios = [
-                s / q for s, q in zip(sk["handler"] + sk["output"], quix["handler"] + quix["output"], strict=True)
-            ]
-            console.print(f"{setting}: streamkit / quixstreams, send→handler p50 p99 max, send→output p50 p99 max: "
-                          + " ".join(f"{x:.2f}" for x in ratios))  # fmt: skip
+        sk = by.get(f"streamkit:{setting}")
+        for peer in ("raw", "client", "quix"):
+            other = by.get(f"{peer}:{setting}")
+            if sk and other:
+                ratios = [
+                    s / o for s, o in zip(sk["handler"] + sk["output"], other["handler"] + other["output"], strict=True)
+                ]
+                console.print(f"{setting}: streamkit / {peer}, send→handler p50 p99 max, send→output p50 p99 max: "
+                              + " ".join(f"{x:.2f}" for x in ratios))  # fmt: skip
 
 
 if __name__ == "__main__":

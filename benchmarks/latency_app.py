@@ -64,6 +64,45 @@ def run_quix(bootstrap: str, topic: str, out: str, state_dir: str, latency: str)
     app.run()
 
 
+def run_client(bootstrap: str, topic: str, out: str, state_dir: str, latency: str) -> None:
+    """The plain client as a job of its own: a consumer group member reading the input
+    (fetch wait 5 ms at ``low``, 500 at ``throughput``) and a producer (linger 0 or 5 ms)
+    sending one output per record, counts in a dict. What any job in its own process pays
+    before the framework's code: streamkit's and quixstreams' figures less this one are
+    theirs."""
+    import asyncio
+
+    import orjson
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    low = latency == "low"
+
+    async def main() -> None:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=f"client-latency-{out}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5 if low else 500,
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0 if low else 5)
+        await consumer.start()
+        await producer.start()
+        counts: dict[bytes, int] = {}
+        while True:
+            batch = await consumer.getmany(timeout_ms=200, max_records=1_000)
+            for records in batch.values():
+                for rec in records:
+                    handled = time.time()
+                    value = orjson.loads(rec.value)
+                    counts[rec.key] = counts.get(rec.key, 0) + 1
+                    reply = {"sent": value["sent"], "handled": handled, "m": value["m"]}
+                    await producer.send(out, orjson.dumps(reply), key=rec.key)
+
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
     contender, *args = sys.argv[1:]
-    {"streamkit": run_streamkit, "quix": run_quix}[contender](*args)
+    {"streamkit": run_streamkit, "quix": run_quix, "client": run_client}[contender](*args)
