@@ -91,7 +91,10 @@ class TableView:
     cached: int
     """Entries in the table's cache (absent keys remembered included)."""
     misses: int
-    """Reads the cache could not answer (they went to the store) since the processor was opened."""
+    """Reads the cache could not answer since the processor was opened."""
+    reads_spared: int
+    """Of those, the ones the filter of the table's stored keys answered (a key the store
+    lacks) without reading the store."""
 
 
 @dataclass
@@ -167,9 +170,10 @@ METRICS: dict[str, str] = {
     "streamkit_store_keys": "keys in a processor's table as stored (RocksDB's estimate)",
     "streamkit_store_bytes": "bytes of a processor's table in RocksDB (SST files and memtables)",
     "streamkit_cache_entries": "entries in a processor's table cache",
-    "streamkit_cache_misses_total": "reads a table's cache could not answer (the store was read; queries' "
-    "reads included); the hit rate is 1 - misses / reads, where reads are the records applied times the table "
-    "reads per record",
+    "streamkit_cache_misses_total": "reads a table's cache could not answer (queries' reads included); the hit "
+    "rate is 1 - misses / reads, where reads are the records applied times the table reads per record",
+    "streamkit_store_reads_spared_total": "cache misses answered without reading the store: the key is not in "
+    "the filter of the table's stored keys (a new key); the store was read for the other misses",
 }
 """Every metric a worker serves, with its help text (the README's table lists them)."""
 
@@ -251,13 +255,15 @@ class WorkerCollector(Collector):
         size = _fam(GaugeMetricFamily, "streamkit_store_bytes", table_labels)
         cached = _fam(GaugeMetricFamily, "streamkit_cache_entries", table_labels)
         misses = _fam(CounterMetricFamily, "streamkit_cache_misses_total", table_labels)
+        spared = _fam(CounterMetricFamily, "streamkit_store_reads_spared_total", table_labels)
         for t in v.tables:
             values = [*base, str(t.processor), t.table]
             keys.add_metric(values, t.keys)
             size.add_metric(values, t.store_bytes)
             cached.add_metric(values, t.cached)
             misses.add_metric(values, t.misses)
-        yield from (keys, size, cached, misses)
+            spared.add_metric(values, t.reads_spared)
+        yield from (keys, size, cached, misses, spared)
         for name, durations in (
             ("streamkit_checkpoint_seconds", v.checkpoints),
             ("streamkit_handler_batch_seconds", v.handler_batches),

@@ -57,7 +57,7 @@ def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: O
         for pid, proc in m.processors.items():
             for name, cache in proc.caches.items():
                 keys, size = proc.store.table_size(name)
-                tables.append(TableView(pid, name, keys, size, cache.cached_count, cache.misses))
+                tables.append(TableView(pid, name, keys, size, cache.cached_count, cache.misses, cache.reads_spared))
     return WorkerView(
         app=app,
         worker=worker,
