@@ -22,9 +22,10 @@ a framework's code runs.
 
 Printed per contender: p50, p99 and max of send-to-handler and of send-to-output, in ms,
 and the records measured (with ``--repeat N``, each contender runs N times, interleaved
-with the others, and each figure is the median of its runs; the p99 of each run is
-printed too); then each streamkit figure as a ratio to the floor's, the plain client's and
-quixstreams' at the same setting.
+with the others, each round started by the next contender, and each figure is the median
+of its runs; the p99 of each run is printed too, in the order run); then each streamkit
+figure as a ratio to the floor's and to the plain client's and quixstreams' at the same
+setting.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ``p99s`` keeps every run's send-to-handler p99, to show the spread."""
     return {
         "contender": runs[0]["contender"],
-        "records": sum(r["records"] for r in runs),
+        "records": statistics.median(r["records"] for r in runs),
         "handler": [statistics.median(r["handler"][i] for r in runs) for i in range(3)],
         "output": [statistics.median(r["output"][i] for r in runs) for i in range(3)],
         "p99s": [r["handler"][1] for r in runs],
@@ -168,7 +169,11 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs per contender, interleaved; figures are medians")
     a = ap.parse_args()
+    if a.repeat < 1:
+        ap.error(f"--repeat {a.repeat}: runs per contender, at least 1")
     contenders = [c.strip() for c in a.contenders.split(",") if c.strip()]
+    if len(set(contenders)) < len(contenders):
+        ap.error(f"--contenders {a.contenders}: each at most once (--repeat runs each several times)")
     bad = [
         c
         for c in contenders
@@ -183,8 +188,9 @@ def main() -> None:
 
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory(prefix="sk-latency-") as tmp:
-        for _ in range(a.repeat):  # interleaved: a slow spell of the machine hits every contender alike
-            for c in contenders:  # a broker each: the test broker slows down as its logs grow
+        for i in range(a.repeat):  # interleaved: a slow spell of the machine hits every contender alike
+            turn = i % len(contenders)  # and each round starts with the next contender: none always runs first
+            for c in contenders[turn:] + contenders[:turn]:  # a broker each: the test broker slows as its logs grow
                 with EmbeddedBroker() as broker:
                     runs[c].append(
                         asyncio.run(measure(broker.bootstrap, c, a.rate, a.seconds, a.warmup, a.keys, Path(tmp)))
@@ -197,17 +203,18 @@ def main() -> None:
     if a.repeat > 1:
         table.add_column("p99 of each run", justify="right")
     for r in rows:
-        cells = [r["contender"], f"{r['records']:,}", *(f"{x:.1f}" for x in r["handler"] + r["output"])]
+        cells = [r["contender"], f"{r['records']:,.0f}", *(f"{x:.1f}" for x in r["handler"] + r["output"])]
         if a.repeat > 1:
             cells.append(" ".join(f"{x:.0f}" for x in r["p99s"]))
         table.add_row(*cells)
     console = Console(width=200)
     console.print(table)
     by = {r["contender"]: r for r in rows}
+    floor = next((r for c, r in by.items() if c.startswith("raw:")), None)  # raw's setting changes nothing
     for setting in ("throughput", "low"):
         sk = by.get(f"streamkit:{setting}")
         for peer in ("raw", "client", "quix"):
-            other = by.get(f"{peer}:{setting}")
+            other = floor if peer == "raw" else by.get(f"{peer}:{setting}")
             if sk and other:
                 ratios = [
                     s / o for s, o in zip(sk["handler"] + sk["output"], other["handler"] + other["output"], strict=True)

@@ -2,7 +2,7 @@
 (state), and one output record per input record carrying the producer's send time and
 the time the handler was called.
 
-    python -m benchmarks.latency_app streamkit|quix BOOTSTRAP INPUT OUTPUT STATE_DIR low|throughput
+    python -m benchmarks.latency_app streamkit|quix|client BOOTSTRAP INPUT OUTPUT STATE_DIR low|throughput
 
 streamkit runs as ``streamkit worker`` would (its ``latency`` setting from the last
 argument); quixstreams with its defaults, or, for ``low``, its consumer's fetch wait and

@@ -18,9 +18,18 @@ from typing import Any, Protocol
 from stores.serde import Serde
 
 _MISSING: Any = object()
-_NOTHING_CACHED: dict[Any, Any] = {}
-"""The cache of a table bound to no cache: read only (a table writes its ``_cached`` only
-while its ``_dirty`` is a cache's)."""
+
+
+class _NoCache(dict[Any, Any]):
+    """The cache of a table bound to no cache: nothing, and a key is not even hashed (an
+    unhashable key reaches the backend, whose error says what is wrong). Never written: a
+    table writes its ``_cached`` only while its ``_dirty`` is a cache's."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return default
+
+
+_NOTHING_CACHED: dict[Any, Any] = _NoCache()
 
 
 class TableBackend(Protocol):

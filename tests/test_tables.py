@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stores import CachedTable, Checkpoint, MemoryStore, commit_cached
@@ -15,11 +15,11 @@ from stores.serde import serde_for
 from streamkit.tables import Table
 
 CP = Checkpoint(positions={("in", 0): 1})
-KEY = st.integers(0, 11)
+KEY = st.integers(0, 5)
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("set"), KEY, st.integers(-5, 5)),
+        st.tuples(st.just("set"), KEY, st.one_of(st.integers(-5, 5), st.none())),  # None is a value
         st.tuples(st.just("add"), KEY),  # t[k] += 1 with a default
         st.tuples(st.just("get"), KEY),
         st.tuples(st.just("getitem"), KEY),
@@ -40,12 +40,14 @@ def _table(default: Any = None) -> Table:
 
 @settings(max_examples=60, deadline=None)
 @given(ops=ops, max_cached=st.integers(0, 6))
+@example(ops=[("set", 1, None), ("get", 1), ("getitem", 1), ("commit",), ("invalidate",), ("get", 1)], max_cached=0)
+@example(ops=[("add", 2), ("switch",), ("add", 2), ("commit",), ("switch",), ("discard",), ("get", 2)], max_cached=1)
 def test_a_table_over_caches_keeps_each_processors_state_exact(ops: list[tuple[Any, ...]], max_cached: int) -> None:
     plain, counter = _table(), _table(default=int)
     stores = [MemoryStore(["t"]), MemoryStore(["t"])]
     caches = [CachedTable(s, "t", "int", "json", max_cached=max_cached) for s in stores]
-    live: list[dict[int, int]] = [{}, {}]
-    committed: list[dict[int, int]] = [{}, {}]
+    live: list[dict[int, int | None]] = [{}, {}]
+    committed: list[dict[int, int | None]] = [{}, {}]
     at = 0
     for table in (plain, counter):
         table.bind(caches[at])
@@ -55,8 +57,10 @@ def test_a_table_over_caches_keeps_each_processors_state_exact(ops: list[tuple[A
             plain[op[1]] = op[2]
             model[op[1]] = op[2]
         elif op[0] == "add":
+            if model.get(op[1], 0) is None:
+                continue
             counter[op[1]] += 1
-            model[op[1]] = model.get(op[1], 0) + 1
+            model[op[1]] = (model.get(op[1]) or 0) + 1
         elif op[0] == "get":
             assert plain.get(op[1], "none") == model.get(op[1], "none")
         elif op[0] == "getitem":
@@ -96,10 +100,15 @@ def test_a_table_over_caches_keeps_each_processors_state_exact(ops: list[tuple[A
 
 def test_a_table_unbound_or_over_another_backend_goes_through_it() -> None:
     table = _table(default=int)
-    with pytest.raises(RuntimeError, match="used outside a handler"):
-        table[1]
-    with pytest.raises(RuntimeError, match="used outside a handler"):
-        table[1] = 2
+    for use in (
+        lambda: table[1],
+        lambda: table.get([1]),  # an unhashable key too: the error says the table is unbound
+        lambda: table.__setitem__(1, 2),
+        lambda: table.__delitem__(1),
+        lambda: [1] in table,
+    ):
+        with pytest.raises(RuntimeError, match="used outside a handler"):
+            use()
 
     class Guarded(dict):  # a backend that is not a cache: every read and write reaches it
         def get(self, key: Any, default: Any = None) -> Any:
