@@ -89,6 +89,8 @@ class Table(MutableMapping[Any, Any]):
     def bind(self, backend: TableBackend | None, clock: Any = None) -> None:
         """Point the table at `backend` (None: unbound). Only the runtime's binder and the
         offline replay call this; `clock` is what windowed tables read the time from."""
+        if backend is not None and backend is self._backend:
+            return  # bound again to the same processor (a batch, a merge's run of records)
         self._backend = backend if backend is not None else _Unbound(self.name)
         hot = getattr(backend, "hot_path", None)
         if hot is not None:  # a write-back cache: its dicts read and written here
