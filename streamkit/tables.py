@@ -15,21 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from stores.serde import Serde
 
 _MISSING: Any = object()
 
 
-class _NoCache(dict[Any, Any]):
-    """The cache of a table bound to no cache: nothing, and a key is not even hashed (an
-    unhashable key reaches the backend, whose error says what is wrong). Never written: a
-    table writes its ``_cached`` only while its ``_dirty`` is a cache's."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return default
-
-
-_NOTHING_CACHED: dict[Any, Any] = _NoCache()
+_NOTHING_CACHED: dict[Any, Any] = {}
+"""The cache of a table bound to no cache. Never written: a table writes its ``_cached``
+only while its ``_dirty`` is a cache's."""
 
 
 class TableBackend(Protocol):
@@ -42,6 +37,7 @@ class TableBackend(Protocol):
     def items(self) -> Iterator[tuple[Any, Any]]: ...
 
 
+@mypyc_attr(serializable=True)  # pickled with an unbound table
 class _Unbound:
     """Stands in for a backend outside handlers, with an error that says so."""
 
@@ -54,9 +50,25 @@ class _Unbound:
             "its state belongs to a processor and is only reachable while one runs"
         )
 
-    get = __setitem__ = __delitem__ = __contains__ = items = _fail
+    # methods of their own, not aliases of ``_fail``: the class is compiled (streamkit.compiled)
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._fail()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._fail()
+
+    def __delitem__(self, key: Any) -> None:
+        self._fail()
+
+    def __contains__(self, key: Any) -> bool:
+        return bool(self._fail())
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return self._fail()
 
 
+# compiled (streamkit.compiled): subclassed by windowed and fed tables, pickled with the app (Spark)
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class Table(MutableMapping[Any, Any]):
     """A keyed table. `default` (a zero-argument callable, e.g. `int`) supplies missing values."""
 
@@ -103,7 +115,10 @@ class Table(MutableMapping[Any, Any]):
 
     # -- the hot path: no call over the cache's dicts (``CachedTable.hot_path``) --------
     def __getitem__(self, key: Any) -> Any:
-        value = self._cached.get(key, _MISSING)
+        try:
+            value = self._cached.get(key, _MISSING)
+        except TypeError:  # unhashable: the backend's error says what is wrong (an unbound table's too)
+            value = _MISSING
         if value is _MISSING:
             value = self._load(key)
         if value is self._absent:
@@ -113,7 +128,10 @@ class Table(MutableMapping[Any, Any]):
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._cached.get(key, _MISSING)
+        try:
+            value = self._cached.get(key, _MISSING)
+        except TypeError:  # unhashable: the backend's error says what is wrong (an unbound table's too)
+            value = _MISSING
         if value is _MISSING:
             value = self._load(key)
         return default if value is self._absent else value

@@ -16,7 +16,8 @@ fetcher for every consumer of the process: they get the same records, sooner.  O
 difference is deliberate: a header-less record of a batch whose first record carries
 streamkit's stamp gets that stamp as its headers (the producer writes it once per
 batch; ``streamkit.layout.stamps``).
-``tests/layout/test_lean_fetch.py`` checks it against aiokafka's on the same batches.
+Its loop over the records is ``streamkit.kafkaio.unpack`` (compiled where a compiler is
+present). ``tests/layout/test_lean_fetch.py`` checks it against aiokafka's on the same batches.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import aiokafka.errors as errors
 from aiokafka.consumer import fetcher as _fetcher
 from aiokafka.structs import ConsumerRecord
 
-from streamkit.layout.stamps import NO_HEADERS, batch_stamp
+from streamkit.kafkaio.unpack import unpack_records
 
 __all__ = ["LeanPartitionRecords", "install"]
 
@@ -41,32 +41,8 @@ class LeanPartitionRecords(_fetcher.PartitionRecords):
 
     def _unpack_records(self) -> Iterator[ConsumerRecord[bytes, bytes]]:
         if self._key_deserializer or self._value_deserializer or self._isolation_level != _fetcher.READ_UNCOMMITTED:
-            yield from super()._unpack_records()
-            return
-        tp = self._tp
-        topic, partition = tp.topic, tp.partition
-        batches, check_crcs, record_of = self._records, self._check_crcs, ConsumerRecord
-        while batches.has_next():
-            batch = batches.next_batch()
-            if check_crcs and not batch.validate_crc():
-                raise errors.CorruptRecordException(f"Invalid CRC - {tp}")
-            if not batch.is_control_batch:
-                below: int = self.next_fetch_offset  # type: ignore[has-type]  # a batch may start before it (compressed, or compacted)
-                base, inherited = batch.base_offset, NO_HEADERS
-                for r in batch:
-                    offset, headers = r.offset, r.headers
-                    if offset == base:
-                        inherited = batch_stamp(headers)
-                    if offset < below:
-                        continue
-                    key, value = r.key, r.value
-                    self.next_fetch_offset = offset + 1
-                    yield record_of(
-                        topic, partition, offset, r.timestamp, r.timestamp_type, key, value, r.checksum,
-                        -1 if key is None else len(key), -1 if value is None else len(value),
-                        tuple(headers) if headers else inherited,
-                    )  # fmt: skip
-            self.next_fetch_offset = batch.next_offset
+            return super()._unpack_records()
+        return unpack_records(self)
 
 
 def install() -> None:

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from stores.tuning import relax_malloc_trim
 from streamkit.app import App
 from streamkit.broker import EmbeddedBroker, wait_for_broker
+from streamkit.compiled import log_build_status
 from streamkit.connection import Connection, as_connection
 from streamkit.errors import ConfigError
 from streamkit.exactly_once.writer import Writers
@@ -81,6 +82,7 @@ class Worker:
     async def prepare(self) -> Services:
         """Resolve the broker and the job (p0), check topics, start the shared parts."""
         relax_malloc_trim()  # checkpoints serialise many values at once: see stores.tuning
+        log_build_status(log)  # a warning where the hot path runs as Python source
         app = self.app
         if not app.handlers:
             raise ConfigError(f"app {app.name!r} has no @app.processor handler: nothing to run")
