@@ -57,19 +57,39 @@ def _groups() -> list[tuple[list[str], str | None]]:
     return [(group, name) for group, name in groups if group]
 
 
+_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+_MANIFEST = f"compiled-sources{_SUFFIX.removesuffix('.so')}.json"
+"""One per interpreter, as the extensions are (``streamkit.compiled.MANIFEST``)."""
+
+_IN_PLACE = bool({"--inplace", "-i", "editable_wheel", "develop"} & set(sys.argv[1:]))
+"""The build puts its extensions beside the sources (``scripts/_setup``, editable installs)."""
+
+
 def _warn(why: str) -> None:
     print(f"streamkit: WARNING: {why}; installing the pure-Python modules (slower per record)", file=sys.stderr)
-    _remove_inplace_builds()
+    if _IN_PLACE:
+        _remove_inplace_builds()
 
 
 def _remove_inplace_builds() -> None:
-    """Extensions an earlier build left beside the sources (editable installs): Python would
+    """This interpreter's extensions an earlier build left beside the sources: Python would
     import them before the ``.py`` files this build goes on with."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    stale = [ROOT / (path[: -len(".py")] + suffix) for path in _compiled_modules()]
-    shared = [built for package in _PACKAGES for built in (ROOT / package).glob(f"*__mypyc{suffix}")]
-    for built in [*stale, *shared, ROOT / "streamkit" / "compiled-sources.json"]:
+    stale = [ROOT / (path[: -len(".py")] + _SUFFIX) for path in _compiled_modules()]
+    shared = [built for package in _PACKAGES for built in (ROOT / package).glob(f"*__mypyc{_SUFFIX}")]
+    for built in [*stale, *shared, ROOT / "streamkit" / _MANIFEST]:
         built.unlink(missing_ok=True)
+
+
+def _digests() -> dict[str, str]:
+    return {
+        path[: -len(".py")].replace("/", "."): hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+        for path in _compiled_modules()
+    }
+
+
+_BUILT_FROM: dict[str, str] = {}
+"""The sources' digests as the translation to C read them (taken before it starts: a
+source saved during the build is not what was compiled)."""
 
 
 def _compiler_missing() -> str | None:
@@ -112,15 +132,11 @@ class OptionalBuildExt(build_ext):
     def _write_manifest(self) -> None:
         """What each extension was built from (``streamkit.compiled.MANIFEST``): the digest of
         its source, which a worker compares with the ``.py`` beside it at start."""
-        digests = {
-            path[: -len(".py")].replace("/", "."): hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
-            for path in _compiled_modules()
-        }
-        manifests = [Path(self.get_ext_fullpath("streamkit.compiled")).with_name("compiled-sources.json")]
+        manifests = [Path(self.get_ext_fullpath("streamkit.compiled")).with_name(_MANIFEST)]
         if getattr(self, "editable_mode", False):  # the extensions are copied beside the sources
-            manifests.append(ROOT / "streamkit" / "compiled-sources.json")
+            manifests.append(ROOT / "streamkit" / _MANIFEST)
         for manifest in manifests:
-            manifest.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+            manifest.write_text(json.dumps(_BUILT_FROM, indent=1, sort_keys=True) + "\n")
 
 
 _BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
@@ -141,6 +157,7 @@ def _extensions() -> list[Any]:
         _warn(f"mypyc is not importable ({exc})")
         return []
     os.chdir(ROOT)  # mypyc names the modules by their paths from here
+    _BUILT_FROM.update(_digests())
     try:
         return list(
             mypycify([*_MYPY_OPTIONS, *_compiled_modules()], opt_level="3", debug_level="0", separate=_groups())

@@ -48,8 +48,11 @@ class BuildStatus:
     """Compiled modules whose ``.py`` is not what the extension was built from."""
 
 
-MANIFEST = Path(__file__).with_name("compiled-sources.json")
-"""Written by the build beside this module: the digest of each compiled module's source."""
+MANIFEST = Path(__file__).with_name(
+    f"compiled-sources{importlib.machinery.EXTENSION_SUFFIXES[0].removesuffix('.so')}.json"
+)
+"""Written by the build beside this module: the digest of each compiled module's source,
+for this interpreter's extensions (another interpreter's may sit beside them)."""
 
 
 def _origin(name: str) -> str:

@@ -117,7 +117,9 @@ class Table(MutableMapping[Any, Any]):
     def __getitem__(self, key: Any) -> Any:
         try:
             value = self._cached.get(key, _MISSING)
-        except TypeError:  # unhashable: the backend's error says what is wrong (an unbound table's too)
+        except TypeError:  # unhashable: the cache's error, else the backend's (an unbound table's says so)
+            if self._dirty is not None:
+                raise
             value = _MISSING
         if value is _MISSING:
             value = self._load(key)
@@ -130,7 +132,9 @@ class Table(MutableMapping[Any, Any]):
     def get(self, key: Any, default: Any = None) -> Any:
         try:
             value = self._cached.get(key, _MISSING)
-        except TypeError:  # unhashable: the backend's error says what is wrong (an unbound table's too)
+        except TypeError:  # unhashable: the cache's error, else the backend's (an unbound table's says so)
+            if self._dirty is not None:
+                raise
             value = _MISSING
         if value is _MISSING:
             value = self._load(key)

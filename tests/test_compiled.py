@@ -49,10 +49,15 @@ def test_the_compiled_modules_import_from_anywhere(tmp_path: Path) -> None:
 
 def _copy_project(dest: Path) -> Path:
     """The project's sources without any built extension, as a fresh clone has them."""
+    dest.mkdir(exist_ok=True)
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, dest / name)
     for package in ("streamkit", "stores", "assignors"):
-        shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        shutil.copytree(
+            ROOT / package,
+            dest / package,
+            ignore=shutil.ignore_patterns("*.so", "compiled-sources*.json", "__pycache__"),
+        )
     return dest
 
 
@@ -75,7 +80,11 @@ def test_without_a_compiler_the_install_goes_on_with_the_python_modules(tmp_path
     """And takes away the extensions an earlier build left beside the sources (an editable
     install): Python would import them before the ``.py`` files."""
     project = _copy_project(tmp_path)
-    earlier = [project / "stores" / f"_native__mypyc{SUFFIX}", project / "streamkit" / f"tables{SUFFIX}"]
+    earlier = [
+        project / "stores" / f"_native__mypyc{SUFFIX}",
+        project / "streamkit" / f"tables{SUFFIX}",
+        project / "streamkit" / f"compiled-sources{SUFFIX.removesuffix('.so')}.json",
+    ]
     for built in earlier:
         built.write_bytes(b"")
     result = _build(project, CC=str(tmp_path / "no-such-cc"))
@@ -85,7 +94,24 @@ def test_without_a_compiler_the_install_goes_on_with_the_python_modules(tmp_path
         f"streamkit: WARNING: no C compiler ('{tmp_path / 'no-such-cc'}' not found); "
         "installing the pure-Python modules (slower per record)"
     ]
-    assert _built(project) == []
+    assert [built for built in earlier if built.exists()] == []
+
+
+def test_a_wheel_built_without_a_compiler_leaves_an_editable_trees_extensions_alone(tmp_path: Path) -> None:
+    """Only a build in place (``--inplace``, an editable install) replaces what is beside the sources."""
+    project = _copy_project(tmp_path)
+    earlier = project / "streamkit" / f"tables{SUFFIX}"
+    earlier.write_bytes(b"")
+    result = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib")],
+        cwd=project,
+        env={**os.environ, "CC": str(tmp_path / "no-such-cc")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "streamkit: WARNING: no C compiler" in result.stderr, result.stderr
+    assert earlier.exists()
 
 
 def test_the_opt_out_builds_nothing(tmp_path: Path) -> None:
@@ -95,14 +121,25 @@ def test_the_opt_out_builds_nothing(tmp_path: Path) -> None:
     assert _built(tmp_path) == []
 
 
-def test_a_compiler_that_fails_leaves_no_extension_behind(tmp_path: Path) -> None:
-    """mypyc translates the modules, the C compiler fails: no half-built set of extensions
-    (the shared part without a module's stub, or the reverse) is left to import."""
-    project = _copy_project(tmp_path)
-    result = _build(project, CC=shutil.which("false") or "false")
+def test_a_compiler_that_fails_partway_leaves_no_extension_behind(tmp_path: Path) -> None:
+    """mypyc translates the modules; the C compiler builds the first package's group, then
+    fails on the second's: no half-built set of extensions (a shared part without its
+    package's other modules, or the reverse) is left to import."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc is not None, "the suite runs against the compiled build: it needs a C compiler"
+    compiled = tmp_path / "compiled.log"
+    cc = tmp_path / "cc-fails-on-streamkit"
+    cc.write_text(
+        f'#!/bin/sh\ncase "$*" in *build/streamkit/*) exit 1;; esac\necho "$*" >> {compiled}\nexec {gcc} "$@"\n'
+    )
+    cc.chmod(0o755)
+    project = _copy_project(tmp_path / "project")
+    result = _build(project, CC=str(cc))
     assert result.returncode == 0, result.stderr
     assert "streamkit: WARNING: compiling the hot path failed" in result.stderr
+    assert "build/stores/" in compiled.read_text()  # the first group was built, then taken away
     assert _built(project) == []
+    assert not list((project / "streamkit").glob("compiled-sources*.json"))
 
 
 def _fake_build(tmp_path: Path, *, built_from: bytes) -> tuple[str, Path]:

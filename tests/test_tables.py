@@ -125,3 +125,16 @@ def test_a_table_unbound_or_over_another_backend_goes_through_it() -> None:
     table.bind(None)
     with pytest.raises(RuntimeError, match="used outside a handler"):
         table.get(1)
+
+
+def test_an_unhashable_key_on_a_cached_table_is_the_callers_error_and_spares_the_filter() -> None:
+    """A handler's bad key (a dead letter) fails as a dict would, and the table keeps its
+    filter of stored keys: the next misses still skip the store."""
+    cache = CachedTable(MemoryStore(["t"]), "t", "int", "json")
+    table = _table(default=int)
+    table.bind(cache)
+    for use in (lambda: table[[1]], lambda: table.get([1]), lambda: table.__setitem__([1], 2)):
+        with pytest.raises(TypeError, match="unhashable"):
+            use()
+    assert cache._stored is not None and cache.misses == 0
+    assert table[7] == 0 and cache.reads_spared == 1
