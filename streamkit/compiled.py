@@ -3,7 +3,7 @@
 ``pip install`` compiles :data:`MODULES` to C extensions where a C compiler is present
 (``setup.py``); each is also kept as the ``.py`` it is built from, which Python imports
 where no extension was built. The extension, when present, is what Python imports, so an
-edited ``.py`` beside an older extension would not run: :func:`build_status` names such
+edited ``.py`` beside an extension built before the edit would not run: :func:`build_status` names such
 modules, a worker says so at start, and ``scripts/_setup`` builds them again.
 
 At a million keys, where each record reads and dirties a key of its own, the compiled
@@ -85,12 +85,13 @@ def build_status(modules: tuple[str, ...] = MODULES, manifest: Path = MANIFEST) 
 
 def log_build_status(log: logging.Logger, modules: tuple[str, ...] = MODULES, manifest: Path = MANIFEST) -> BuildStatus:
     """One line at a worker's start: a warning where the hot path runs as Python source or
-    from an extension older than its source, else the compiled build at debug level."""
+    from an extension built from another version of its source, else the compiled build at
+    debug level."""
     status = build_status(modules, manifest)
     if status.stale:
         log.warning(
-            "compiled modules older than their source, which does not run: %s; build them again "
-            "(scripts/_setup, or pip install -e .)",
+            "compiled modules built from another version of their source, which does not run: %s; "
+            "build them again (scripts/_setup, or pip install -e .)",
             ", ".join(status.stale),
         )
     if status.pure and os.environ.get("STREAMKIT_PURE_PYTHON"):

@@ -176,7 +176,7 @@ def test_an_extension_built_from_another_source_is_named_at_start(
     with caplog.at_level(logging.WARNING):
         log_build_status(logging.getLogger("test"), (name,), manifest)
     assert [r.getMessage() for r in caplog.records] == [
-        f"compiled modules older than their source, which does not run: {name}; "
+        f"compiled modules built from another version of their source, which does not run: {name}; "
         "build them again (scripts/_setup, or pip install -e .)"
     ]
 
