@@ -230,6 +230,8 @@ async def open_for_count(
                  log_as, pid, stored, count, done)  # fmt: skip
         proc = await opening.open(pid, path)
         if proc.loaded.is_empty() and retired:  # emptied: an empty store for `count` that names them
+            if adopt:  # rebuilt from the history: each key set on its own old owner's time, as a staging store
+                proc.hold_sides(p0, stored)
             extra = proc.checkpoint_extra({PROCESSOR_COUNT: count, RETIRED: retired})
             proc.store.commit({}, proc.loaded.replace(extra=extra))
             proc.reload()

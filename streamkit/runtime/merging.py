@@ -59,10 +59,12 @@ def consumer_lagging(
 ) -> Lagging:
     """``lagging`` for a member: a partition lags for a processor when it has records
     beyond the route's position by the last high watermark a fetch reported (or none was
-    reported yet). A partition paused by its gate, or a route at
-    its gate's limit, does not lag: it brings nothing until the gate opens (one paused
-    for holding too much, ``HeldBack``, or while a bootstrap's final stretch holds its
-    owner, ``scale.joining.OwnerHold``, does).
+    reported yet). A partition paused by its gate, or a route at its gate's limit, does
+    not lag: it brings nothing until the gate opens. One paused for another reason (for
+    holding too much, ``HeldBack``, or while a bootstrap's final stretch holds its owner,
+    ``scale.joining.OwnerHold``) lags whatever its last high watermark said: no fetch
+    refreshes that while it is paused, and records written since would come after the
+    others' later ones.
 
     The route's position moves with the records applied; offsets that hold no record (a
     transaction's commit marker, the last offset of a partition a transactional producer
@@ -71,13 +73,16 @@ def consumer_lagging(
     takes for what will, as Kafka Streams' tasks do (KIP-695)."""
 
     def lagging(pid: int, source: Source) -> bool:
-        paused = consumer.gated() if hasattr(consumer, "gated") else consumer.paused()
-        paused -= held_back.paused if held_back is not None else set()
+        paused = consumer.paused()
+        gated = consumer.gated() if hasattr(consumer, "gated") else set(paused)
+        gated -= held_back.paused if held_back is not None else set()
         for tp, route in routes():
-            if route.position_key != source or route.proc.id != pid or not merged(route) or tp in paused:
+            if route.position_key != source or route.proc.id != pid or not merged(route) or tp in gated:
                 continue
             if route.limit is not None and route.position >= route.limit:
                 continue
+            if tp in paused:
+                return True
             try:
                 high = consumer.highwater(tp)
             except AssertionError:  # no longer assigned

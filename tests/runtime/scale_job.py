@@ -145,6 +145,16 @@ class ScaleJob:
                 shown += [f"-- w{i}", *[line for line in lines if "disorder:" in line][:8], *events]
         return "\n" + "\n".join(shown) if shown else ""
 
+    def handovers(self) -> str:
+        """Every worker's lines on stores adopted or emptied, rebuilds, and a shrink's key
+        sets going live and becoming one (what a window check that fails shows)."""
+        said = ("staging", "emptied", "rebuil", "goes live", "become one", "receives", "took over", "hosts processors")
+        shown = []
+        for i in range(len(self.workers)):
+            lines = (self.tmp / f"w{i}.log").read_text(errors="replace").splitlines()
+            shown += [f"-- w{i}", *[line[:300] for line in lines if any(s in line for s in said)]]
+        return "\n" + "\n".join(shown)
+
     def logs(self) -> str:
         return "".join((self.tmp / f"w{i}.log").read_text() for i in range(len(self.workers)))
 

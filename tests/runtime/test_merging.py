@@ -118,6 +118,33 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
     assert not consumer_lagging(gc, lambda: routes, held)(0, ("a", 0))
 
 
+def test_a_partition_paused_for_another_reason_than_its_gate_lags_whatever_its_last_high_watermark() -> None:
+    """No fetch refreshes a paused partition's high watermark: read up to it, the partition
+    may have seconds of records since. Paused while a bootstrap's final stretch holds its
+    owner (or for holding too much), it lags; paused by its gate, it does not (it brings
+    nothing until the gate opens)."""
+    from streamkit.runtime.group_consumer import GATE
+    from tests.runtime.test_group_consumer import consumer as group_consumer
+
+    async def made() -> Any:
+        return group_consumer()
+
+    gc, fake = asyncio.run(made())
+    fake.highwater = lambda tp: 5  # type: ignore[attr-defined]
+    a = TopicPartition("a", 0)
+    routes = [(a, FakeRoute(Proc(0), ("a", 0), position=5))]
+    lagging = consumer_lagging(gc, lambda: routes, HeldBack(gc.control("held")))
+    assert not lagging(0, ("a", 0))  # read to its high watermark, fetched
+    final_stretch = gc.control("a bootstrap's final stretch")
+    final_stretch.pause(a)
+    assert lagging(0, ("a", 0))
+    gc.control(GATE).pause(a)
+    assert not lagging(0, ("a", 0))  # its gate holds it too: nothing comes until it opens
+    gc.control(GATE).resume(a)
+    final_stretch.resume(a)
+    assert not lagging(0, ("a", 0))
+
+
 def test_offsets_that_hold_no_record_are_not_waited_for() -> None:
     """A partition a transactional producer wrote ends in a commit marker: the high
     watermark stays one beyond the last record, and only the consumer's position (handed

@@ -104,7 +104,10 @@ def test_every_window_kind_equals_the_reference_through_scaling_and_a_kill_durin
         job.cleanup()
     assert [w.returncode for w in job.workers].count(-9) == 1
     job.verify(reports, 2, counts=(2, 3, 4))  # the whole stream applied once, each key's output in order
-    late, marked = verify_against_reference(broker, job.topic, job.out, tmp_path / "state" / job.app, 2)
+    try:
+        late, marked = verify_against_reference(broker, job.topic, job.out, tmp_path / "state" / job.app, 2)
+    except AssertionError as exc:  # with what the workers said of the handovers
+        raise AssertionError(f"{exc}{job.handovers()}") from None
     assert marked, "no late record written"
     for t in ("per_second", "hopping", "session", "sliding"):
         assert late[t] <= marked, f"{t}: {sorted(late[t] - marked)[:3]} are late, not marked"  # no on-time record

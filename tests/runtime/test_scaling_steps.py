@@ -97,6 +97,40 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
     assert asyncio.run(reopen(2)) == set()  # keys came back, no staging store: rebuilt from the history
 
 
+def test_a_receiving_store_emptied_to_be_rebuilt_keeps_each_key_set_on_its_own_stream_time(tmp_path: Path) -> None:
+    """No staging store (its bootstrap's host died): the receiving processor's store is
+    rebuilt from the history, where the retired processor's partitions stop where it
+    stopped, possibly seconds before the receiving processor's own. On one stream time,
+    their next records would be judged by the other partitions' time (late), and the
+    retired keys' windows closed silently, their closes lost: so each key set keeps its
+    own, as in a staging store (``sides``), checkpointed from the start."""
+    from streamkit.windows import Tumbling
+
+    app = streamkit.App("steps-sides")
+    app.table("seen")
+    app.table("per_s", default=int, window=Tumbling(1))
+    path = tmp_path / "processor-1"
+    with RocksDBStore.open(str(path), sorted(app.tables)) as store:
+        store.commit({}, Checkpoint(positions={("t", 1): 10}, extra={"p": 4}))
+
+    async def reopen() -> Any:
+        return await open_for_count(1, path, StoreOpening(app.tables, 1.0), 2, 3, log_as="test", adopt=True)
+
+    proc = asyncio.run(reopen())
+    try:
+        assert proc.loaded.extra[RETIRED] == [3] and proc.sides is not None
+        assert (proc.sides.p0, proc.sides.p) == (2, 4)  # told apart by the placement before the shrink
+        mine = [k for k in (f"k{i}".encode() for i in range(50)) if lh_bucket(key_hash(k), 2, 3) == 1]
+        assert {proc.sides.side_of(k) for k in mine} == {1, 3}
+    finally:
+        proc.close()
+    proc = asyncio.run(reopen())  # a crash during the rebuild: still two
+    try:
+        assert proc.sides is not None
+    finally:
+        proc.close()
+
+
 def test_a_receiving_store_names_the_processors_retired_into_it_until_its_writer_announced_them(
     tmp_path: Path,
 ) -> None:
