@@ -148,11 +148,11 @@ class ScaleJob:
     def handovers(self) -> str:
         """Every worker's lines on stores adopted or emptied, rebuilds, and a shrink's key
         sets going live and becoming one (what a window check that fails shows)."""
-        said = ("staging", "emptied", "rebuil", "goes live", "become one", "receives", "took over", "hosts processors")
+        said = ("staging store", "emptied", "goes live", "become one", "rebuilding it from", "rebuilt from", "receives")
         shown = []
         for i in range(len(self.workers)):
             lines = (self.tmp / f"w{i}.log").read_text(errors="replace").splitlines()
-            shown += [f"-- w{i}", *[line[:300] for line in lines if any(s in line for s in said)]]
+            shown += [f"-- w{i}", *[line[11:240] for line in lines if any(s in line for s in said)]]
         return "\n" + "\n".join(shown)
 
     def logs(self) -> str:
