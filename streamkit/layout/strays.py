@@ -327,18 +327,49 @@ class SeenStrays:
     """Per (origin partition, partition it was forwarded to): the highest origin offset a
     processor applied. A forwarder sends one origin partition's strays in offset order,
     so a copy at or below it was applied already (written twice by a forwarder that
-    died before its checkpoint, or by two forwarders across a handover)."""
+    died before its checkpoint, or by two forwarders across a handover).
+
+    A copy is marked when admission lets it through (``highest``), but applied only later
+    when the processor's time-ordered merge holds it (or a key-concurrent handler queues
+    it): a checkpoint records the table as of its stable offsets (:meth:`table_at`), never
+    a copy beyond them. Else a copy held when the processor is given up would be read
+    again from the checkpoint and dropped as a second copy of itself: lost."""
 
     highest: dict[str, int] = field(default_factory=dict)
+    """What admission let through (a copy at or below is dropped)."""
+    learned: list[tuple[str, int, int, str, int]] = field(default_factory=list, init=False)
+    """(topic, partition, offset of the copy, key, origin offset) of the copies let through
+    since the last checkpoint (:meth:`compact`)."""
+    saved: dict[str, int] = field(init=False)
+    """The table as of the last checkpoint (``highest`` as loaded from it)."""
+
+    def __post_init__(self) -> None:
+        self.saved = dict(self.highest)
 
     @staticmethod
     def _key(topic: str, origin: int, partition: int) -> str:
         return f"{topic}:{origin}:{partition}"
 
-    def first_time(self, topic: str, partition: int, origin: tuple[int, int]) -> bool:
-        """Record that the copy of ``origin`` arrived on ``partition``; False if it did before."""
+    def first_time(self, topic: str, partition: int, origin: tuple[int, int], at: int) -> bool:
+        """Record that the copy of ``origin`` arrived on ``partition`` at offset ``at``;
+        False if it did before."""
         key = self._key(topic, origin[0], partition)
         if origin[1] <= self.highest.get(key, -1):
             return False
         self.highest[key] = origin[1]
+        self.learned.append((topic, partition, at, key, origin[1]))
         return True
+
+    def table_at(self, positions: Mapping[tuple[str, int], int]) -> dict[str, int]:
+        """The table as of a checkpoint's stable offsets: the copies below them only."""
+        table = dict(self.saved)
+        for topic, partition, at, key, origin in self.learned:
+            if at < positions.get((topic, partition), 0) and origin > table.get(key, -1):
+                table[key] = origin
+        return table
+
+    def compact(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """A checkpoint recording ``positions`` is in the store."""
+        if self.learned:
+            self.saved = self.table_at(positions)
+            self.learned = [x for x in self.learned if x[2] >= positions.get((x[0], x[1]), 0)]

@@ -247,9 +247,10 @@ class ProcessorState:
             out[STREAM_TIME] = self.stream_time
         if self.sides is not None:
             out[SIDES] = self.sides.to_extra()
-        if self.seen_strays.highest:
-            out[SEEN_STRAYS] = dict(self.seen_strays.highest)
-        if self.commit_gate is not None and (seen := self.commit_gate.to_extra(positions or self.stable()[0])):
+        at = positions or self.stable()[0]
+        if strays_seen := self.seen_strays.table_at(at):  # (the copies applied by then: not one held)
+            out[SEEN_STRAYS] = strays_seen
+        if self.commit_gate is not None and (seen := self.commit_gate.to_extra(at)):
             out[EOS_SEEN] = seen
         elif EOS_SEEN in self.loaded.extra:
             out[EOS_SEEN] = self.loaded.extra[EOS_SEEN]
@@ -284,6 +285,7 @@ class ProcessorState:
         prepared.finish(checkpoint)
         if self.commit_gate is not None:
             self.commit_gate.compact(checkpoint.positions)
+        self.seen_strays.compact(checkpoint.positions)
         if self.attempts is not None:
             self.attempts.stored()
         if self.sink_outbox is not None:

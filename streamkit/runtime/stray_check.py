@@ -94,7 +94,7 @@ class StrayCheck:
             if h and h[-1][0] == STRAY_HEADER:
                 origin = self.seal.origin(tp.topic, r)
                 if origin is not None:
-                    if not seen.first_time(tp.topic, tp.partition, origin):
+                    if not seen.first_time(tp.topic, tp.partition, origin, r.offset):
                         out.add(id(r))
                         self.stray_copies_dropped += 1
                         self.duplicate_strays_by[tp] += 1

@@ -455,11 +455,45 @@ def test_a_second_copy_of_a_forwarded_stray_is_dropped_until_the_checkpoint_is_r
     batch = [copy(0, (3, 10)), copy(1, (3, 11)), copy(2, (2, 5)), copy(3, (3, 10)), copy(4, (3, 11)), copy(5, (3, 12))]
     [(_, out)] = admission.admit(TP, batch)
     assert offsets(out.deliver) == [0, 1, 2, 5] and admission.stray_check.stray_copies_dropped == 2
+    route.position = out.next_position  # (what ``Task.apply`` does once the batch is applied)
     assert route.proc.checkpoint_extra({})["seen_strays"] == {"orders:3:0": 12, "orders:2:0": 5}
     route.proc.rewind()  # nothing checkpointed: after a restart the copies are new again
     route.position = 0
     [(_, out)] = admission.admit(TP, batch[:2])
     assert offsets(out.deliver) == [0, 1]
+
+
+def test_a_copy_held_by_the_merge_when_its_processor_is_given_up_is_applied_after_it() -> None:
+    """Admission marks a forwarded stray's copy as seen when it lets it through; the
+    processor's time-ordered merge may hold it (pending) past a checkpoint. The checkpoint
+    records the copies below its stable offsets only: read again from it (the processor was
+    given up in a rebalance), the held copies are applied, not dropped as second copies of
+    themselves (records lost, counted as duplicate strays)."""
+    from streamkit.layout.strays import STRAY_HEADER
+
+    layout = capacity_only()
+    admission, _, route = make(layout)
+
+    def copy(offset: int, origin: tuple[int, int]) -> Rec:
+        headers = (*stamp(layout), (STRAY_HEADER, SEAL.seal("orders", *origin, b"k", b"1")))
+        return Rec("orders", 0, offset, b"k", b"1", headers)
+
+    batch = [copy(o, (3, 10 + o)) for o in range(5)]
+    [(_, out)] = admission.admit(TP, batch)
+    assert offsets(out.deliver) == [0, 1, 2, 3, 4]
+    proc = route.proc
+    proc.pending.setdefault(route.position_key, set()).update(range(5))  # held by the merge (``Task.apply``)
+    route.position = out.next_position
+    assert proc.stable()[0] == {route.position_key: 0} and "seen_strays" not in proc.checkpoint_extra({})
+    proc.loaded = proc.loaded.replace(positions=proc.stable()[0], extra=proc.checkpoint_extra({}))  # given up
+    proc.pending.clear()
+    proc.rewind()
+    [(_, out)] = admission.admit(TP, batch)  # read again from the checkpoint
+    assert offsets(out.deliver) == [0, 1, 2, 3, 4] and admission.stray_check.stray_copies_dropped == 0
+    route.position = out.next_position  # applied now: the next checkpoint has them
+    assert proc.checkpoint_extra({})["seen_strays"] == {"orders:3:0": 14}
+    [(_, out)] = admission.admit(TP, [copy(5, (3, 14))])
+    assert out.deliver == [] and admission.stray_check.stray_copies_dropped == 1
 
 
 def test_an_origin_header_streamkit_did_not_seal_drops_nothing() -> None:
