@@ -360,16 +360,28 @@ class SeenStrays:
         self.learned.append((topic, partition, at, key, origin[1]))
         return True
 
-    def table_at(self, positions: Mapping[tuple[str, int], int]) -> dict[str, int]:
-        """The table as of a checkpoint's stable offsets: the copies below them only."""
+    def table_at(
+        self, positions: Mapping[tuple[str, int], int], ranges: Mapping[tuple[str, int], Sequence[tuple[int, int]]]
+    ) -> dict[str, int]:
+        """The table as of a checkpoint: the copies below its stable offsets, or in its IC
+        ranges (applied beyond them by key-concurrent handlers; read again, those offsets
+        are skipped before this table is asked)."""
         table = dict(self.saved)
         for topic, partition, at, key, origin in self.learned:
-            if at < positions.get((topic, partition), 0) and origin > table.get(key, -1):
-                table[key] = origin
+            if _applied(at, positions.get((topic, partition), 0), ranges.get((topic, partition), ())):
+                table[key] = max(origin, table.get(key, -1))
         return table
 
-    def compact(self, positions: Mapping[tuple[str, int], int]) -> None:
-        """A checkpoint recording ``positions`` is in the store."""
+    def compact(
+        self, positions: Mapping[tuple[str, int], int], ranges: Mapping[tuple[str, int], Sequence[tuple[int, int]]]
+    ) -> None:
+        """A checkpoint of ``positions`` and IC ``ranges`` is in the store."""
         if self.learned:
-            self.saved = self.table_at(positions)
-            self.learned = [x for x in self.learned if x[2] >= positions.get((x[0], x[1]), 0)]
+            self.saved = self.table_at(positions, ranges)
+            self.learned = [
+                x for x in self.learned if not _applied(x[2], positions.get(x[:2], 0), ranges.get(x[:2], ()))
+            ]
+
+
+def _applied(offset: int, position: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    return offset < position or any(start <= offset <= end for start, end in ranges)

@@ -230,8 +230,8 @@ async def open_for_count(
                  log_as, pid, stored, count, done)  # fmt: skip
         proc = await opening.open(pid, path)
         if proc.loaded.is_empty() and retired:  # emptied: an empty store for `count` that names them
-            if adopt:  # rebuilt from the history: each key set on its own old owner's time, as a staging store
-                proc.hold_sides(p0, stored)
+            if adopt:  # rebuilt from the history: the last shrink step's two key sets on their own times
+                proc.hold_sides(p0, count + 1)
             extra = proc.checkpoint_extra({PROCESSOR_COUNT: count, RETIRED: retired})
             proc.store.commit({}, proc.loaded.replace(extra=extra))
             proc.reload()

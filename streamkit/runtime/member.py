@@ -208,7 +208,7 @@ class GroupMember:
             elif merging := self.tasks.merging():  # a quiet input: its merge waits for no record
                 async with lock:
                     for task in merging:
-                        await task.go_live_if_caught_up(quiet=True)
+                        await task.go_live_if_caught_up()
             now = time.monotonic()
             if self.tasks.regate_due or (self.admission.gated and now >= self._next_gate_poll):
                 self._next_gate_poll = now + GATE_POLL_SECONDS

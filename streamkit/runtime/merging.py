@@ -74,8 +74,10 @@ def consumer_lagging(
 
     def lagging(pid: int, source: Source) -> bool:
         paused = consumer.paused()
-        gated = consumer.gated() if hasattr(consumer, "gated") else set(paused)
-        gated -= held_back.paused if held_back is not None else set()
+        if hasattr(consumer, "gated"):  # (paused by reason: a gate's hold, whatever else holds it too)
+            gated = consumer.gated()
+        else:  # a plain consumer's pauses: the gates', and those held back
+            gated = paused - (held_back.paused if held_back is not None else set())
         for tp, route in routes():
             if route.position_key != source or route.proc.id != pid or not merged(route) or tp in gated:
                 continue

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,10 +236,13 @@ class ProcessorState:
                 delay = min(delay * 2, 0.5)
 
     def checkpoint_extra(
-        self, extra: Mapping[str, Any], positions: Mapping[Position, int] | None = None
+        self,
+        extra: Mapping[str, Any],
+        positions: Mapping[Position, int] | None = None,
+        ranges: Mapping[Position, Sequence[Range]] | None = None,
     ) -> dict[str, Any]:
         """``extra`` as this processor's checkpoints carry it (with the job's incarnation);
-        ``positions``: the checkpoint's (default: :meth:`stable`'s)."""
+        ``positions`` and IC ``ranges``: the checkpoint's (default: :meth:`stable`'s)."""
         out = dict(extra)
         if self.incarnation:
             out[INCARNATION] = self.incarnation
@@ -247,10 +250,11 @@ class ProcessorState:
             out[STREAM_TIME] = self.stream_time
         if self.sides is not None:
             out[SIDES] = self.sides.to_extra()
-        at = positions or self.stable()[0]
-        if strays_seen := self.seen_strays.table_at(at):  # (the copies applied by then: not one held)
+        if positions is None:
+            positions, ranges = self.stable()
+        if strays_seen := self.seen_strays.table_at(positions, ranges or {}):  # (the copies applied: none held)
             out[SEEN_STRAYS] = strays_seen
-        if self.commit_gate is not None and (seen := self.commit_gate.to_extra(at)):
+        if self.commit_gate is not None and (seen := self.commit_gate.to_extra(positions)):
             out[EOS_SEEN] = seen
         elif EOS_SEEN in self.loaded.extra:
             out[EOS_SEEN] = self.loaded.extra[EOS_SEEN]
@@ -281,11 +285,13 @@ class ProcessorState:
 
     def finish_commit(self, prepared: PreparedCommit, checkpoint: Checkpoint) -> None:
         """Write ``prepared`` and ``checkpoint`` in one atomic batch (:meth:`commit`'s end)."""
-        checkpoint = checkpoint.replace(extra=self.checkpoint_extra(checkpoint.extra, checkpoint.positions))
+        checkpoint = checkpoint.replace(
+            extra=self.checkpoint_extra(checkpoint.extra, checkpoint.positions, checkpoint.ic_ranges)
+        )
         prepared.finish(checkpoint)
         if self.commit_gate is not None:
             self.commit_gate.compact(checkpoint.positions)
-        self.seen_strays.compact(checkpoint.positions)
+        self.seen_strays.compact(checkpoint.positions, checkpoint.ic_ranges)
         if self.attempts is not None:
             self.attempts.stored()
         if self.sink_outbox is not None:

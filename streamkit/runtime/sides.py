@@ -16,12 +16,10 @@ times may become one (the larger) without judging a record by the other key set'
 - the key set behind has reached the time the other had when it went live (the records
   of its partitions in between are of that time: judged by the other's, some would be
   late), or
-- none of its partitions has a record left: a fetch answer brought no record at all,
-  and none of them is paused or below the high watermark its last answer reported (the
-  processor reads every partition live, as any processor reading several does; and a
-  shrink after the last record does not leave the key set behind on its own time for
-  good, its windows unclosed). Between answers that brought records, a partition at its
-  last reported high watermark may have seconds of records since: not trusted.
+- none of its partitions has a record left that a fetch has seen (the processor reads
+  every partition live, as any processor reading several does; and a shrink after the
+  last record does not leave the key set behind on its own time for good, its windows
+  unclosed).
 """
 
 from __future__ import annotations

@@ -189,23 +189,15 @@ class Task:
             if route.scheduler is not None and route.scheduler.queued:
                 await self.dispatcher.run_queued(route)
 
-    async def go_live_if_caught_up(self, *, quiet: bool = False) -> None:
+    async def go_live_if_caught_up(self) -> None:
         """A shrink's merged processor (``sides``) goes live once none of its partitions
         has records left that the group handled already (``rebuild_until``), none held by
         the merge or a key-concurrent handler either (``stable``): before, each key set
         closes on its own stream time, as its old owner did, without output. Live, its key
-        sets become one once none of its inputs lags (``SideClocks.may_merge``).
-
-        ``quiet``: the last fetch answer brought no record at all. Only then may "none of
-        its inputs lags" be believed: between answers, a partition read up to the high
-        watermark its last answer reported may have many records since (the key set
-        behind, read from where its retired owner stopped), and judged by the other key
-        set's time they would be late."""
+        sets become one once none of its inputs lags (``SideClocks.may_merge``)."""
         if self.proc.sides is not None and rebuilt_all(self.proc, self.routes.items()):
-            drained = (
-                quiet
-                and not self.merge.held
-                and not any(self.lagging(self.id, source) for source in {r.position_key for r in self.routes.values()})
+            drained = not self.merge.held and not any(
+                self.lagging(self.id, source) for source in {r.position_key for r in self.routes.values()}
             )
             await self.dispatcher.go_live(self.proc, drained=drained)
 
@@ -260,7 +252,7 @@ class Task:
             layout_epochs=dict(epochs),
             generation=generation,
             ic_ranges=ranges,
-            extra=self.proc.checkpoint_extra(extra, positions),
+            extra=self.proc.checkpoint_extra(extra, positions, ranges),
         )
 
     def commit(self, checkpoint: Checkpoint) -> None:

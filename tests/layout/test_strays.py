@@ -133,9 +133,11 @@ def test_origins_and_second_copies() -> None:
     assert not seen.first_time("t", 0, (3, 5), 42)
     assert seen.first_time("t", 1, (3, 5), 7)  # another partition it was forwarded to
     # a checkpoint has the copies below its positions only, and keeps them once it is in the store
-    assert seen.table_at({("t", 0): 41, ("t", 1): 0}) == {"t:3:0": 5}
-    seen.compact({("t", 0): 41, ("t", 1): 0})
-    assert seen.table_at({}) == {"t:3:0": 5} and seen.table_at({("t", 0): 42, ("t", 1): 8}) == {"t:3:0": 6, "t:3:1": 5}
+    assert seen.table_at({("t", 0): 41, ("t", 1): 0}, {}) == {"t:3:0": 5}
+    assert seen.table_at({("t", 0): 41, ("t", 1): 0}, {("t", 1): [(6, 7)]}) == {"t:3:0": 5, "t:3:1": 5}  # IC range
+    seen.compact({("t", 0): 41, ("t", 1): 0}, {})
+    assert seen.table_at({}, {}) == {"t:3:0": 5}
+    assert seen.table_at({("t", 0): 42, ("t", 1): 8}, {}) == {"t:3:0": 6, "t:3:1": 5}
 
 
 @pytest.mark.parametrize("size", [30, 300])

@@ -121,8 +121,8 @@ def test_a_partition_its_gate_paused_is_not_resumed_by_the_merge_and_the_merge_l
 def test_a_partition_paused_for_another_reason_than_its_gate_lags_whatever_its_last_high_watermark() -> None:
     """No fetch refreshes a paused partition's high watermark: read up to it, the partition
     may have seconds of records since. Paused while a bootstrap's final stretch holds its
-    owner (or for holding too much), it lags; paused by its gate, it does not (it brings
-    nothing until the gate opens)."""
+    owner, it lags; paused by its gate, it does not (it brings nothing until the gate
+    opens)."""
     from streamkit.runtime.group_consumer import GATE
     from tests.runtime.test_group_consumer import consumer as group_consumer
 

@@ -17,7 +17,7 @@ on the receiving processor's own partition, right after its promotion from a sta
 rebalance that followed an in-place shrink: those records were judged late. CI once found the
 same through a rebalance: 314 records of the retiring processor's partition judged late by
 the receiving processor's time. Two ways to it are closed since (the key sets' times made one
-on a partition read only up to its last fetch's high watermark; a receiving store rebuilt
+while a partition paused for a bootstrap looked read to its end; a receiving store rebuilt
 from the input on one time); neither was shown to be the cause, so a failure prints what
 every worker said of the handovers."""
 

@@ -11,8 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from aiokafka import TopicPartition
-
 import streamkit
 from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
@@ -114,44 +112,3 @@ def test_the_merged_processor_goes_live_once_nothing_the_group_handled_is_left_o
     proc.pending[("t", 0)] = set()
     assert rebuilt_all(proc, routes)  # (another processor's routes do not count)
     assert rebuilt_all(SimpleNamespace(positions={}, pending={}), routes)  # no partitions: nothing to wait for
-
-
-def test_the_key_sets_become_one_on_a_quiet_answer_only(tmp_path: Path) -> None:
-    """Between fetch answers that brought records, a partition read up to the high
-    watermark its last answer reported may hold seconds of records since: the key set
-    behind (read from where its retired owner stopped) would have them judged late by
-    the other's time. So the times become one before the behind one catches up only
-    after an answer that brought no record at all (the member's quiet input)."""
-    from streamkit.joins.merge import TimeMerge
-    from streamkit.runtime.task import Task
-    from streamkit.testdriver.capture import CaptureProducer
-    from tests.runtime.test_task_paths import dispatcher_for
-
-    app = streamkit.App("sides-quiet")
-    app.table("per_s", default=int, window=Tumbling(1, grace=0))
-
-    @app.processor(app.topic("events"))
-    async def count(key: Any, value: Any, ctx: streamkit.Context) -> None:
-        pass
-
-    async def scenario() -> None:
-        proc = ProcessorState(0, RocksDBStore.open(str(tmp_path / "s"), list(app.tables)), app.tables)
-        proc.hold_sides(P0, BEFORE)
-        proc.advance(9_000, key_of(0).encode())
-        proc.advance(1_000, key_of(2).encode())  # the retiring processor stopped 8 s behind
-        lags: set[int] = set()
-        task = Task(proc, dispatcher_for(app, "t", CaptureProducer()), TimeMerge(0), lambda _pid, src: src[1] in lags)
-        for q in (0, 2):
-            task.read(TopicPartition("events", q), Route.build(proc, app.handlers["events"], ("events", q), 0, None))
-
-        await task.go_live_if_caught_up()  # after a batch: each partition at its last high watermark
-        assert proc.sides is not None and proc.sides.live_from == 9_000, "became one between answers"
-        lags.add(2)
-        await task.go_live_if_caught_up(quiet=True)  # a quiet answer, but partition 2 has records since
-        assert proc.sides is not None
-        lags.clear()
-        await task.go_live_if_caught_up(quiet=True)
-        assert proc.sides is None and proc.stream_time == 9_000
-        proc.close()
-
-    asyncio.run(scenario())

@@ -189,7 +189,7 @@ class StagingSeed:
         for part in parts:
             for tp, at in part.positions.items():
                 positions[tp] = max(positions.get(tp, 0), at)
-            for origin, at in part.seen_strays.table_at(part.positions).items():  # copies go in origin order
+            for origin, at in part.seen_strays.table_at(*part.stable()).items():  # copies go in origin order
                 seen[origin] = max(seen.get(origin, -1), at)
         extra = staging.checkpoint_extra({PROCESSOR_COUNT: count, REBUILD_MARK: True})
         if staging.windows:  # one stream time per key set until the merged processor goes live
