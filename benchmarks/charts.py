@@ -28,6 +28,7 @@ RESULTS = Path(__file__).with_name("results.json")
 
 LABELS = {
     "raw": "raw aiokafka + orjson (no state)",
+    "raw-dict": "raw aiokafka + orjson, state in a dict (nothing persisted)",
     "streamkit": "streamkit",
     "streamkit-stamped": "streamkit (input stamped by its producer)",
     "streamkit-nolog": "streamkit without its changelog",

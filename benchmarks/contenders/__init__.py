@@ -89,6 +89,7 @@ __all__ = [
 
 # short name -> module under benchmarks.contenders
 ALIASES: dict[str, str] = {
+    "raw-dict": "raw",
     "faust": "faust_app",
     "bytewax": "bytewax_app",
     "pathway": "pathway_app",
@@ -110,7 +111,8 @@ ALIASES: dict[str, str] = {
     "streamkit-sliding": "streamkit_windows_app",
     "quix-hopping": "quix_hopping",
 }
-"""A contender process finds its short name in ``BENCH_CONTENDER`` (``streamkit-nolog``:
+"""A contender process finds its short name in ``BENCH_CONTENDER`` (``raw-dict``: the raw
+client keeping each key's count and sum in a dict, ``benchmarks.contenders.raw``; ``streamkit-nolog``:
 streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
 served and scraped every second; ``streamkit-out``: sending each key's new count and sum
 to an output topic, at least once, ``streamkit-eos`` the same exactly once, and
@@ -128,6 +130,7 @@ INPUTS: dict[str, str] = {"streamkit-stamped": "stamped"}
 # short name -> top-level packages a contender needs (checked before running it)
 REQUIRES: dict[str, tuple[str, ...]] = {
     "raw": ("aiokafka", "orjson"),
+    "raw-dict": ("aiokafka", "orjson"),
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),

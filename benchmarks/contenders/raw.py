@@ -1,4 +1,8 @@
 """raw contender: aiokafka ``getmany`` + orjson decode of every value, no other work.
+``raw-dict`` (``BENCH_CONTENDER``): the same, and the job's state kept in a plain dict
+(each key's count and sum of ``amount``, as streamkit's contender keeps them in its
+table), nothing persisted: what any Python job that holds per-key state pays, before a
+store, a changelog or a checkpoint.
 
     python -m benchmarks.contenders.raw --bootstrap B --topic T --records N \\
         --partitions P --workdir DIR --session-timeout-ms MS
@@ -17,6 +21,7 @@ on (aiokafka's default).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -50,6 +55,7 @@ async def run(args) -> dict:
         n = 0
         total = 0
         keys: set[bytes] = set()
+        state: dict[bytes, list[int]] | None = {} if os.environ.get("BENCH_CONTENDER") == "raw-dict" else None
         first = last = None
         while n < target:
             batches = await consumer.getmany(timeout_ms=1000)
@@ -60,9 +66,16 @@ async def run(args) -> dict:
                     first = time.time()
                 if n + len(msgs) > target:
                     msgs = msgs[: target - n]
-                for m in msgs:
-                    total += loads(m.value)["amount"]
-                    keys.add(m.key)
+                if state is None:
+                    for m in msgs:
+                        total += loads(m.value)["amount"]
+                        keys.add(m.key)
+                else:
+                    for m in msgs:
+                        amount = loads(m.value)["amount"]
+                        total += amount
+                        s = state.get(m.key)
+                        state[m.key] = [1, amount] if s is None else [s[0] + 1, s[1] + amount]
                 n += len(msgs)
                 if n >= target:
                     break
@@ -71,7 +84,7 @@ async def run(args) -> dict:
             "records": n,
             "first_record_at": first,
             "last_record_at": last,
-            "check": {"keys": len(keys), "count": n, "sum": total},
+            "check": {"keys": len(keys) if state is None else len(state), "count": n, "sum": total},
         }
     finally:
         await consumer.stop()
