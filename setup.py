@@ -10,10 +10,10 @@ worker at start, ``streamkit.compiled``). ``STREAMKIT_PURE_PYTHON=1`` skips the 
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
+import runpy
 import shutil
 import sys
 import sysconfig
@@ -26,14 +26,13 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+_COMPILED = runpy.run_path(str(ROOT / "streamkit" / "compiled.py"))
+"""``streamkit/compiled.py``, run by path: the package's dependencies are not installed yet."""
+
+
 def _compiled_modules() -> list[str]:
-    """The tuple ``MODULES`` of ``streamkit/compiled.py``, read from its source (the package's
-    dependencies are not installed yet), as paths."""
-    tree = ast.parse((ROOT / "streamkit" / "compiled.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODULES" for t in node.targets):
-            return [name.replace(".", "/") + ".py" for name in ast.literal_eval(node.value)]
-    raise LookupError("streamkit/compiled.py has no MODULES")
+    """The compiled modules' sources, as paths from the project's root."""
+    return list(_COMPILED["SOURCES"])
 
 
 _MYPY_OPTIONS = ("--config-file=", "--ignore-missing-imports", "--follow-imports=silent")
@@ -58,7 +57,7 @@ def _groups() -> list[tuple[list[str], str | None]]:
 
 
 _SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-_MANIFEST = f"compiled-sources{_SUFFIX.removesuffix('.so')}.json"
+_MANIFEST: str = _COMPILED["MANIFEST"].name
 """One per interpreter, as the extensions are (``streamkit.compiled.MANIFEST``)."""
 
 _IN_PLACE = bool({"--inplace", "-i", "editable_wheel", "develop"} & set(sys.argv[1:]))

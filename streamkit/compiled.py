@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MANIFEST", "MODULES", "BuildStatus", "build_status", "log_build_status"]
+__all__ = ["MANIFEST", "MODULES", "SOURCES", "BuildStatus", "build_status", "log_build_status"]
 
 MODULES = (
     "stores.cache",
@@ -36,6 +36,11 @@ MODULES = (
 """The modules ``setup.py`` compiles: the per-record and per-key code of a worker (the
 dispatcher's loop, tables, the write-back cache and its filter of stored keys, the
 changelog's records, the loop over a fetch answer's records)."""
+
+SOURCES = tuple(name.replace(".", "/") + ".py" for name in MODULES)
+"""Their sources, from the project's root: what ``setup.py`` compiles and ``scripts/_setup``
+watches. This module imports only the standard library, so that both can run it by path
+(``runpy.run_path``) before the package's dependencies are installed."""
 
 
 @dataclass(frozen=True)
