@@ -30,9 +30,18 @@ KEYS = 200
 
 class ScaleJob:
     def __init__(
-        self, broker: str, tmp_path: Path, p0: int = 2, partitions: int = 4, every_window: bool = False
+        self,
+        broker: str,
+        tmp_path: Path,
+        p0: int = 2,
+        partitions: int = 4,
+        every_window: bool = False,
+        own_disks: bool = False,
     ) -> None:
-        """``every_window``: the job keeps a window of every kind, not only per-second ones."""
+        """``every_window``: the job keeps a window of every kind, not only per-second ones.
+        ``own_disks``: each worker keeps its stores in a state directory of its own, as on
+        machines of their own (a processor that moves finds no store of it there); else
+        they share one."""
         tag = uuid.uuid4().hex[:8]
         self.broker = broker
         self.tmp = tmp_path
@@ -57,6 +66,7 @@ class ScaleJob:
             SK_TEST_WINDOWS="all" if every_window else "tumbling",
         )
         self.every_window = every_window
+        self.own_disks = own_disks
         self.workers: list[subprocess.Popen[bytes]] = []
         self._statuses: dict[str, WorkerStatus] = {}
         self._status_offset = 0
@@ -66,7 +76,12 @@ class ScaleJob:
     def start_worker(self) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"w{len(self.workers)}.log", "wb")
         cmd = [sys.executable, "-m", "streamkit.cli", "worker", "tests.runtime.scale_app:app", "--log-level", "INFO"]
-        worker = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stderr=log)
+        env = (
+            dict(self.env, STREAMKIT_STATE_DIR=str(self.tmp / f"state-w{len(self.workers)}"))
+            if self.own_disks
+            else self.env
+        )
+        worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=log)
         self.workers.append(worker)
         return worker
 
@@ -211,6 +226,28 @@ class ScaleJob:
         return reports
 
     # -- the checks -----------------------------------------------------------------------
+    def stores(self, processors: int) -> Path:
+        """The directory of the job's stores after the workers stopped: each processor's
+        ``processor-N``. With ``own_disks``, a directory of links, each to the newest store of
+        that processor on any worker's disk (the furthest read; the others are copies left
+        behind by a move or a kill, or standbys)."""
+        shared = self.tmp / "state" / self.app
+        if not self.own_disks:
+            return shared
+        newest = self.tmp / "stores" / self.app
+        newest.mkdir(parents=True, exist_ok=True)
+        for pid in range(processors):
+            found = []
+            for path in sorted(self.tmp.glob(f"state-w*/{self.app}/processor-{pid}")):
+                with RocksDBStore.open(str(path), []) as store:
+                    checkpoint = store.checkpoint()
+                found.append((sum(checkpoint.positions.values()), checkpoint.generation, str(path)))
+            assert found, f"no worker has a store of processor {pid}"
+            link = newest / f"processor-{pid}"
+            link.unlink(missing_ok=True)
+            link.symlink_to(max(found)[2])
+        return newest
+
     def app_object(self) -> Any:
         """The job's App, as its workers load it."""
         from tests.runtime.scale_app import make_app
@@ -238,8 +275,9 @@ class ScaleJob:
                 seqs = range(k, report["sent"], KEYS)
                 expected.setdefault(f"k{k}", {})[name] = [len(seqs), seqs[-1], 0]
         state: dict[str, Any] = {}
+        stores = self.stores(processors)
         for pid in range(processors):
-            with RocksDBStore.open(str(self.tmp / "state" / self.app / f"processor-{pid}"), ["seen"]) as store:
+            with RocksDBStore.open(str(stores / f"processor-{pid}"), ["seen"]) as store:
                 for k, v in store.items("seen"):
                     key = k.decode()
                     assert key not in state, f"{key} is in two processors' stores"
@@ -250,8 +288,7 @@ class ScaleJob:
             e_g = list(wrong.items())[:3]
             raise AssertionError(f"{len(wrong)} keys differ (state, expected), e.g. {e_g}" + self._disorder())
 
-        tables = self.tmp / "state" / self.app
-        verify_windows(self.broker, self.topic, self.out, tables, processors, state, clean, self.every_window)
+        verify_windows(self.broker, self.topic, self.out, stores, processors, state, clean, self.every_window)
 
         async def read_out() -> list[Any]:
             async with KafkaIO(self.broker) as io:
