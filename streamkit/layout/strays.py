@@ -375,12 +375,16 @@ class SeenStrays:
     def compact(
         self, positions: Mapping[tuple[str, int], int], ranges: Mapping[tuple[str, int], Sequence[tuple[int, int]]]
     ) -> None:
-        """A checkpoint of ``positions`` and IC ``ranges`` is in the store."""
-        if self.learned:
-            self.saved = self.table_at(positions, ranges)
-            self.learned = [
-                x for x in self.learned if not _applied(x[2], positions.get(x[:2], 0), ranges.get(x[:2], ()))
-            ]
+        """A checkpoint of ``positions`` and IC ``ranges`` is in the store: the copies it
+        counts join ``saved``, the others stay learned."""
+        held = []
+        for entry in self.learned:
+            topic, partition, at, key, origin = entry
+            if _applied(at, positions.get((topic, partition), 0), ranges.get((topic, partition), ())):
+                self.saved[key] = max(origin, self.saved.get(key, -1))
+            else:
+                held.append(entry)
+        self.learned = held
 
 
 def _applied(offset: int, position: int, ranges: Sequence[tuple[int, int]]) -> bool:
