@@ -32,6 +32,7 @@ LABELS = {
     "streamkit": "streamkit",
     "streamkit-stamped": "streamkit (input stamped by its producer)",
     "streamkit-nolog": "streamkit without its changelog",
+    "streamkit-nowrite": "streamkit, its stores' writes left out (an upper bound)",
     "quix": "quixstreams",
     "faust": "faust",
     "bytewax": "Bytewax 0.21 (stateful_map, recovery on)",

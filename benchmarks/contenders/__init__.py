@@ -96,6 +96,7 @@ ALIASES: dict[str, str] = {
     "streamkit": "streamkit_app",
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
+    "streamkit-nowrite": "streamkit_app",
     "streamkit-metrics": "streamkit_app",
     "streamkit-out": "streamkit_app",
     "streamkit-eos": "streamkit_app",
@@ -112,15 +113,17 @@ ALIASES: dict[str, str] = {
     "quix-hopping": "quix_hopping",
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``raw-dict``: the raw
-client keeping each key's count and sum in a dict, ``benchmarks.contenders.raw``; ``streamkit-nolog``:
-streamkit with its changelog off; ``streamkit-metrics``: with its Prometheus metrics
-served and scraped every second; ``streamkit-out``: sending each key's new count and sum
-to an output topic, at least once, ``streamkit-eos`` the same exactly once, and
+client keeping each key's count and sum in a dict, ``benchmarks.contenders.raw``;
+``streamkit-nolog``: streamkit with its changelog off; ``streamkit-nowrite``: streamkit with
+its stores' writes left out, an upper bound, not a job
+(``streamkit_app.leave_stores_unwritten``); ``streamkit-metrics``: with its Prometheus
+metrics served and scraped every second; ``streamkit-out``: sending each key's new count and
+sum to an output topic, at least once, ``streamkit-eos`` the same exactly once, and
 ``streamkit-eos-pg`` and ``streamkit-eos-delta`` writing them to a PostgreSQL table
 (``BENCH_PG_DSN``) or a Delta table as well; ``streamkit-merged``, ``streamkit-join`` and
-``streamkit-sjoin``: with a second input topic, a table fed by it or a stream join with
-it, ``benchmarks.contenders.streamkit_join_app``; ``streamkit-hopping`` and the other
-kinds: a windowed table of that kind instead of the plain one,
+``streamkit-sjoin``: with a second input topic, a table fed by it or a stream join with it,
+``benchmarks.contenders.streamkit_join_app``; ``streamkit-hopping`` and the other kinds: a
+windowed table of that kind instead of the plain one,
 ``benchmarks.contenders.streamkit_windows_app``)."""
 
 # short name -> the input it reads, when not the plain one: "stamped" is the same records

@@ -7,7 +7,9 @@ One worker process hosting every processor (p0 = the partition count), default s
 (checkpoint every 2 s: the changed keys and a marker to the job's changelog, state
 changes + positions in one RocksDB batch, then the Kafka offset commit; as
 ``streamkit-nolog``, ``BENCH_CONTENDER`` says, without the changelog; as
-``streamkit-metrics``, with its Prometheus metrics served and scraped every second). The handler
+``streamkit-metrics``, with its Prometheus metrics served and scraped every second; as
+``streamkit-nowrite``, with every checkpoint's RocksDB write left out, see
+:func:`leave_stores_unwritten`). The handler
 stops the worker when N records have been handled; the check
 is read back from the processors' RocksDB stores after the worker has closed them.
 ``cpu_window_s``: the process's CPU seconds (every thread) from the first record to the last.
@@ -50,6 +52,8 @@ def main() -> None:
         processing="exactly_once" if contender.startswith("streamkit-eos") else "at_least_once",
     )
     out, sink = _outputs(app, contender, a)
+    if contender == "streamkit-nowrite":
+        leave_stores_unwritten()
     if metrics_port is not None:  # scraped every second, as Prometheus would
         threading.Thread(target=_scrape, args=(metrics_port,), daemon=True).start()
     source = app.topic(a.topic, key_serde="raw")
@@ -80,7 +84,7 @@ def main() -> None:
         first_record_at=progress["first"],
         last_record_at=progress["last"],
         process_start=PROCESS_START,
-        check=check_totals(stored_stats(app, a.partitions)),
+        check=None if contender == "streamkit-nowrite" else check_totals(stored_stats(app, a.partitions)),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
 
@@ -108,6 +112,19 @@ def _outputs(app: streamkit.App, contender: str, a: Any) -> tuple[Any, Any]:
 
         return out, app.sink("delta", DeltaSink(str(Path(a.workdir) / "delta"), key=["key"]))
     return out, None
+
+
+def leave_stores_unwritten() -> None:
+    """``streamkit-nowrite``: each checkpoint builds its RocksDB batch as always (every
+    changed value serialised into it and into the changelog's records, which are sent),
+    then drops it instead of writing it. Not a job anyone should run (its stores stay
+    empty, so the harness has no totals to check): the most that any store written off the
+    interpreter's lock could give, the write's whole cost on the job's thread being gone."""
+
+    def drop(store: RocksDBStore, batch: Any, checkpoint: Any) -> None:
+        store._checkpoint_bytes = checkpoint.to_bytes()
+
+    RocksDBStore._write = drop  # type: ignore[method-assign]
 
 
 def stored_stats(app: streamkit.App, processors: int) -> Iterator[Any]:
