@@ -83,8 +83,8 @@ SCALING_UNDER_LOAD = (
 with short session timeouts. Their tests are marked ``alone``: ``scripts/test`` runs them
 after the others, one at a time, with the machine to themselves (on 2 cores, beside other
 multi-process tests, their workers miss heartbeats, the group churns, and a scale step
-outlasts its limit). When ``scripts/test`` is given arguments it runs one pass, and the
-two test processes still never run two of these modules at once (the scheduler below)."""
+outlasts its limit). When ``scripts/test`` is given arguments it runs one pass, and its
+test processes still never run two of these modules at once (the scheduler below)."""
 
 
 LONGEST_FIRST = (
@@ -102,7 +102,7 @@ LONGEST_FIRST = (
     "tests/test_tls.py",
 )
 """The slowest test modules (``--durations``), handed out first by ``--dist loadfile``:
-started last, one of them would keep one test process busy while the other is idle."""
+started last, one of them would keep one test process busy while the others are idle."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
