@@ -20,12 +20,14 @@ import hmac
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import ClientSession, ClientTimeout, web
 
 from streamkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "FORWARDED_HEADER",
@@ -62,6 +64,8 @@ async def serve_app(
 ) -> Callable[[], Awaitable[None]]:
     """Serve ``app`` on ``host:port`` (over HTTPS with ``ssl_context``); returns what stops
     it (nothing is left open when the port cannot be had)."""
+    from aiohttp import web
+
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
@@ -73,6 +77,8 @@ async def serve_app(
 
 
 def _response(answer: Answer) -> web.Response:
+    from aiohttp import web
+
     headers = {"Retry-After": f"{answer.retry_after:g}"} if answer.retry_after is not None else None
     return web.Response(
         status=answer.status, body=orjson.dumps(answer.body), content_type="application/json", headers=headers
@@ -146,6 +152,8 @@ async def ask(
     token (over HTTPS, or plain HTTP to this machine only: ``_may_carry_token``);
     ``ssl_context``: what an https URL's certificate is checked with (None: the system's
     trusted CAs)."""
+    from aiohttp import ClientSession, ClientTimeout
+
     headers = {FORWARDED_HEADER: "1"} if forwarded else {}
     if token is not None and _may_carry_token(url):
         headers["Authorization"] = f"Bearer {token}"
@@ -171,6 +179,8 @@ async def serve_queries(
     """Serve ``GET /tables/{table}/{key}`` and ``GET /tables/{table}/{key}/windows`` on
     ``host:port`` (``token``: every request must carry it as its bearer token;
     ``ssl_context``: over HTTPS); returns what stops the server."""
+    from aiohttp import web
+
     expected = f"Bearer {token}".encode() if token is not None else None
 
     @web.middleware

@@ -126,3 +126,14 @@ def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_pat
     assert worker.returncode not in (0, None), job.log(worker, 2000)
     errors = [line for line in job.log(worker).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "address already in use" in errors[0], job.log(worker, 2000)
+
+
+def test_a_worker_that_serves_no_queries_does_not_load_the_http_stack() -> None:
+    """aiohttp is imported when a worker first serves or forwards a query: a worker
+    without a query port runs without it (9 MB of its memory)."""
+    probe = (
+        "import sys, streamkit, streamkit.runtime.worker, streamkit.runtime.queries, streamkit.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
