@@ -12,6 +12,10 @@ runtime (an import contract).
 Served at ``127.0.0.1`` unless told otherwise (``query_bind``). With a token, every
 request (forwarded ones included) must carry ``Authorization: Bearer TOKEN`` (else 401,
 compared in constant time); with a certificate and key, over HTTPS.
+
+aiohttp is imported by the functions that speak HTTP, when they are called: a worker
+without a query port, which neither serves queries nor forwards them, never loads it
+(9 MB of its memory).
 """
 
 from __future__ import annotations

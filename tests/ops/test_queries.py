@@ -129,11 +129,13 @@ def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_pat
 
 
 def test_a_worker_that_serves_no_queries_does_not_load_the_http_stack() -> None:
-    """aiohttp is imported when a worker first serves or forwards a query: a worker
-    without a query port runs without it (9 MB of its memory)."""
+    """aiohttp is imported when a worker starts serving queries (given a query port) or
+    first forwards one: a worker without a query port runs without it (9 MB of its memory)."""
     probe = (
         "import sys, streamkit, streamkit.runtime.worker, streamkit.runtime.queries, streamkit.cli; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
     assert out.stdout.strip() == "[]", out.stdout
