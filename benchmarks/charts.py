@@ -29,6 +29,7 @@ RESULTS = Path(__file__).with_name("results.json")
 LABELS = {
     "raw": "raw aiokafka + orjson (no state)",
     "raw-dict": "raw aiokafka + orjson, state in a dict (nothing persisted)",
+    "raw-rocksdb": "raw aiokafka + orjson, state in a dict, persisted by hand (RocksDB + changelog every 2 s)",
     "streamkit": "streamkit",
     "streamkit-stamped": "streamkit (input stamped by its producer)",
     "streamkit-nolog": "streamkit without its changelog",

@@ -90,6 +90,7 @@ __all__ = [
 # short name -> module under benchmarks.contenders
 ALIASES: dict[str, str] = {
     "raw-dict": "raw",
+    "raw-rocksdb": "raw",
     "faust": "faust_app",
     "bytewax": "bytewax_app",
     "pathway": "pathway_app",
@@ -114,6 +115,8 @@ ALIASES: dict[str, str] = {
 }
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``raw-dict``: the raw
 client keeping each key's count and sum in a dict, ``benchmarks.contenders.raw``;
+``raw-rocksdb``: the same, persisting the changed keys by hand to RocksDB and a changelog
+every 2 s, ``benchmarks.contenders.raw.Persisted``;
 ``streamkit-nolog``: streamkit with its changelog off; ``streamkit-nowrite``: streamkit with
 its stores' writes left out, an upper bound, not a job
 (``streamkit_app.leave_stores_unwritten``); ``streamkit-metrics``: with its Prometheus
@@ -134,6 +137,7 @@ INPUTS: dict[str, str] = {"streamkit-stamped": "stamped"}
 REQUIRES: dict[str, tuple[str, ...]] = {
     "raw": ("aiokafka", "orjson"),
     "raw-dict": ("aiokafka", "orjson"),
+    "raw-rocksdb": ("aiokafka", "orjson", "rocksdict"),
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),

@@ -2,7 +2,11 @@
 ``raw-dict`` (``BENCH_CONTENDER``): the same, and the job's state kept in a plain dict
 (each key's count and sum of ``amount``, as streamkit's contender keeps them in its
 table), nothing persisted: what any Python job that holds per-key state pays, before a
-store, a changelog or a checkpoint.
+store, a changelog or a checkpoint. ``raw-rocksdb``: ``raw-dict`` persisting its state by
+hand as streamkit's contender does (see :class:`Persisted`): every 2 s, each key changed
+since is serialised once into a RocksDB write batch and into the record batches of a
+changelog topic; the check is read back from RocksDB. What a job in this client pays for
+durable state with nothing of a framework around it.
 
     python -m benchmarks.contenders.raw --bootstrap B --topic T --records N \\
         --partitions P --workdir DIR --session-timeout-ms MS
@@ -24,11 +28,107 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from benchmarks.contenders import PROCESS_START, emit_result, parse_args
+from benchmarks.contenders import PROCESS_START, check_totals, emit_result, parse_args
 
 MAX_PARTITION_FETCH_BYTES = 4 << 20
 FETCH_MAX_BYTES = 64 << 20
+CHECKPOINT_S = 2.0
+"""As streamkit's default ``commit_interval``."""
+
+
+class Persisted:
+    """``raw-rocksdb``'s checkpoint, written by hand with the same libraries streamkit
+    uses: the keys changed since the last one, per input partition, each serialised once
+    (orjson) into one RocksDB write batch (rocksdict, raw mode, memtables of 2 MiB and
+    bloom filters as streamkit's stores have; one store for every partition, so up to 16
+    memtables, where streamkit has four in each processor's store) and into aiokafka record batches for that
+    partition of a changelog topic, sent without waiting; the batches of the previous
+    checkpoint are awaited first. No offsets are committed (the raw client has no group)."""
+
+    def __init__(self, producer: Any, topic: str, path: Path) -> None:
+        from rocksdict import BlockBasedOptions, Options, Rdict
+
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_write_buffer_size(2 << 20)
+        opts.set_max_write_buffer_number(16)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        opts.set_block_based_table_factory(table)
+        self.path = path
+        self.db = Rdict(str(path), opts)
+        self.producer, self.topic = producer, topic
+        self.changed: dict[int, dict[bytes, list[int]]] = {}
+        """Per input partition, the keys changed since the last checkpoint and their state."""
+        self.sent: list[Any] = []
+        self.due = time.monotonic() + CHECKPOINT_S
+
+    async def checkpoint(self) -> None:
+        import orjson
+        from rocksdict import WriteBatch
+
+        for delivery in self.sent:
+            await delivery
+        self.sent = []
+        batch = WriteBatch(raw_mode=True)
+        put, dumps = batch.put, orjson.dumps
+        for partition, keys in self.changed.items():
+            records = self.producer.create_batch()
+            for key, current in keys.items():
+                value = dumps(current)
+                put(key, value)
+                if records.append(key=key, value=value, timestamp=None) is None:
+                    self.sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+                    records = self.producer.create_batch()
+                    records.append(key=key, value=value, timestamp=None)
+            if records.record_count():
+                self.sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+        self.db.write(batch)
+        self.changed = {}
+        self.due = time.monotonic() + CHECKPOINT_S
+
+    async def close(self) -> None:
+        """The last checkpoint, awaited; the producer stopped and the store closed."""
+        await self.checkpoint()
+        for delivery in self.sent:
+            await delivery
+        await self.producer.stop()
+        self.db.close()
+
+    def stored(self) -> Iterator[tuple[int, int]]:
+        """Every key's (count, sum) as RocksDB holds them, after :meth:`close`."""
+        import orjson
+        from rocksdict import Options, Rdict
+
+        db = Rdict(str(self.path), Options(raw_mode=True))
+        try:
+            for _, value in db.items():
+                count, total = orjson.loads(value)
+                yield count, total
+        finally:
+            db.close()
+
+
+async def start_persisted(args: Any) -> Persisted:
+    """A :class:`Persisted` writing to a changelog topic created here (a partition per
+    input partition) through a producer of its own, started."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = f"{args.topic}-changelog"
+    admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, args.partitions, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all")
+    await producer.start()
+    return Persisted(producer, topic, Path(args.workdir) / "state")
 
 
 async def run(args) -> dict:
@@ -55,7 +155,9 @@ async def run(args) -> dict:
         n = 0
         total = 0
         keys: set[bytes] = set()
-        state: dict[bytes, list[int]] | None = {} if os.environ.get("BENCH_CONTENDER") == "raw-dict" else None
+        mode = os.environ.get("BENCH_CONTENDER") or "raw"
+        state: dict[bytes, list[int]] | None = {} if mode in ("raw-dict", "raw-rocksdb") else None
+        persisted = await start_persisted(args) if mode == "raw-rocksdb" else None
         first = last = None
         while n < target:
             batches = await consumer.getmany(timeout_ms=1000)
@@ -70,6 +172,15 @@ async def run(args) -> dict:
                     for m in msgs:
                         total += loads(m.value)["amount"]
                         keys.add(m.key)
+                elif persisted is not None:
+                    changed = persisted.changed.setdefault(msgs[0].partition, {})
+                    for m in msgs:
+                        amount = loads(m.value)["amount"]
+                        total += amount
+                        s = state.get(m.key)
+                        state[m.key] = changed[m.key] = [1, amount] if s is None else [s[0] + 1, s[1] + amount]
+                    if time.monotonic() >= persisted.due:
+                        await persisted.checkpoint()
                 else:
                     for m in msgs:
                         amount = loads(m.value)["amount"]
@@ -80,12 +191,11 @@ async def run(args) -> dict:
                 if n >= target:
                     break
         last = time.time()
-        return {
-            "records": n,
-            "first_record_at": first,
-            "last_record_at": last,
-            "check": {"keys": len(keys) if state is None else len(state), "count": n, "sum": total},
-        }
+        check = {"keys": len(keys) if state is None else len(state), "count": n, "sum": total}
+        if persisted is not None:
+            await persisted.close()
+            check = check_totals(persisted.stored())
+        return {"records": n, "first_record_at": first, "last_record_at": last, "check": check}
     finally:
         await consumer.stop()
 
