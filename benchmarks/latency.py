@@ -3,6 +3,7 @@ and to the output record being readable, for streamkit and quixstreams in the sa
 
     python -m benchmarks.latency [--rate 5000] [--seconds 20] [--keys 1000] [--warmup 5]
         [--contenders raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low]
+        (also loaded:low, the floor under a job's load: see below)
         [--repeat 1]
 
 Per contender (``NAME:latency``, see ``benchmarks.latency_app``): an embedded broker of
@@ -18,7 +19,10 @@ figure) notes when each output arrives. ``raw`` is that reader on the input topi
 no job: the floor that the broker and the clients set. ``client`` is the same client as
 a job of its own (``latency_app.run_client``: a group member and a producer in a process
 of their own, no framework): what any job pays on this machine, beside the broker, before
-a framework's code runs.
+a framework's code runs. ``loaded`` is the floor under a job's load: ``raw``'s reader of the
+input, while ``client`` runs as a job on the same input at the same setting and a reader
+in a process of its own takes its output, as the benchmark reads a job's (measured from
+the job's first output on): what the broker and the machine give any reader once a job's traffic is there.
 
 Printed per contender: p50, p99 and max of send-to-handler and of send-to-output, in ms,
 and the records measured (with ``--repeat N``, each contender runs N times, interleaved
@@ -72,15 +76,23 @@ async def measure(
         await io.create_topic(topic, 4)
         await io.create_topic(out, 4)
     job = None
-    if name != "raw":  # raw: the reader reads the input itself (the floor: send to readable)
+    floor = name in ("raw", "loaded")  # the reader reads the input itself (the floor: send to readable)
+    if name != "raw":
+        app = "client" if name == "loaded" else name
         job = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.latency_app", name, bootstrap, topic, out, str(workdir / tag), latency],
+            [sys.executable, "-m", "benchmarks.latency_app", app, bootstrap, topic, out, str(workdir / tag), latency],
             cwd=ROOT, stderr=open(workdir / f"{tag}.log", "wb"),
         )  # fmt: skip
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=PRODUCER_LINGER_MS, acks=1)
     reader = AIOKafkaConsumer(
-        out if job else topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5
+        topic if floor else out, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5
     )
+    drain = None  # loaded: the job's output read and dropped in a process of its own, as a job's is read
+    if name == "loaded":
+        drain = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.latency_app", "drain", bootstrap, topic, out, "-", latency,
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
     await producer.start()
     await reader.start()
     to_handler: list[float] = []
@@ -95,7 +107,8 @@ async def measure(
             now = time.time()
             for records in batch.values():
                 for rec in records:
-                    first_output.set()
+                    if drain is None:
+                        first_output.set()
                     v = orjson.loads(rec.value)
                     if v["m"]:
                         to_handler.append(v.get("handled", now) - v["sent"])
@@ -113,7 +126,13 @@ async def measure(
             await asyncio.sleep(0.001)
         return sent
 
+    async def job_output() -> None:
+        assert drain is not None and drain.stdout is not None
+        await drain.stdout.readline()  # "first output"
+        first_output.set()
+
     reading = asyncio.create_task(read())
+    dropping = asyncio.create_task(job_output()) if drain is not None else None
     try:
         warm = asyncio.create_task(produce(first_output, measured=False))
         async with asyncio.timeout(WARMUP_TIMEOUT):
@@ -128,8 +147,13 @@ async def measure(
     finally:
         producing = False
         reading.cancel()
+        if dropping is not None:
+            dropping.cancel()
         await producer.stop()
         await reader.stop()
+        if drain is not None:
+            drain.kill()
+            await drain.wait()
         if job is not None:
             job.send_signal(signal.SIGTERM)
             try:
@@ -177,11 +201,13 @@ def main() -> None:
     bad = [
         c
         for c in contenders
-        if c.split(":")[0] not in ("raw", "client", "streamkit", "quix") or not c.endswith((":low", ":throughput"))
+        if c.split(":")[0] not in ("raw", "loaded", "client", "streamkit", "quix")
+        or not c.endswith((":low", ":throughput"))
     ]
     if bad:
         ap.error(
-            f"unknown contender(s) {bad}: NAME:latency, NAME raw, client, streamkit or quix, latency low or throughput"
+            f"unknown contender(s) {bad}: NAME:latency, NAME raw, loaded, client, streamkit or quix, "
+            "latency low or throughput"
         )
 
     from streamkit.broker import EmbeddedBroker
@@ -213,7 +239,7 @@ def main() -> None:
     floor = next((r for c, r in by.items() if c.startswith("raw:")), None)  # raw's setting changes nothing
     for setting in ("throughput", "low"):
         sk = by.get(f"streamkit:{setting}")
-        for peer in ("raw", "client", "quix"):
+        for peer in ("raw", "loaded", "client", "quix"):
             other = floor if peer == "raw" else by.get(f"{peer}:{setting}")
             if sk and other:
                 ratios = [
