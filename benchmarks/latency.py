@@ -3,8 +3,9 @@ and to the output record being readable, for streamkit and quixstreams in the sa
 
     python -m benchmarks.latency [--rate 5000] [--seconds 20] [--keys 1000] [--warmup 5]
         [--contenders raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low]
-        (also loaded:low, the floor under a job's load: see below)
         [--repeat 1]
+
+(``loaded:low`` too: the floor under a job's load, below.)
 
 Per contender (``NAME:latency``, see ``benchmarks.latency_app``): an embedded broker of
 its own (the test broker slows down as its logs grow: a shared one would favour the
@@ -19,10 +20,11 @@ figure) notes when each output arrives. ``raw`` is that reader on the input topi
 no job: the floor that the broker and the clients set. ``client`` is the same client as
 a job of its own (``latency_app.run_client``: a group member and a producer in a process
 of their own, no framework): what any job pays on this machine, beside the broker, before
-a framework's code runs. ``loaded`` is the floor under a job's load: ``raw``'s reader of the
-input, while ``client`` runs as a job on the same input at the same setting and a reader
-in a process of its own takes its output, as the benchmark reads a job's (measured from
-the job's first output on): what the broker and the machine give any reader once a job's traffic is there.
+a framework's code runs. ``loaded`` is the floor under a job's load:
+``raw``'s reader of the input, while ``client`` runs as a job on the same input at the same
+setting and a reader in a process of its own takes its output, as the benchmark reads a
+job's (measured from the job's first output on): what the broker and the machine give any
+reader once a job's traffic is there.
 
 Printed per contender: p50, p99 and max of send-to-handler and of send-to-output, in ms,
 and the records measured (with ``--repeat N``, each contender runs N times, interleaved
@@ -128,8 +130,8 @@ async def measure(
 
     async def job_output() -> None:
         assert drain is not None and drain.stdout is not None
-        await drain.stdout.readline()  # "first output"
-        first_output.set()
+        if await drain.stdout.readline():  # "first output" (nothing: it died, and the warm-up times out)
+            first_output.set()
 
     reading = asyncio.create_task(read())
     dropping = asyncio.create_task(job_output()) if drain is not None else None
