@@ -3,9 +3,7 @@ and to the output record being readable, for streamkit and quixstreams in the sa
 
     python -m benchmarks.latency [--rate 5000] [--seconds 20] [--keys 1000] [--warmup 5]
         [--contenders raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low]
-        [--repeat 1]
-
-(``loaded:low`` too: the floor under a job's load, below.)
+        [--repeat 1] [--beside]
 
 Per contender (``NAME:latency``, see ``benchmarks.latency_app``): an embedded broker of
 its own (the test broker slows down as its logs grow: a shared one would favour the
@@ -20,11 +18,13 @@ figure) notes when each output arrives. ``raw`` is that reader on the input topi
 no job: the floor that the broker and the clients set. ``client`` is the same client as
 a job of its own (``latency_app.run_client``: a group member and a producer in a process
 of their own, no framework): what any job pays on this machine, beside the broker, before
-a framework's code runs. ``loaded`` is the floor under a job's load:
-``raw``'s reader of the input, while ``client`` runs as a job on the same input at the same
-setting and a reader in a process of its own takes its output, as the benchmark reads a
-job's (measured from the job's first output on): what the broker and the machine give any
-reader once a job's traffic is there.
+a framework's code runs.
+
+``--beside``: in each run of a job, a second reader of the input, in the benchmark's
+process beside the reader of the output (fetch wait 5 ms, no group, no job code in its
+path), notes when each measured record becomes readable: the floor under that run's own
+load (the job's traffic on the broker and the cores, this reader's included). Printed as
+one more column, and each job's send-to-handler figures as ratios to it.
 
 Printed per contender: p50, p99 and max of send-to-handler and of send-to-output, in ms,
 and the records measured (with ``--repeat N``, each contender runs N times, interleaved
@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +64,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(
-    bootstrap: str, contender: str, rate: int, seconds: float, warmup: float, keys: int, workdir: Path
-) -> dict[str, Any]:
-    """One contender's run (see the module docstring)."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+@dataclass(frozen=True)
+class Pace:
+    """What a run sends: ``rate`` records/s over ``keys`` keys, ``warmup`` seconds after
+    the first output unmeasured, then ``seconds`` measured."""
 
+    rate: int
+    seconds: float
+    warmup: float
+    keys: int
+
+
+async def measure(bootstrap: str, contender: str, pace: Pace, workdir: Path, beside: bool = False) -> dict[str, Any]:
+    """One contender's run (see the module docstring)."""
     from streamkit.kafkaio import KafkaIO
 
     name, latency = contender.split(":")
@@ -78,27 +86,43 @@ async def measure(
         await io.create_topic(topic, 4)
         await io.create_topic(out, 4)
     job = None
-    floor = name in ("raw", "loaded")  # the reader reads the input itself (the floor: send to readable)
-    if name != "raw":
-        app = "client" if name == "loaded" else name
+    if name != "raw":  # raw: the reader reads the input itself (the floor: send to readable)
         job = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.latency_app", app, bootstrap, topic, out, str(workdir / tag), latency],
+            [sys.executable, "-m", "benchmarks.latency_app", name, bootstrap, topic, out, str(workdir / tag), latency],
             cwd=ROOT, stderr=open(workdir / f"{tag}.log", "wb"),
         )  # fmt: skip
+    try:
+        return await _run(bootstrap, contender, (topic, out), job is not None, beside, pace)
+    finally:
+        if job is not None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(20)
+            except subprocess.TimeoutExpired:
+                job.kill()
+
+
+async def _run(
+    bootstrap: str, contender: str, topics: tuple[str, str], job: bool, beside: bool, pace: Pace
+) -> dict[str, Any]:
+    """:func:`measure`'s producer and readers, the job (if any) running."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic, out = topics
+    rate, keys = pace.rate, pace.keys
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=PRODUCER_LINGER_MS, acks=1)
     reader = AIOKafkaConsumer(
-        topic if floor else out, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5
+        out if job else topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5
     )
-    drain = None  # loaded: the job's output read and dropped in a process of its own, as a job's is read
-    if name == "loaded":
-        drain = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.latency_app", "drain", bootstrap, topic, out, "-", latency,
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-    await producer.start()
-    await reader.start()
+    side = (  # --beside: the input read in this process too, beside the job's output
+        AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5)
+        if beside and job
+        else None
+    )
+    started: list[Any] = []
     to_handler: list[float] = []
     to_output: list[float] = []
+    to_side: list[float] = []
     first_output = asyncio.Event()
     measured_sent = 0
     producing = True
@@ -109,8 +133,7 @@ async def measure(
             now = time.time()
             for records in batch.values():
                 for rec in records:
-                    if drain is None:
-                        first_output.set()
+                    first_output.set()
                     v = orjson.loads(rec.value)
                     if v["m"]:
                         to_handler.append(v.get("handled", now) - v["sent"])
@@ -128,47 +151,53 @@ async def measure(
             await asyncio.sleep(0.001)
         return sent
 
-    async def job_output() -> None:
-        assert drain is not None and drain.stdout is not None
-        if await drain.stdout.readline():  # "first output" (nothing: it died, and the warm-up times out)
-            first_output.set()
+    async def read_beside() -> None:
+        assert side is not None
+        while producing or len(to_side) < measured_sent:
+            batch = await side.getmany(timeout_ms=100)
+            now = time.time()
+            for records in batch.values():
+                for rec in records:
+                    v = orjson.loads(rec.value)
+                    if v["m"]:
+                        to_side.append(now - v["sent"])
 
-    reading = asyncio.create_task(read())
-    dropping = asyncio.create_task(job_output()) if drain is not None else None
+    tasks: list[asyncio.Task[None]] = []
     try:
-        warm = asyncio.create_task(produce(first_output, measured=False))
+        for client in (producer, reader, side):
+            if client is not None:
+                await client.start()
+                started.append(client)
+        tasks.append(asyncio.create_task(read()))
+        if side is not None:
+            tasks.append(asyncio.create_task(read_beside()))
+        tasks.append(warm := asyncio.create_task(produce(first_output, measured=False)))  # type: ignore[arg-type]
         async with asyncio.timeout(WARMUP_TIMEOUT):
             await asyncio.shield(first_output.wait())
         await warm
-        await produce(time.monotonic() + warmup, measured=False)
-        measured_sent = await produce(time.monotonic() + seconds, measured=True)
+        await produce(time.monotonic() + pace.warmup, measured=False)
+        measured_sent = await produce(time.monotonic() + pace.seconds, measured=True)
         await producer.flush()
         producing = False
         async with asyncio.timeout(DRAIN_TIMEOUT):
-            await reading
+            await asyncio.gather(*tasks)
     finally:
         producing = False
-        reading.cancel()
-        if dropping is not None:
-            dropping.cancel()
-        await producer.stop()
-        await reader.stop()
-        if drain is not None:
-            drain.kill()
-            await drain.wait()
-        if job is not None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(20)
-            except subprocess.TimeoutExpired:
-                job.kill()
-    if len(to_output) != measured_sent:
-        raise RuntimeError(f"{contender}: {measured_sent} records sent, {len(to_output)} outputs read")
+        for task in tasks:
+            task.cancel()
+        for client in reversed(started):
+            await client.stop()
+    if len(to_output) != measured_sent or (side is not None and len(to_side) != measured_sent):
+        raise RuntimeError(
+            f"{contender}: {measured_sent} records sent, {len(to_output)} outputs read"
+            + (f", {len(to_side)} inputs read beside" if side is not None else "")
+        )
     return {
         "contender": contender,
         "records": measured_sent,
         "handler": [percentile(to_handler, q) * 1000 for q in (0.5, 0.99, 1.0)],
         "output": [percentile(to_output, q) * 1000 for q in (0.5, 0.99, 1.0)],
+        "beside": [percentile(to_side, q) * 1000 for q in (0.5, 0.99, 1.0)] if side is not None else None,
     }
 
 
@@ -181,6 +210,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "handler": [statistics.median(r["handler"][i] for r in runs) for i in range(3)],
         "output": [statistics.median(r["output"][i] for r in runs) for i in range(3)],
         "p99s": [r["handler"][1] for r in runs],
+        "beside": [statistics.median(r["beside"][i] for r in runs) for i in range(3)] if runs[0]["beside"] else None,
+        "beside_p99s": [r["beside"][1] for r in runs] if runs[0]["beside"] else None,
     }
 
 
@@ -194,6 +225,11 @@ def main() -> None:
         "--contenders", default="raw:low,client:low,streamkit:throughput,streamkit:low,quix:throughput,quix:low"
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs per contender, interleaved; figures are medians")
+    ap.add_argument(
+        "--beside",
+        action="store_true",
+        help="in each job's run, the input read beside it too (the floor under its load)",
+    )
     a = ap.parse_args()
     if a.repeat < 1:
         ap.error(f"--repeat {a.repeat}: runs per contender, at least 1")
@@ -203,26 +239,23 @@ def main() -> None:
     bad = [
         c
         for c in contenders
-        if c.split(":")[0] not in ("raw", "loaded", "client", "streamkit", "quix")
-        or not c.endswith((":low", ":throughput"))
+        if c.split(":")[0] not in ("raw", "client", "streamkit", "quix") or not c.endswith((":low", ":throughput"))
     ]
     if bad:
         ap.error(
-            f"unknown contender(s) {bad}: NAME:latency, NAME raw, loaded, client, streamkit or quix, "
-            "latency low or throughput"
+            f"unknown contender(s) {bad}: NAME:latency, NAME raw, client, streamkit or quix, latency low or throughput"
         )
 
     from streamkit.broker import EmbeddedBroker
 
+    pace = Pace(a.rate, a.seconds, a.warmup, a.keys)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory(prefix="sk-latency-") as tmp:
         for i in range(a.repeat):  # interleaved: a slow spell of the machine hits every contender alike
             turn = i % len(contenders)  # and each round starts with the next contender: none always runs first
             for c in contenders[turn:] + contenders[:turn]:  # a broker each: the test broker slows as its logs grow
                 with EmbeddedBroker() as broker:
-                    runs[c].append(
-                        asyncio.run(measure(broker.bootstrap, c, a.rate, a.seconds, a.warmup, a.keys, Path(tmp)))
-                    )
+                    runs[c].append(asyncio.run(measure(broker.bootstrap, c, pace, Path(tmp), a.beside)))
     rows = [medians(runs[c]) for c in contenders]
     what = f"medians of {a.repeat} interleaved runs, " if a.repeat > 1 else ""
     table = Table(title=f"latency at {a.rate:,} records/s, {a.keys:,} keys, 4 partitions ({what}ms)")
@@ -230,10 +263,19 @@ def main() -> None:
         table.add_column(col, justify="right")
     if a.repeat > 1:
         table.add_column("p99 of each run", justify="right")
+    if a.beside:
+        for col in ("input read beside p50", "p99", "max"):
+            table.add_column(col, justify="right")
+        if a.repeat > 1:
+            table.add_column("its p99 of each run", justify="right")
     for r in rows:
         cells = [r["contender"], f"{r['records']:,.0f}", *(f"{x:.1f}" for x in r["handler"] + r["output"])]
         if a.repeat > 1:
             cells.append(" ".join(f"{x:.0f}" for x in r["p99s"]))
+        if a.beside:
+            cells += [f"{x:.1f}" for x in r["beside"]] if r["beside"] else ["-"] * 3
+            if a.repeat > 1:
+                cells.append(" ".join(f"{x:.0f}" for x in r["beside_p99s"]) if r["beside"] else "-")
         table.add_row(*cells)
     console = Console(width=200)
     console.print(table)
@@ -241,7 +283,7 @@ def main() -> None:
     floor = next((r for c, r in by.items() if c.startswith("raw:")), None)  # raw's setting changes nothing
     for setting in ("throughput", "low"):
         sk = by.get(f"streamkit:{setting}")
-        for peer in ("raw", "loaded", "client", "quix"):
+        for peer in ("raw", "client", "quix"):
             other = floor if peer == "raw" else by.get(f"{peer}:{setting}")
             if sk and other:
                 ratios = [
@@ -249,6 +291,11 @@ def main() -> None:
                 ]
                 console.print(f"{setting}: streamkit / {peer}, send→handler p50 p99 max, send→output p50 p99 max: "
                               + " ".join(f"{x:.2f}" for x in ratios))  # fmt: skip
+    for r in rows:
+        if r["beside"]:
+            ratios = [h / b for h, b in zip(r["handler"], r["beside"], strict=True)]
+            console.print(f"{r['contender']}: send→handler / the input read beside it, p50 p99 max: "
+                          + " ".join(f"{x:.2f}" for x in ratios))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 (state), and one output record per input record carrying the producer's send time and
 the time the handler was called.
 
-    python -m benchmarks.latency_app streamkit|quix|client|drain BOOTSTRAP INPUT OUTPUT STATE_DIR low|throughput
+    python -m benchmarks.latency_app streamkit|quix|client BOOTSTRAP INPUT OUTPUT STATE_DIR low|throughput
 
 streamkit runs as ``streamkit worker`` would (its ``latency`` setting from the last
 argument); quixstreams with its defaults, or, for ``low``, its consumer's fetch wait and
@@ -103,26 +103,6 @@ def run_client(bootstrap: str, topic: str, out: str, state_dir: str, latency: st
     asyncio.run(main())
 
 
-def run_drain(bootstrap: str, topic: str, out: str, state_dir: str, latency: str) -> None:
-    """Reads a job's output and drops it, as the benchmark's reader of a job's output
-    reads it (fetch wait 5 ms), in a process of its own: the traffic beside the
-    ``loaded`` floor. Says ``first output`` on stdout once the first has come."""
-    import asyncio
-
-    from aiokafka import AIOKafkaConsumer
-
-    async def main() -> None:
-        reader = AIOKafkaConsumer(out, bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=5)
-        await reader.start()
-        said = False
-        while True:
-            if await reader.getmany(timeout_ms=100) and not said:
-                print("first output", flush=True)
-                said = True
-
-    asyncio.run(main())
-
-
 if __name__ == "__main__":
     contender, *args = sys.argv[1:]
-    {"streamkit": run_streamkit, "quix": run_quix, "client": run_client, "drain": run_drain}[contender](*args)
+    {"streamkit": run_streamkit, "quix": run_quix, "client": run_client}[contender](*args)

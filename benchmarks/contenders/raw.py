@@ -2,11 +2,11 @@
 ``raw-dict`` (``BENCH_CONTENDER``): the same, and the job's state kept in a plain dict
 (each key's count and sum of ``amount``, as streamkit's contender keeps them in its
 table), nothing persisted: what any Python job that holds per-key state pays, before a
-store, a changelog or a checkpoint. ``raw-rocksdb``: ``raw-dict`` persisting its state by
-hand as streamkit's contender does (see :class:`Persisted`): every 2 s, each key changed
-since is serialised once into a RocksDB write batch and into the record batches of a
-changelog topic; the check is read back from RocksDB. What a job in this client pays for
-durable state with nothing of a framework around it.
+store, a changelog or a checkpoint. ``raw-rocksdb``: ``raw-dict`` keeping its state durable
+by hand, as streamkit's contender keeps it (:class:`Persisted` says how, and what it leaves
+out): every 2 s, each key changed since is serialised once into the record batches of a
+changelog topic and into a RocksDB write batch; the check is read back from RocksDB. What a
+job in this client pays for durable state with no framework around it.
 
     python -m benchmarks.contenders.raw --bootstrap B --topic T --records N \\
         --partitions P --workdir DIR --session-timeout-ms MS
@@ -41,21 +41,25 @@ CHECKPOINT_S = 2.0
 
 
 class Persisted:
-    """``raw-rocksdb``'s checkpoint, written by hand with the same libraries streamkit
-    uses: the keys changed since the last one, per input partition, each serialised once
-    (orjson) into one RocksDB write batch (rocksdict, raw mode, memtables of 2 MiB and
-    bloom filters as streamkit's stores have; one store for every partition, so up to 16
-    memtables, where streamkit has four in each processor's store) and into aiokafka record batches for that
-    partition of a changelog topic, sent without waiting; the batches of the previous
-    checkpoint are awaited first. No offsets are committed (the raw client has no group)."""
+    """``raw-rocksdb``'s checkpoint, written by hand with the libraries streamkit uses, in
+    the order streamkit's takes: the keys changed since the last one, per input partition,
+    each serialised once (orjson) into aiokafka record batches of that partition of a
+    changelog topic and into one RocksDB write batch with each partition's next offset;
+    the record batches sent and acknowledged, then the write batch written.
 
-    def __init__(self, producer: Any, topic: str, path: Path) -> None:
+    Set up as streamkit's are: the changelog's producer with 512 KiB batches, linger 0 and
+    ``acks=all``; RocksDB in raw mode with 2 MiB memtables and bloom filters, one store for
+    every partition with four memtables for each (streamkit: a store per processor, four
+    memtables in each). Not done, which streamkit does: offsets committed to a group (the
+    raw client has none) and a marker closing each checkpoint in the changelog."""
+
+    def __init__(self, producer: Any, topic: str, path: Path, partitions: int) -> None:
         from rocksdict import BlockBasedOptions, Options, Rdict
 
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_write_buffer_size(2 << 20)
-        opts.set_max_write_buffer_number(16)
+        opts.set_max_write_buffer_number(4 * partitions)
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
         opts.set_block_based_table_factory(table)
@@ -64,40 +68,44 @@ class Persisted:
         self.producer, self.topic = producer, topic
         self.changed: dict[int, dict[bytes, list[int]]] = {}
         """Per input partition, the keys changed since the last checkpoint and their state."""
-        self.sent: list[Any] = []
+        self.positions: dict[int, int] = {}
+        """Per input partition, the offset of the next record to read."""
         self.due = time.monotonic() + CHECKPOINT_S
 
     async def checkpoint(self) -> None:
         import orjson
         from rocksdict import WriteBatch
 
-        for delivery in self.sent:
-            await delivery
-        self.sent = []
         batch = WriteBatch(raw_mode=True)
         put, dumps = batch.put, orjson.dumps
+        sent = []
         for partition, keys in self.changed.items():
             records = self.producer.create_batch()
             for key, current in keys.items():
                 value = dumps(current)
                 put(key, value)
                 if records.append(key=key, value=value, timestamp=None) is None:
-                    self.sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+                    sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
                     records = self.producer.create_batch()
                     records.append(key=key, value=value, timestamp=None)
             if records.record_count():
-                self.sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+                sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+        for partition, position in self.positions.items():
+            put(POSITION_KEY + b"%d" % partition, b"%d" % position)
+        for delivery in sent:
+            await delivery
         self.db.write(batch)
         self.changed = {}
         self.due = time.monotonic() + CHECKPOINT_S
 
-    async def close(self) -> None:
-        """The last checkpoint, awaited; the producer stopped and the store closed."""
-        await self.checkpoint()
-        for delivery in self.sent:
-            await delivery
-        await self.producer.stop()
-        self.db.close()
+    async def close(self, last_checkpoint: bool = True) -> None:
+        """The last checkpoint (unless the run failed); the producer stopped, the store closed."""
+        try:
+            if last_checkpoint:
+                await self.checkpoint()
+        finally:
+            await self.producer.stop()
+            self.db.close()
 
     def stored(self) -> Iterator[tuple[int, int]]:
         """Every key's (count, sum) as RocksDB holds them, after :meth:`close`."""
@@ -106,29 +114,48 @@ class Persisted:
 
         db = Rdict(str(self.path), Options(raw_mode=True))
         try:
-            for _, value in db.items():
-                count, total = orjson.loads(value)
-                yield count, total
+            for key, value in db.items():
+                if not key.startswith(POSITION_KEY):
+                    count, total = orjson.loads(value)
+                    yield count, total
         finally:
             db.close()
 
 
+POSITION_KEY = b"\x00position-"
+"""Prefix of a partition's next offset in ``raw-rocksdb``'s store (no input key starts so)."""
+
+CHANGELOG_BATCH_BYTES = 512 << 10
+"""As streamkit's changelog producer's batches."""
+
+
 async def start_persisted(args: Any) -> Persisted:
-    """A :class:`Persisted` writing to a changelog topic created here (a partition per
-    input partition) through a producer of its own, started."""
+    """A :class:`Persisted` writing to a changelog topic of its own, created here (a
+    partition per input partition), through a producer of its own, started."""
+    import uuid
+
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    topic = f"{args.topic}-changelog"
+    topic = f"{args.topic}-changelog-{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, args.partitions, 1)])
+        answer = await admin.create_topics([NewTopic(topic, args.partitions, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all")
+    errors = [(name, code) for name, code, *_ in answer.topic_errors if code]
+    if errors:
+        raise RuntimeError(f"creating the changelog topic {topic}: error codes {errors}")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=args.bootstrap,
+        acks="all",
+        linger_ms=0,
+        max_batch_size=CHANGELOG_BATCH_BYTES,
+        max_request_size=2 * CHANGELOG_BATCH_BYTES,
+    )
     await producer.start()
-    return Persisted(producer, topic, Path(args.workdir) / "state")
+    return Persisted(producer, topic, Path(args.workdir) / "state", args.partitions)
 
 
 async def run(args) -> dict:
@@ -146,6 +173,8 @@ async def run(args) -> dict:
         fetch_max_wait_ms=100,
     )
     await consumer.start()
+    mode = os.environ.get("BENCH_CONTENDER") or "raw"
+    persisted: Persisted | None = None
     try:
         tps = [TopicPartition(args.topic, p) for p in range(args.partitions)]
         consumer.assign(tps)
@@ -155,9 +184,9 @@ async def run(args) -> dict:
         n = 0
         total = 0
         keys: set[bytes] = set()
-        mode = os.environ.get("BENCH_CONTENDER") or "raw"
         state: dict[bytes, list[int]] | None = {} if mode in ("raw-dict", "raw-rocksdb") else None
-        persisted = await start_persisted(args) if mode == "raw-rocksdb" else None
+        if mode == "raw-rocksdb":
+            persisted = await start_persisted(args)
         first = last = None
         while n < target:
             batches = await consumer.getmany(timeout_ms=1000)
@@ -179,6 +208,7 @@ async def run(args) -> dict:
                         total += amount
                         s = state.get(m.key)
                         state[m.key] = changed[m.key] = [1, amount] if s is None else [s[0] + 1, s[1] + amount]
+                    persisted.positions[msgs[0].partition] = msgs[-1].offset + 1
                     if time.monotonic() >= persisted.due:
                         await persisted.checkpoint()
                 else:
@@ -193,10 +223,13 @@ async def run(args) -> dict:
         last = time.time()
         check = {"keys": len(keys) if state is None else len(state), "count": n, "sum": total}
         if persisted is not None:
-            await persisted.close()
-            check = check_totals(persisted.stored())
+            done, persisted = persisted, None
+            await done.close()
+            check = check_totals(done.stored())
         return {"records": n, "first_record_at": first, "last_record_at": last, "check": check}
     finally:
+        if persisted is not None:  # the run failed
+            await persisted.close(last_checkpoint=False)
         await consumer.stop()
 
 
