@@ -3,17 +3,15 @@ workers it wants stay at the last count decided, whatever the newest decision he
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from streamkit.autoscale.gauges import serve_gauges
 from streamkit.autoscale.policy import Decision
+from tests.ports import listen_port
 
 
 def test_the_gauges_serve_the_count_decided_and_the_figures_used() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = listen_port()
     held = Decision(0.0, "hold", 2, 2, "capacity matches the load", {"input/s": 10.0, "lag": 5.0, "busy": 0.5})
     stop = serve_gauges("orders", lambda: held, lambda: 4, port)
     try:

@@ -32,7 +32,7 @@ from streamkit.kafkaio import KafkaIO
 from streamkit.loader import load_app
 from tests.autoscale.test_step_load import _has_job, _topics
 from tests.ops.test_live_scale import Dashboard
-from tests.ops.test_metrics import _free_port
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT
 from tests.runtime.scale_job import ScaleJob
 
@@ -70,7 +70,7 @@ def test_status_the_dashboard_and_the_gauges_show_what_the_autoscaler_decided(
     job = ScaleJob(broker, tmp_path, p0=1, partitions=2)
     asyncio.run(_topics(job))
     job.start_worker()
-    metrics = _free_port()
+    metrics = listen_port()
     options = {"--workers": "gauge", "--min": "2", "--max": "3", "--metrics-port": str(metrics),
                "--interval": "0.5", "--window": "1"}  # fmt: skip
     cmd = [sys.executable, "-m", "streamkit.cli", "autoscale", "tests.runtime.scale_app:app"]

@@ -6,7 +6,6 @@ at /api/status."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from streamkit.layout.protocol import LayoutCoordinator
 from streamkit.testing import produce_json
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT, Job, make_records
 
 APP = "tests.runtime.job_app:app"
@@ -79,7 +79,7 @@ def test_status_json_is_the_running_job(broker: str, tmp_path: Path) -> None:
         produce_json(broker, topic, placed)
         status_json(job, "--wait-caught-up", "90")  # committed; then the workers' next heartbeats say so too
         doc = wait_for(job, lambda d: sum(w["handled"] for w in d["workers"]) >= len(records))
-        port = _free_port()
+        port = listen_port()
         dashboard = subprocess.Popen(
             [sys.executable, "-m", "streamkit.cli", "dashboard", APP, "--port", str(port)],
             cwd=ROOT, env=job.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -151,10 +151,3 @@ def _api_status(port: int, dashboard: subprocess.Popen[bytes], timeout: float = 
         except (urllib.error.URLError, ConnectionError):  # not listening yet, or a look failed (503)
             assert time.monotonic() < deadline, f"the dashboard did not answer on port {port} in {timeout} s"
             time.sleep(0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

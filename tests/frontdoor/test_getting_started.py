@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from examples.order_producer import expected_totals
+from tests.ports import listen_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs/getting-started.md"
@@ -48,12 +48,6 @@ def commands(block: str) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Session:
     """Runs pasted commands as a shell would, in ``cwd``, keeping what they printed."""
 
@@ -61,7 +55,7 @@ class Session:
         self.cwd = cwd
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
         self.env["PYTHONPATH"] = str(ROOT)
-        self.ports = {"9092": str(free_port()), "9500": str(free_port()), "9501": str(free_port())}
+        self.ports = {"9092": str(listen_port()), "9500": str(listen_port()), "9501": str(listen_port())}
         self.background: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.printed: dict[str, str] = {}
 

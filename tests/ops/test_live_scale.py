@@ -24,7 +24,7 @@ import orjson
 from streamkit.kafkaio import KafkaIO
 from streamkit.query import Client, QueryError
 from streamkit.testing import read_topic
-from tests.ops.test_metrics import _free_port
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT
 from tests.runtime.scale_job import KEYS, ScaleJob
 from tests.runtime.test_scaling import start
@@ -93,7 +93,7 @@ class Dashboard:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
-        self.port = _free_port()
+        self.port = listen_port()
         self.server = subprocess.Popen(
             [sys.executable, "-m", "streamkit.cli", "dashboard", "tests.runtime.scale_app:app", "--port",
              str(self.port)],
@@ -152,7 +152,7 @@ def test_a_live_scale_watched_by_queries_metrics_and_the_dashboard(
     # bootstraps and a shrink's staging store read the input (no changelog seed) at a bounded
     # rate: states that last seconds, which every scrape of the metrics can see
     job.env.update(STREAMKIT_CHANGELOG="false", STREAMKIT_BOOTSTRAP_RATE="1000")
-    ports, metric_ports = [_free_port(), _free_port()], [_free_port(), _free_port()]
+    ports, metric_ports = [listen_port(), listen_port()], [listen_port(), listen_port()]
     asker, watcher = Asker(ports), StateWatcher(metric_ports)
     starting, each_port = job.start_worker, iter(zip(ports, metric_ports, strict=True))
 

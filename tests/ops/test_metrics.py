@@ -5,7 +5,6 @@ real broker: records handled, lag, dead letters, checkpoints, processor states."
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -19,14 +18,9 @@ import orjson
 
 from streamkit.ops.metrics import METRICS
 from streamkit.testing import create_topic, produce_json
+from tests.ports import listen_port
 from tests.runtime.jobs import Job, make_records
 from tests.runtime.test_strays import wait_drained
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0, shown: Callable[[], Any] = str) -> Any:
@@ -58,7 +52,7 @@ def test_prometheus_scrapes_a_running_worker(
     prometheus = system_tool("prometheus", "prometheus")
     topic = create_topic(broker, f"metrics-{uuid.uuid4().hex[:8]}", 2)
     job = Job(broker, f"metrics-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 2)
-    metrics, api = _free_port(), _free_port()
+    metrics, api = listen_port(), listen_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"

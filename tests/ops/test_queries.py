@@ -16,7 +16,8 @@ import pytest
 
 from streamkit.query import Client, QueryError
 from streamkit.testing import create_topic, produce_json
-from tests.ops.test_metrics import _free_port, _wait
+from tests.ops.test_metrics import _wait
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT, Job, make_records, reference
 from tests.runtime.test_strays import wait_drained
 
@@ -24,7 +25,7 @@ from tests.runtime.test_strays import wait_drained
 def test_any_worker_answers_for_every_key_from_the_processor_that_owns_it(broker: str, tmp_path: Path) -> None:
     topic = create_topic(broker, f"queries-{uuid.uuid4().hex[:8]}", 2)
     job = Job(broker, f"queries-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 2)
-    ports = [_free_port(), _free_port()]
+    ports = [listen_port(), listen_port()]
     records = make_records(1000, 40)
     expected = reference(records)
     minute = 1_700_000_040_000  # a minute's start: the first half in that window, the second in the next

@@ -19,7 +19,8 @@ import trustme
 
 from streamkit.query import Client, QueryError
 from streamkit.testing import create_topic, produce_json
-from tests.ops.test_metrics import _free_port, _wait
+from tests.ops.test_metrics import _wait
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT, Job, make_records, reference
 
 TOKEN = "s3cret-token"
@@ -62,7 +63,7 @@ def _answers(urls: list[str], keys: list[str], **kw: Any) -> list[tuple[str, str
 def test_query_and_metrics_listen_on_loopback_only_by_default(broker: str, tmp_path: Path) -> None:
     topic = create_topic(broker, f"safe-{uuid.uuid4().hex[:8]}", 1)
     job = Job(broker, f"safe-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
-    query_port, metrics_port = _free_port(), _free_port()
+    query_port, metrics_port = listen_port(), listen_port()
     outside = _outside_address()
     try:
         worker = job.start_worker(STREAMKIT_QUERY_PORT=str(query_port), STREAMKIT_METRICS_PORT=str(metrics_port))
@@ -86,7 +87,7 @@ def test_query_and_metrics_listen_on_loopback_only_by_default(broker: str, tmp_p
 def test_a_query_token_is_needed_by_clients_and_by_forwarding_workers(broker: str, tmp_path: Path) -> None:
     topic = create_topic(broker, f"safe-{uuid.uuid4().hex[:8]}", 2)
     job = Job(broker, f"safe-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 2)
-    ports = [_free_port(), _free_port()]
+    ports = [listen_port(), listen_port()]
     records = make_records(200, 12)
     expected = reference(records)
     keys = sorted(expected)
@@ -132,7 +133,7 @@ def test_queries_over_https_are_checked_against_the_ca(broker: str, tmp_path: Pa
     other_ca.cert_pem.write_to_path(str(wrong_cafile))
     topic = create_topic(broker, f"safe-{uuid.uuid4().hex[:8]}", 1)
     job = Job(broker, f"safe-{uuid.uuid4().hex[:8]}", topic, tmp_path / "state", 1)
-    port = _free_port()
+    port = listen_port()
     tls = {"STREAMKIT_QUERY_TLS_CERTFILE": str(certfile), "STREAMKIT_QUERY_TLS_KEYFILE": str(keyfile)}
 
     def query(*extra: str) -> subprocess.CompletedProcess[str]:  # the URL from the worker's heartbeat

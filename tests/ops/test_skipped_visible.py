@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from streamkit.ops.metrics import Durations, WorkerCollector, WorkerView
 from streamkit.runtime.progress import PROGRESS_TOPIC
 from streamkit.runtime.status import WorkerStatus, parse_status, skipped_counts
 from streamkit.testing import create_topic, produce_json
+from tests.ports import listen_port
 from tests.runtime.jobs import ROOT, Job, make_records, wait_until_committed
 
 
@@ -155,12 +155,6 @@ def test_the_metrics_count_the_skipped_by_reason() -> None:
 # ---------------------------------------------------------------------- a real worker
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _write_garbage_progress(broker: str, group: str) -> int:
     """One record streamkit did not write (not JSON) in the progress log; its offset."""
     async with KafkaIO(broker) as io:
@@ -187,7 +181,7 @@ def test_a_malformed_progress_record_shows_in_status_and_the_metrics(broker: str
     topic = create_topic(broker, f"in-{tag}", 2)
     job = Job(broker, f"skipped-{tag}", topic, tmp_path / "state", 2)
     asyncio.run(_write_garbage_progress(broker, f"streamkit-{job.app}"))
-    metrics = _free_port()
+    metrics = listen_port()
     records = make_records(100, 20)
 
     def status_json() -> dict[str, Any]:
