@@ -162,7 +162,7 @@ async def _run(
                     if v["m"]:
                         to_side.append(now - v["sent"])
 
-    tasks: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[Any]] = []
     try:
         for client in (producer, reader, side):
             if client is not None:
@@ -171,7 +171,7 @@ async def _run(
         tasks.append(asyncio.create_task(read()))
         if side is not None:
             tasks.append(asyncio.create_task(read_beside()))
-        tasks.append(warm := asyncio.create_task(produce(first_output, measured=False)))  # type: ignore[arg-type]
+        tasks.append(warm := asyncio.create_task(produce(first_output, measured=False)))
         async with asyncio.timeout(WARMUP_TIMEOUT):
             await asyncio.shield(first_output.wait())
         await warm
