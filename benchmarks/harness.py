@@ -17,7 +17,7 @@ stamped as streamkit's producer stamps them), then runs each contender as its ow
 (protocol: benchmarks/contenders/__init__.py; one named in its ``VENVS``, pathway, runs
 with the python of a venv of its own, ``.bench/venv-<name>``, made on first use). Per
 contender it measures CPU seconds (user + sys, children included) and peak RSS from
-``os.wait4`` (through a small launcher process, see LAUNCHER), and the broker's CPU
+``os.wait4`` (through a small launcher process, see ``benchmarks.launch``), and the broker's CPU
 seconds during the run; from the contender's RESULT line it computes records/s from
 first to last record (steady) and from process start. Prints a table, the ratios of
 every contender against every other, and writes everything as JSON under .bench/.
@@ -33,275 +33,22 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import INPUTS, REQUIRES, VENVS, checkout_of, module_for
+from benchmarks.availability import ROOT, availability
+from benchmarks.contenders import INPUTS
 from benchmarks.input import InputSpec, expected_check, key_indices, prepare_topic
+from benchmarks.launch import Bench, compare_check, run_contender
 from benchmarks.report import medians, print_medians, print_report
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONTENDERS = "raw,streamkit,streamkit-stamped,quix,faust"
-
-
-# --------------------------------------------------------------------------- availability
-
-
-def availability(name: str, say: Callable[[str], Any] = print) -> str | None:
-    """None if contender ``name`` can run, else the reason it is skipped. A contender
-    with a venv of its own gets it made here when missing (``say`` tells so)."""
-    module = f"benchmarks.contenders.{module_for(name)}"
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:
-        return f"{module}: {exc}"
-    if spec is None:
-        return f"no module {module}"
-    if name in VENVS:  # its packages are in its own venv, not in this interpreter
-        return ensure_venv(name, VENVS[name], say)
-    needs = list(REQUIRES.get(name, ()))
-    if spec.origin and spec.origin.endswith(".py"):
-        # A contender may declare REQUIRES = ("pkg", ...) at module level; read it
-        # without importing the module.
-        import ast
-
-        try:
-            tree = ast.parse(Path(spec.origin).read_text())
-            for node in tree.body:
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets
-                ):
-                    needs += list(ast.literal_eval(node.value))
-        except (OSError, SyntaxError, ValueError):
-            pass
-    for package in needs:
-        if importlib.util.find_spec(package) is None:
-            return f"package {package!r} not installed (pip install -e '.[bench]')"
-    return None
-
-
-def venv_python(name: str) -> Path:
-    """The python of contender ``name``'s own venv (see ``VENVS``)."""
-    return ROOT / ".bench" / f"venv-{name}" / "bin" / "python"
-
-
-def ensure_venv(name: str, requirements: tuple[str, ...], say: Callable[[str], Any] = print) -> str | None:
-    """Make contender ``name``'s venv and install ``requirements`` into it, unless done
-    already (a marker in the venv holds the requirements installed). None when it is
-    ready, else the reason it is not; pip's output goes to ``.bench/venv-<name>.log``."""
-    python = venv_python(name)
-    venv = python.parents[1]
-    marker = venv / ".bench-requirements"
-    wanted = "\n".join(requirements)
-    if python.exists() and marker.exists() and marker.read_text() == wanted:
-        return None
-    log = venv.with_name(venv.name + ".log")
-    say(
-        f"creating {venv.relative_to(ROOT)} for {name} (pip install {' '.join(requirements)}; "
-        f"first use only, about a minute; log: {log.relative_to(ROOT)}) ..."
-    )
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    steps = [] if python.exists() else [[sys.executable, "-m", "venv", str(venv)]]
-    steps.append([str(python), "-m", "pip", "install", "--disable-pip-version-check", *requirements])
-    with open(log, "wb") as out:
-        for cmd in steps:
-            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
-                return f"could not make its venv {venv.relative_to(ROOT)} (log: {log.relative_to(ROOT)})"
-    marker.write_text(wanted)
-    return None
-
-
-# --------------------------------------------------------------------------- running
-
-
-def _cpu_of(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        import psutil
-
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
-    except Exception:  # psutil missing or process gone
-        return None
-
-
-# Started fresh (exec) by the harness, it starts the contender and reports the
-# contender's rusage. Why not wait4 the contender directly: a child's ru_maxrss starts
-# at its parent's RSS high-water mark at fork time (Linux keeps the pre-exec mm's
-# high-water in signal->maxrss across exec), so children of the harness (which holds
-# the input's key list) would all report the harness's RSS as their peak. The launcher
-# is a bare interpreter, smaller than any contender, so max() is the contender's own.
-LAUNCHER = """
-import json, os, subprocess, sys
-usage_path, cmd = sys.argv[1], sys.argv[2:]
-proc = subprocess.Popen(cmd)
-_, status, ru = os.wait4(proc.pid, 0)
-proc.returncode = os.waitstatus_to_exitcode(status)
-with open(usage_path, "w") as fh:
-    json.dump({"utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss,
-               "exit_code": proc.returncode}, fh)
-sys.exit(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
-"""
-
-
-def run_contender(
-    name: str,
-    *,
-    bootstrap: str,
-    topic: str,
-    records: int,
-    partitions: int,
-    session_timeout_ms: int,
-    timeout: float,
-    logdir: Path,
-    broker_pid: int | None,
-    log_name: str | None = None,
-) -> dict[str, Any]:
-    """Run one contender process to completion; its measurements and RESULT. ``log_name``:
-    what its log files are named after (default: the contender)."""
-    module = f"benchmarks.contenders.{module_for(name)}"
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{module_for(name)}-"))
-    checkout = checkout_of(name)
-    cmd = [
-        str(venv_python(name)) if name in VENVS else sys.executable,
-        "-m",
-        module,
-        "--bootstrap",
-        bootstrap,
-        "--topic",
-        topic,
-        "--records",
-        str(records),
-        "--partitions",
-        str(partitions),
-        "--workdir",
-        str(workdir),
-        "--session-timeout-ms",
-        str(session_timeout_ms),
-    ]
-    base = (log_name or name).replace("/", "_")  # (a NAME@DIR contender: its path)
-    out_path, err_path = logdir / f"{base}.stdout", logdir / f"{base}.stderr"
-    load_before = os.getloadavg()[0]
-    broker_cpu_before = _cpu_of(broker_pid)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": name}
-    if checkout is not None:  # its streamkit, stores and assignors, and its contender module
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
-    usage_path = logdir / f"{base}.rusage.json"
-    usage_path.unlink(missing_ok=True)
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        launched = time.time()
-        # The launcher gets its own session (process group); the contender stays in it,
-        # so a timeout kills both with one killpg.
-        proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, str(usage_path), *cmd],
-            cwd=checkout or ROOT,
-            stdout=out,
-            stderr=err,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=timeout + 30)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        ended = time.time()
-    broker_cpu_after = _cpu_of(broker_pid)
-    shutil.rmtree(workdir, ignore_errors=True)
-    try:
-        usage = json.loads(usage_path.read_text())
-    except (OSError, ValueError):
-        usage = {"utime": 0.0, "stime": 0.0, "maxrss_kb": 0, "exit_code": proc.returncode}
-
-    stdout = out_path.read_text(errors="replace")
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    row: dict[str, Any] = {
-        "contender": name,
-        "module": module,
-        "records_requested": records,
-        "topic": topic,
-        "exit_code": usage["exit_code"],
-        "wall_s": ended - launched,
-        "launched_at": launched,
-        "cpu_user_s": usage["utime"],
-        "cpu_sys_s": usage["stime"],
-        "cpu_s": usage["utime"] + usage["stime"],
-        "peak_rss_mb": usage["maxrss_kb"] / 1024.0,  # KiB on Linux
-        "load_avg_1m_before": load_before,
-        "stdout_log": str(out_path),
-        "stderr_log": str(err_path),
-    }
-    if broker_cpu_before is not None and broker_cpu_after is not None:
-        row["broker_cpu_s"] = broker_cpu_after - broker_cpu_before
-    if timed_out:
-        row["status"] = "failed"
-        row["reason"] = f"timed out after {timeout:.0f}s"
-        return row
-    if not lines:
-        row["status"] = "failed"
-        row["reason"] = _failure_reason(err_path, usage["exit_code"])
-        if "ModuleNotFoundError" in row["reason"] or "ImportError" in row["reason"]:
-            row["status"] = "skipped"
-        return row
-    result = json.loads(lines[-1][len("RESULT ") :])
-    row["result"] = result
-    n = result.get("records") or 0
-    first, last, start = (result.get(k) for k in ("first_record_at", "last_record_at", "process_start"))
-    if n and first and last and last > first:
-        row["steady_rps"] = n / (last - first)
-    if n and start and last and last > start:
-        row["from_start_rps"] = n / (last - start)
-        row["startup_s"] = (first - start) if first else None
-    if n:
-        row["cpu_us_per_record"] = row["cpu_s"] / n * 1e6
-    if result.get("error"):
-        row["status"] = "failed"
-        row["reason"] = str(result["error"]).splitlines()[0]
-    elif n != records:
-        row["status"] = "failed"
-        row["reason"] = f"processed {n} of {records} records"
-    elif usage["exit_code"] != 0:
-        row["status"] = "failed"
-        row["reason"] = f"exit code {usage['exit_code']}"
-    else:
-        row["status"] = "ok"
-    return row
-
-
-def _failure_reason(err_path: Path, code: int) -> str:
-    lines = [line.strip() for line in err_path.read_text(errors="replace").splitlines() if line.strip()]
-    tail = lines[-1] if lines else ""
-    return f"no RESULT line (exit code {code}){': ' + tail if tail else ''}"
-
-
-def compare_check(row: dict[str, Any], expected: dict[str, int]) -> None:
-    check = (row.get("result") or {}).get("check")
-    if not isinstance(check, dict):
-        row["check"] = "n/a"
-        return
-    mismatches = {k: (check[k], v) for k, v in expected.items() if k in check and check[k] != v}
-    if mismatches:
-        row["check"] = "MISMATCH " + ", ".join(f"{k}={a} (expected {b})" for k, (a, b) in mismatches.items())
-        if row.get("status") == "ok":
-            row["status"] = "wrong"
-    else:
-        row["check"] = "ok" if any(k in check for k in expected) else "n/a"
 
 
 def _tansu_version(log_path: Path | None) -> str | None:
@@ -312,22 +59,18 @@ def _tansu_version(log_path: Path | None) -> str | None:
     return first.strip() or None
 
 
-# --------------------------------------------------------------------------- main
-
-
 def run_shape(
-    bootstrap: str,
-    broker_pid: int | None,
+    bench: Bench,
     spec: InputSpec,
     runnable: list[str],
     fractions: dict[str, float],
     args: argparse.Namespace,
     run_id: str,
-    logdir: Path,
     console: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Prepare one shape's input and run every contender on it: the result rows and how
     the input was prepared."""
+    bootstrap = bench.bootstrap
     rows: list[dict[str, Any]] = []
     topics: dict[tuple[int, str], str] = {}
     ks = key_indices(spec.records, spec.keys, spec.seed)
@@ -356,14 +99,11 @@ def run_shape(
         console.print(f"running {name} on {size:,} records ...")
         row = run_contender(
             name,
-            bootstrap=bootstrap,
+            bench,
             topic=topics[size, INPUTS.get(name, "plain")],
             records=size,
             partitions=spec.partitions,
-            session_timeout_ms=args.session_timeout_ms,
             timeout=timeout,
-            logdir=logdir,
-            broker_pid=broker_pid,
             log_name=f"{name}-{spec.keys}keys" + (f"-{runs[name]}" if runs[name] > 1 else ""),
         )
         row["run"] = runs[name]
@@ -461,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     with resolve_broker(args.bootstrap) as broker:
-        broker_pid = broker.pid
+        bench = Bench(broker.bootstrap, broker.pid, args.session_timeout_ms, logdir)
         if isinstance(broker, EmbeddedBroker):
             report["broker"] = {"kind": "embedded", "version": _tansu_version(broker.log_path)}
         else:
@@ -470,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for spec in specs:
             rows = [dict(r) for r in skipped]
-            ran, prep = run_shape(
-                broker.bootstrap, broker_pid, spec, runnable * args.repeat, fractions, args, run_id, logdir, console
-            )
+            ran, prep = run_shape(bench, spec, runnable * args.repeat, fractions, args, run_id, console)
             rows += ran
             rows.sort(key=lambda r: names.index(r["contender"]))
             summary = medians(rows)
