@@ -9,6 +9,7 @@ by the Spark backfill, and the CLI. Nothing writes into an App after its module 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,8 +326,8 @@ class App:
     def every(self, seconds: float) -> Callable[[F], F]:
         """Run `fn()` every `seconds` in each worker, or `fn(ctx)` once per hosted processor
         with its tables bound (ctx.processor, ctx.send)."""
-        if seconds <= 0:
-            raise ValueError(f"@app.every needs a positive interval, got {seconds!r}")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"@app.every needs a positive, finite interval in seconds, got {seconds!r}")
 
         def register(fn: F) -> F:
             n = len(inspect.signature(fn).parameters)

@@ -76,10 +76,24 @@ class Connection:
             raise ConfigError(f"{where}: OAUTHBEARER needs a token provider (App(sasl_oauth_token_provider=...))")
         if sasl and self.sasl_mechanism != "OAUTHBEARER" and not (self.sasl_username and self.sasl_password):
             raise ConfigError(f"{where}: SASL {self.sasl_mechanism} needs a username and a password")
+        unused = [name for name in self._unused_by_protocol() if getattr(self, name) is not None]
+        if unused:
+            raise ConfigError(
+                f"{where}: {', '.join(unused)} set, but security protocol {self.security_protocol} does not use "
+                f"{'them' if len(unused) > 1 else 'it'}: set security_protocol (SSL, SASL_PLAINTEXT or SASL_SSL)"
+            )
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"{where}: {name} {path} is not a file")
+
+    def _unused_by_protocol(self) -> tuple[str, ...]:
+        """The settings this connection's protocol would drop: one given that its protocol
+        ignores (TLS files over PLAINTEXT, a SASL login over SSL) is a mistake. (A password
+        alone is not: secrets are often handed to every process of a machine alike.)"""
+        tls = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+        sasl = ("sasl_mechanism", "sasl_username")
+        return (() if self.tls else tls) + (() if self.security_protocol.startswith("SASL_") else sasl)
 
     @property
     def tls(self) -> bool:

@@ -1,8 +1,10 @@
-"""Worker settings: App(...) arguments, overridable by STREAMKIT_* environment variables."""
+"""Worker settings: App(...) arguments, overridable by STREAMKIT_* environment variables,
+and by the command line above both."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="STREAMKIT_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="STREAMKIT_", extra="forbid", allow_inf_nan=False)
 
     broker: str | None = Field(
         None, description="bootstrap address (host:port); None: the client properties file's, else none (refused)"
@@ -71,8 +73,8 @@ class Settings(BaseSettings):
     query_bind: str = Field(
         "127.0.0.1",
         description="the address the queries are served at: 127.0.0.1 (this machine only; workers on other machines "
-        "cannot forward to this one), 0.0.0.0 or :: (every interface) or one of this machine's addresses; "
-        "`streamkit worker --query-bind`",
+        "cannot forward to this one), 0.0.0.0 or :: (every interface) or one of this machine's addresses, which "
+        "needs query_token and query_tls_certfile (refused without them); `streamkit worker --query-bind`",
     )
     query_token: SecretStr | None = Field(
         None,
@@ -276,6 +278,23 @@ class Settings(BaseSettings):
                 f"max_partition_fetch_bytes ({self.max_partition_fetch_bytes}) must be at most fetch_max_bytes "
                 f"({self.fetch_max_bytes})"
             )
+        if self.query_port is not None and not loopback(self.query_bind):
+            missing = [
+                name
+                for name, absent in (
+                    ("query_token", self.query_token is None),
+                    ("query_tls_certfile and query_tls_keyfile", self.query_tls_certfile is None),
+                )
+                if absent
+            ]
+            if missing:
+                raise ValueError(
+                    f"query_bind={self.query_bind!r} serves the tables' state beyond this machine, which needs "
+                    f"{' and '.join(missing)} (every query must carry the token, and the token must not travel in "
+                    "clear); or serve at 127.0.0.1"
+                )
+        if self.query_port is not None and self.query_port == self.metrics_port:
+            raise ValueError(f"query_port and metrics_port are both {self.query_port}: each needs a port of its own")
         return self
 
     @model_validator(mode="after")
@@ -288,6 +307,18 @@ class Settings(BaseSettings):
         return self
 
 
+def loopback(address: str) -> bool:
+    """Whether serving at ``address`` reaches this machine only."""
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: whatever it resolves to may be reached from elsewhere
+        return False
+
+
 LOW_LATENCY: dict[str, Any] = {
     "fetch_max_wait_ms": 5,
     "output_linger_ms": 0.0,
@@ -297,22 +328,51 @@ LOW_LATENCY: dict[str, Any] = {
 """The settings ``latency="low"`` changes, and their values there."""
 
 
+COMMAND_LINE: dict[str, Any] = {}
+"""Settings given on this process's command line (``streamkit worker --query-bind``...):
+the operator's word for this process, so they win over ``App(...)`` arguments as well as
+over ``STREAMKIT_*`` variables."""
+
+
+def given_on_command_line(**values: Any) -> None:
+    """Record the settings this process's command line gives (None: not given)."""
+    COMMAND_LINE.update({name: value for name, value in values.items() if value is not None})
+
+
 def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
-    """``Settings(**given)``, with a validation failure as one line naming each setting,
-    where its value came from (an ``App(...)`` argument or a ``STREAMKIT_*`` variable)
-    and the value."""
+    """``Settings(**given)`` under the command line's settings, with a validation failure
+    as one line naming each setting, where its value came from (a command-line option, an
+    ``App(...)`` argument or a ``STREAMKIT_*`` variable) and the value."""
     from pydantic import ValidationError
 
     from streamkit.errors import ConfigError
 
+    overruled = {name: given[name] for name in COMMAND_LINE if name in given and given[name] != COMMAND_LINE[name]}
+    if overruled:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "app %r: the command line's %s win over the App's %s",
+            app_name,
+            ", ".join(f"{n}={COMMAND_LINE[n]!r}" for n in overruled),
+            ", ".join(f"{n}={v!r}" for n, v in overruled.items()),
+        )
+    given = {**given, **COMMAND_LINE}
+    if mistyped := mistyped_variables(os.environ):
+        raise ConfigError(f"app {app_name!r}: " + "; ".join(mistyped))
     try:
         return Settings(**given)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(x) for x in err["loc"]) or "?"
+            if not err["loc"]:  # a check across settings: its message names them (the input would hold secrets)
+                problems.append(err["msg"].removeprefix("Value error, "))
+                continue
+            field = ".".join(str(x) for x in err["loc"])
             env = f"STREAMKIT_{field.upper()}"
-            if field in given:
+            if field in COMMAND_LINE:
+                where = f"--{field.replace('_', '-')}"
+            elif field in given:
                 where = f"App({app_name!r}, {field}=...)"
             elif env in os.environ:
                 where = f"environment variable {env}"
@@ -321,6 +381,22 @@ def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
             value = err.get("input")
             problems.append(f"{where}: {field}={value!r}: {err['msg']}")
         raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None
+
+
+def mistyped_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``STREAMKIT_*`` variables that are no setting but spell one nearly: each a
+    line naming the setting meant. (A variable far from every setting is left alone:
+    other tools and test harnesses use the prefix too.)"""
+    import difflib
+
+    found = []
+    for variable in sorted(environ):
+        name = variable.upper().removeprefix("STREAMKIT_").lower()
+        if not variable.upper().startswith("STREAMKIT_") or name in Settings.model_fields:
+            continue
+        if meant := difflib.get_close_matches(name, Settings.model_fields, 1, 0.8):
+            found.append(f"environment variable {variable} is no setting: did you mean STREAMKIT_{meant[0].upper()}?")
+    return found
 
 
 CONNECTION_FIELDS = (

@@ -1,11 +1,18 @@
-"""The latency preset: what it fills in, and what it leaves to explicit settings."""
+"""Settings: the latency preset, and what is refused at start in one line."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from streamkit.errors import ConfigError
-from streamkit.settings import LOW_LATENCY, load_settings
+from streamkit.settings import LOW_LATENCY, connection_settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_low_latency_preset_fills_in_what_is_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,3 +56,107 @@ def test_settings_the_runtime_cannot_serve_are_refused_in_one_line(
     with pytest.raises(ConfigError) as err:
         load_settings("a", {})
     assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def _pem(tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    path.write_text("-----BEGIN CERTIFICATE-----\n")  # read at start; loaded when the server starts
+    return str(path)
+
+
+def test_state_served_beyond_this_machine_needs_a_token_and_tls(tmp_path: Path) -> None:
+    wide = {"query_port": 9500, "query_bind": "0.0.0.0", "sasl_password": "hunter2"}
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", wide)
+    said = str(err.value)
+    assert "query_bind='0.0.0.0'" in said and "query_token and query_tls_certfile" in said, said
+    assert "hunter2" not in said and "\n" not in said, said
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {**wide, "query_token": "t"})
+    assert "needs query_tls_certfile and query_tls_keyfile" in str(err.value), str(err.value)
+    tls = {"query_tls_certfile": _pem(tmp_path, "c.pem"), "query_tls_keyfile": _pem(tmp_path, "k.pem")}
+    assert load_settings("a", {**wide, "query_token": "t", **tls}).query_bind == "0.0.0.0"
+    for here in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert load_settings("a", {"query_port": 9500, "query_bind": here}).query_bind == here
+    assert load_settings("a", {"query_bind": "0.0.0.0"}).query_port is None  # nothing served
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"query_port": 9500, "metrics_port": 9500}, "query_port and metrics_port are both 9500"),
+        ({"close_allowance": float("inf")}, "close_allowance=inf: Input should be a finite number"),
+        ({"output_linger_ms": float("nan")}, "output_linger_ms=nan: Input should be a finite number"),
+    ],
+)
+def test_arguments_the_runtime_cannot_serve_are_refused_in_one_line(given: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", given)
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_mistyped_variable_is_refused_naming_the_setting_meant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMKIT_HISTORIES", "3")  # far from every setting: another tool's, left alone
+    assert load_settings("a", {}).commit_interval == 2.0
+    monkeypatch.setenv("STREAMKIT_COMMIT_INTERVALL", "30")
+    monkeypatch.setenv("STREAMKIT_QUERYPORT", "8080")
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {})
+    said = str(err.value)
+    assert "STREAMKIT_COMMIT_INTERVALL is no setting: did you mean STREAMKIT_COMMIT_INTERVAL?" in said, said
+    assert "STREAMKIT_QUERYPORT is no setting: did you mean STREAMKIT_QUERY_PORT?" in said, said
+    assert "\n" not in said
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "u", "sasl_password": "p"}, "sasl_mechanism, "),
+        ({"security_protocol": "SSL", "sasl_mechanism": "PLAIN"}, "sasl_mechanism set, but security protocol SSL"),
+        ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+          "sasl_password": "p", "ssl_cafile": "CA"}, "ssl_cafile set, but security protocol SASL_PLAINTEXT"),
+    ],
+)  # fmt: skip
+def test_security_settings_the_protocol_would_drop_are_refused(
+    tmp_path: Path, given: dict[str, str], says: str
+) -> None:
+    if "ssl_cafile" in given:
+        given = {**given, "ssl_cafile": _pem(tmp_path, "ca.pem")}
+    with pytest.raises(ConfigError) as err:
+        connection_settings(load_settings("a", given), "127.0.0.1:9092")
+    said = str(err.value)
+    assert says in said and "set security_protocol" in said and "\n" not in said, said
+    assert "p'" not in said and "'p" not in said  # no secret
+
+
+def test_the_command_line_wins_over_the_apps_arguments(tmp_path: Path) -> None:
+    """`streamkit worker --query-bind 127.0.0.1` serves at this machine only, whatever the
+    App says: run with no broker, the worker gets as far as asking for one only when the
+    command line's bind was taken over the App's (which alone is refused)."""
+    (tmp_path / "wide_app.py").write_text(
+        "import streamkit\napp = streamkit.App('wide', query_port=9500, query_bind='0.0.0.0')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+
+    def worker(*options: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "streamkit.cli", "worker", "wide_app:app", *options],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        return [line for line in done.stderr.splitlines() if line.startswith("error:")]
+
+    alone = worker()
+    assert len(alone) == 1 and "query_bind='0.0.0.0' serves the tables' state beyond this machine" in alone[0], alone
+    narrowed = worker("--query-bind", "127.0.0.1")
+    assert len(narrowed) == 1 and "no broker" in narrowed[0], narrowed
+
+
+def test_a_timer_needs_a_finite_interval() -> None:
+    import streamkit
+
+    app = streamkit.App("a")
+    for seconds in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive, finite interval"):
+            app.every(seconds)

@@ -80,10 +80,13 @@ def settings_page() -> str:
             "Every setting of a job, generated from `streamkit.settings.Settings` at every build of this "
             "site. Each one is an argument of `streamkit.App(...)` or an environment variable: "
             f'`App("orders", commit_interval=5)` or `{prefix}COMMIT_INTERVAL=5`. An argument given to '
-            "`App` wins over the variable; the variable wins over the default. A bad value stops the "
-            "app with one line naming the setting, where its value came from (the argument or the "
-            "variable) and the value. Below, each setting with its variable, its type, its default "
-            "and its bounds.",
+            "`App` wins over the variable; the variable wins over the default. The few settings the "
+            "command line takes (`streamkit worker --query-port`, `--query-bind`, `--metrics-port`, "
+            "`--metrics-bind`, and the connection options) win over both: they are the operator's word "
+            "for that process. A bad value stops the app with one line naming the setting, where its "
+            "value came from (the option, the argument or the variable) and the value; so does a "
+            f"`{prefix}*` variable that is no setting but nearly spells one (`{prefix}COMMIT_INTERVALL`). "
+            "Below, each setting with its variable, its type, its default and its bounds.",
             "",
             f'`latency="low"` is a preset: it sets {preset} for those of them not given explicitly.',
             "",

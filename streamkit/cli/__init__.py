@@ -21,6 +21,7 @@ from pathlib import Path
 import typer
 
 from streamkit.errors import StreamkitError
+from streamkit.settings import given_on_command_line
 
 __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "error_line", "hoist_connection_options", "main"]
 
@@ -105,8 +106,10 @@ def _root(
         "sasl_mechanism": sasl_mechanism,
         "sasl_username": sasl_username,
     }
-    # Every command (and the app a worker loads) reads its connection from the settings,
-    # so an option here is its STREAMKIT_* variable for this process.
+    # Every command (and the app a worker loads) reads its connection from the settings:
+    # an option here wins over the App's arguments and the STREAMKIT_* variables, and is
+    # the STREAMKIT_* variable of the processes a command starts.
+    given_on_command_line(**{name: str(value) if isinstance(value, Path) else value for name, value in given.items()})
     for name, value in given.items():
         if value is not None:
             os.environ[f"STREAMKIT_{name.upper()}"] = str(value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import signal
 import sys
 
@@ -12,6 +11,7 @@ import typer
 
 from streamkit.app import App
 from streamkit.loader import load_app
+from streamkit.settings import given_on_command_line
 
 
 def worker(
@@ -60,12 +60,10 @@ def worker(
             "worker --processors is now --members (group members in this process); the job's processor "
             "count is App(processors=...) and changes with streamkit scale"
         )
-    for name, port in (("METRICS_PORT", metrics_port), ("QUERY_PORT", query_port)):
-        if port is not None:  # the app's settings read it
-            os.environ[f"STREAMKIT_{name}"] = str(port)
-    for name, bind in (("METRICS_BIND", metrics_bind), ("QUERY_BIND", query_bind)):
-        if bind is not None:
-            os.environ[f"STREAMKIT_{name}"] = bind
+    # the app's settings read them when it is loaded; they win over its App(...) arguments
+    given_on_command_line(
+        metrics_port=metrics_port, query_port=query_port, metrics_bind=metrics_bind, query_bind=query_bind
+    )
     run_app(load_app(app_spec), members, broker=broker, embedded=embedded, log_level=log_level)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -10,7 +11,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -277,12 +278,14 @@ class Worker:
             cert, key = s.query_tls_certfile, s.query_tls_keyfile  # both or neither (the settings say so)
             tls = server_tls(cert, key) if cert and key else None
             token = s.query_token.get_secret_value() if s.query_token else None
-            self._stop_queries = await serve_queries(answers, port, s.query_bind, token=token, ssl_context=tls)
+            with _serving("query", s.query_bind, port):
+                self._stop_queries = await serve_queries(answers, port, s.query_bind, token=token, ssl_context=tls)
             self.query_url = advertised_url(port, s.query_bind, s.query_host, socket.gethostname(), tls is not None)
             log.info("queries of state by key at %s (bound to %s)", self.query_url, s.query_bind)
         if (port := self.app.settings.metrics_port) is not None:
             bind = self.app.settings.metrics_bind
-            self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop(), bind)
+            with _serving("metrics", bind, port):
+                self._stop_metrics = serve_metrics(self.metrics_view, port, asyncio.get_running_loop(), bind)
             log.info("metrics on %s port %d (Prometheus)", bind, port)
 
     async def metrics_view(self) -> WorkerView:
@@ -385,6 +388,17 @@ async def open_global_tables(app: App, io: KafkaIO, registry: LayoutRegistry, in
         stores.close()
         raise
     return stores
+
+
+@contextlib.contextmanager
+def _serving(setting: str, bind: str, port: int) -> Iterator[None]:
+    """A server that cannot listen where the settings say is a configuration error that
+    names them (``setting``: query or metrics)."""
+    try:
+        yield
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        raise ConfigError(f"{setting}_bind={bind!r}, {setting}_port={port}: cannot listen there: {why}") from None
 
 
 def print_tasks() -> None:

@@ -119,7 +119,8 @@ def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_pat
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
-        worker = job.start_worker(STREAMKIT_QUERY_PORT=str(taken.getsockname()[1]))
+        port = taken.getsockname()[1]
+        worker = job.start_worker(STREAMKIT_QUERY_PORT=str(port))
         try:
             worker.wait(60)
         finally:
@@ -127,6 +128,7 @@ def test_a_query_port_in_use_stops_the_worker_with_one_line(broker: str, tmp_pat
     assert worker.returncode not in (0, None), job.log(worker, 2000)
     errors = [line for line in job.log(worker).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "address already in use" in errors[0], job.log(worker, 2000)
+    assert f"query_port={port}: cannot listen there" in errors[0], errors
 
 
 def test_a_worker_that_serves_no_queries_does_not_load_the_http_stack() -> None:
