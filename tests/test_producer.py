@@ -146,6 +146,33 @@ def test_unsent_records_are_placed_again_after_a_change(broker: str) -> None:
     asyncio.run(go())
 
 
+def test_records_waiting_in_an_open_batch_hold_little_more_than_their_bytes(broker: str) -> None:
+    """A record waits in its open batch until it is sent (to be placed again after a
+    layout change). orjson's output pins a buffer of 4 KiB however short it is: kept as
+    it came, 20,000 records of 30 bytes held about 80 MB."""
+    import tracemalloc
+
+    topic = name("prod-held")
+
+    async def go() -> float:
+        async with Producer(broker, client_id="held", config=ProducerConfig(linger_ms=60_000)) as p:
+            await p.send(topic, "k-0", {"n": 0})  # the topic's placement known, its batch open
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                for i in range(1, 20_001):
+                    await p.send(topic, f"k-{i}", {"n": i, "pad": "x" * 8})
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert p.stats["records"] == 20_001 and p._open, "the records wait in open batches"
+            await p.flush()
+        return held / 20_000
+
+    per_record = asyncio.run(go())
+    assert per_record < 1024, f"{per_record:.0f} bytes held per record waiting in an open batch"
+
+
 def test_fence_raise_mode_and_clear(broker: str) -> None:
     topic = name("prod-fence")
 
