@@ -8,7 +8,10 @@ handles, the latest version at or before it. With the inputs merged in time orde
 records of the key come in timestamp order; an order that is itself late still gets
 the customer of its own time. A tombstone (a record without a value) deletes as of its
 timestamp. Versions older than ``history`` before the key's newest are dropped, but
-for the last of them (lookups that far back still get an answer).
+for the last of them (lookups that far back still get an answer). A record that comes
+out of order older than that last one kept would be dropped as soon as it came: it is
+late instead, a dead letter with reason ``late`` naming the table, the key and its
+timestamp (as a stream join's late record is), and the table is left as it was.
 
 The table lives in each processor's store like any other: it is checkpointed, written
 to the changelog, restored, rebuilt and moved with its keys when processors scale. The
@@ -26,6 +29,7 @@ from typing import Any
 from stores.serde import Serde, SerdeError
 from streamkit.tables import Table
 from streamkit.topics import Topic
+from streamkit.windows import LateRecordError
 
 __all__ = ["DEFAULT_HISTORY_SECONDS", "FedTable", "Version", "VersionsSerde", "copartition_problem"]
 
@@ -166,6 +170,8 @@ class FedTable(Table):
         at = len(versions) if not versions or versions[-1][0] <= ts else bisect.bisect_right(versions, ts, key=_ts)
         if at and versions[at - 1][0] == ts:
             versions[at - 1] = (ts, value)  # the same time: the later record replaces it
+        elif self._too_old(versions, at):
+            raise self._late(key, ts, versions[-1][0], getattr(ctx, "stream_time", -1))
         else:
             versions.insert(at, (ts, value))
         keep_from = versions[-1][0] - self.history_ms
@@ -173,6 +179,22 @@ class FedTable(Table):
         if cut > 0:
             del versions[:cut]
         self._backend[key] = versions
+
+    def _too_old(self, versions: list[Version], at: int) -> bool:
+        """Whether a version inserted at ``at`` would be dropped at once: a newer one is
+        older than ``history`` before the key's newest (and kept as the last of those)."""
+        return at < len(versions) and versions[at][0] < versions[-1][0] - self.history_ms
+
+    def _late(self, key: Any, ts: int, newest: int, stream_time: int) -> LateRecordError:
+        """The error of a source record too old for the key's history: no lookup could see
+        its version, so it is late (a dead letter with reason ``late``) rather than kept a
+        moment and dropped without a word."""
+        return LateRecordError(
+            f"table {self.name!r}: a record of {self.source.name!r} for key {key!r} at {ts} ms is older than the "
+            f"key's history keeps (history {self.history_ms / 1000:g} s before its newest version at {newest} ms, "
+            f"and a newer version before that is kept): no lookup could see it, the record is late",
+            self.name, ts, ts, stream_time,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"<FedTable {self.name} from {self.source.name}>"

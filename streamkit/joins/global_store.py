@@ -15,7 +15,10 @@ of the job, or one that cannot be opened as such, is read again from the topic's
 
 Records a lookup cannot use are counted and said in one line per round: keyless ones
 (left out), and values the topic's serde cannot decode (the key is deleted: a lookup
-must not answer a value its topic has replaced). KIP-253's copies (a compacted layout
+must not answer a value its topic has replaced). Records the topic deleted (retention,
+deleted records) between a copy's position and its log start offset are counted too
+(``lost to retention``) and said in one line naming the partition and the offsets; the
+copy reads on from the log start. KIP-253's copies (a compacted layout
 topic's records marked as copies) are skipped as any consumer skips them. A topic that
 was deleted stops the worker with one line; one recreated under the same name (its ends
 below the positions held) is read again from its start.
@@ -57,6 +60,9 @@ MAX_SLOTS = 64
 """Worker processes sharing a state directory, each with its copy, at most."""
 FOLLOW_SECONDS = 0.5
 """How often a worker reads what its global tables' topics gained."""
+LOST_TO_RETENTION = "lost to retention"
+"""The reason in ``stats.skipped`` of the offsets from a copy's position up to the topic's
+log start offset: the topic deleted them before the copy read them."""
 
 
 class GlobalTableError(Exception):
@@ -69,7 +75,10 @@ class GlobalStoreStats:
     """Keys held (exact: counted as records are applied)."""
     applied: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
-    """Records not applied, by reason: ``no key``, ``undecodable``."""
+    """Records not applied, by reason: ``no key``, ``undecodable``, ``lost to retention``
+    (offsets deleted from the topic between the position held and its log start offset:
+    at most that many records); the worker's heartbeat shows them (``streamkit status``,
+    its global tables' "left out")."""
     lag: int = 0
     """Records the topic held beyond the positions at the last read."""
 
@@ -230,7 +239,7 @@ class GlobalStore:
         read = 0
         before = dict(self.stats.skipped)
         for p in range(count):
-            pos = max(self.positions.get(p, 0), starts.get(p, 0))
+            pos = self._read_from(p, starts.get(p, 0))
             while pos < ends[p]:
                 stop = min(pos + READ_CHUNK, ends[p])
                 records, nxt = await io.read(topic, p, pos, stop, hole_wait=ACKED_HOLE_WAIT)
@@ -241,10 +250,28 @@ class GlobalStore:
                 self.stats.lag = sum(behind.values())
                 await asyncio.sleep(0)  # the processors run between two chunks
         for reason, n in self.stats.skipped.items():
-            if n > before.get(reason, 0):
+            if n > before.get(reason, 0) and reason != LOST_TO_RETENTION:  # (said per partition, with its offsets)
                 log.warning("global table %r: %d record(s) of %s %s: %s", self.table.name, n - before.get(reason, 0),
                             topic, "left out" if reason == "no key" else "deleted their key", reason)  # fmt: skip
         return read
+
+    def _read_from(self, partition: int, start: int) -> int:
+        """Where to read ``partition`` from: its position held, or the log start offset
+        ``start`` when the topic no longer holds the records from there. Those records are
+        lost to this copy (their keys keep an older value, or none): said in one line with
+        the offsets and counted in ``stats.skipped``. A partition with no position held has
+        lost nothing: the copy never read it, so it reads whatever the topic holds."""
+        held = self.positions.get(partition)
+        if held is None or held >= start:
+            return max(held or 0, start)
+        skipped = self.stats.skipped
+        skipped[LOST_TO_RETENTION] = skipped.get(LOST_TO_RETENTION, 0) + start - held
+        log.warning(
+            "global table %r: %s[%d] offsets %d..%d were deleted (retention or deleted records) before this copy "
+            "read them: up to %d record(s) skipped, so lookups of their keys may answer an older value, or none",
+            self.table.name, self.table.topic.name, partition, held, start - 1, start - held,
+        )  # fmt: skip
+        return start
 
     async def catch_up(self, io: KafkaIO) -> None:
         started = time.monotonic()

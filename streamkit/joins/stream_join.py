@@ -6,7 +6,9 @@ second of the two is applied (the first waits in a buffer). ``how="left"`` also 
 ``fn(key, left, None, ctx)`` for each left record that never met a right one, and
 ``how="outer"`` the same for right records (``fn(key, None, right, ctx)``), once no
 partner can come any more: when stream time passes the record's time plus ``within``
-plus ``grace`` by ``within`` more (see below). A record whose time plus ``within`` plus
+plus ``grace`` by ``within`` more (see below). Each such call stands alone: one that
+raises is logged (key, side, time) and counted (``StreamJoin.failed_unmatched``), and the
+other records of its bucket are still called. A record whose time plus ``within`` plus
 ``grace`` is behind stream time is late: a dead letter (reason ``late``), or the
 buffer table's ``@app.on_late`` callbacks.
 
@@ -29,6 +31,7 @@ the same in a live run, a restart and a rebuild.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any, Literal
@@ -38,6 +41,8 @@ from streamkit.topics import Topic
 from streamkit.windows import LateRecordError, Tumbling, Window, WindowedTable
 
 __all__ = ["LEFT", "RIGHT", "BufferSerde", "StreamJoin"]
+
+log = logging.getLogger(__name__)
 
 LEFT, RIGHT = 0, 1
 How = Literal["inner", "left", "outer"]
@@ -116,6 +121,9 @@ class StreamJoin:
         )  # fmt: skip
         self.buffer.closes = True
         self.within_ms = self.buffer.window.size_ms  # the buckets' width, rounded as they are
+        self.failed_unmatched = 0
+        """Calls for records that met nobody (``left``, ``outer``) that raised, since the
+        process started: each was said in a line of its own."""
 
     # -- the handlers of the two topics -----------------------------------------------------
     def on_left(self, key: Any, value: Any, ctx: Any) -> None:
@@ -174,10 +182,26 @@ class StreamJoin:
     def on_close(self, key: Any, window: Window, bucket: Bucket | None, ctx: Any) -> None:
         if self.how == "inner" or not bucket:
             return
-        for ts_met_value in bucket[LEFT]:
-            if not ts_met_value[1]:
-                self.fn(key, ts_met_value[2], None, ctx)
-        if self.how == "outer":
-            for ts_met_value in bucket[RIGHT]:
-                if not ts_met_value[1]:
-                    self.fn(key, None, ts_met_value[2], ctx)
+        for side in (LEFT, RIGHT) if self.how == "outer" else (LEFT,):
+            for ts, met, value in bucket[side]:
+                if not met:
+                    self._unmatched(side, key, ts, value, ctx)
+
+    def _unmatched(self, side: int, key: Any, ts: int, value: Any, ctx: Any) -> None:
+        """Call ``fn`` for one record that met nobody. A failure is said on its own, naming
+        the key, the side and the record's time, and counted in ``failed_unmatched``: the
+        input record was applied long ago, so it can no longer be a dead letter as a failed
+        pair call's record is, and the bucket's other records are still called."""
+        try:
+            if side == LEFT:
+                self.fn(key, value, None, ctx)
+            else:
+                self.fn(key, None, value, ctx)
+        except Exception:  # noqa: BLE001 - user code: said and counted, the others still called
+            self.failed_unmatched += 1
+            topic = self.left.name if side == LEFT else self.right.name
+            log.exception(
+                "join %r: the call for the %s record of %s with key %r at %d ms, which met nobody, failed "
+                "(%d such call(s) failed so far)",
+                self.name, "left" if side == LEFT else "right", topic, key, ts, self.failed_unmatched,
+            )  # fmt: skip

@@ -4,8 +4,12 @@ Time is the processor's **stream time**: the largest record timestamp it has app
 (checkpointed with its state, so a restart decides exactly as the first run did; with
 ``close_on="wall"`` the wall clock moves it too). A window accepts records until stream
 time reaches its close time (its end plus ``grace``); a record that joins no open
-window is late. A window is kept for reads until its end plus ``retention``, then
-deleted at a checkpoint. All times are ms since the epoch; the settings are seconds.
+window is late (a dead letter with reason ``late``, or ``@app.on_late``). A record held
+by several windows (hopping, sliding) that comes after some of them closed joins the
+open ones only; the closed ones keep their value without it, and the windows it missed
+are counted (``WindowedTable.missed``) and said in a warning (``streamkit.windows.late``).
+A window is kept for reads until its end plus ``retention``, then deleted at a
+checkpoint. All times are ms since the epoch; the settings are seconds.
 
 The definitions follow Kafka Streams' where it has the kind: ``TimeWindows`` (tumbling,
 hopping: ``[start, start + size)``, start a multiple of the advance), ``SessionWindows``
@@ -149,7 +153,12 @@ class Hopping(Tumbling):
     """Windows of ``size`` seconds starting every ``advance`` seconds (aligned to the
     epoch): a record joins every window ``[start, start + size)`` that holds its
     timestamp, ``size / advance`` of them when ``advance`` divides ``size``.
-    ``Hopping(size, size)`` is ``Tumbling(size)``."""
+    ``Hopping(size, size)`` is ``Tumbling(size)``. A record that comes after the older of
+    those windows closed (stream time past their end plus ``grace``) joins only the ones
+    still open: the closed ones keep their value without it, and the windows it missed are
+    counted in the table's ``missed`` and said in a warning line (at most one per table
+    every few seconds, ``streamkit.windows.late``). It is late (a dead letter with reason
+    ``late``, or ``@app.on_late``) only when all of them have closed."""
 
     advance: float = 0.0
 
@@ -233,7 +242,9 @@ class Sliding(_TimeKind):
     A record joins every window holding it that is still open when it comes, and the
     windows closed before it keep their value: a record whose own window has closed
     still counts in the later ones, and is late only when every window that could hold
-    it has closed (Kafka Streams' rule; ``streamkit.windows.sliding``). Records are kept
+    it has closed (Kafka Streams' rule; ``streamkit.windows.sliding``); the windows it
+    missed are counted in the table's ``missed`` and said in a warning line
+    (``streamkit.windows.late``). Records are kept
     ``retention`` seconds after the last window holding them ends."""
 
     size: float = 0.0

@@ -74,6 +74,21 @@ def add_record(
     return entry, Placed(Window(first, first + kind.size_ms), slot), True
 
 
+def missed_and_joined(kind: Sliding, entry: Mapping[str, Any], timestamp: int, first: int) -> tuple[int, int]:
+    """Of the windows holding a record at ``timestamp`` that joined those starting at
+    ``first`` or later (``entry``: with it added): how many it missed (the window ending
+    with it and the key's others that closed before it, which keep their value) and how
+    many it joined."""
+    closed, joined = {kind.left(timestamp)}, 0
+    for w in set(candidates(kind, entry)):
+        if w.start <= timestamp <= w.end and held(entry, w):
+            if w.start < first:
+                closed.add(w)
+            else:
+                joined += 1
+    return len(closed), joined
+
+
 def _joined(window: Window, t: int, first: int) -> bool:
     """Whether a record at ``t`` that joined the windows starting at ``first`` on joined ``window``."""
     return window.start <= t <= window.end and first <= window.start

@@ -23,8 +23,10 @@ from streamkit.windows.kinds import (
     Sliding,
     Tumbling,
     Window,
+    WindowKind,
     window_closed,
 )
+from streamkit.windows.late import MissedWindows
 
 __all__ = ["BOOK_SLOT", "ENDED", "FULL", "OPEN", "WindowState"]
 
@@ -33,23 +35,48 @@ class WindowState(WindowBook):
     """What a windowed table is bound to while one processor runs: its entries (the
     table protocol, delegated to ``data``), and where records go and windows close."""
 
-    __slots__ = ()
+    __slots__ = ("missed", "_missed_by")
+
+    def __init__(
+        self,
+        name: str,
+        kind: WindowKind,
+        data: Backend,
+        book: Backend | None,
+        index: bool = True,
+        missed: MissedWindows | None = None,
+    ) -> None:
+        """``missed``: where the table counts the windows records came too late for while
+        joining others (its own, shared by its processors: ``WindowedTable.missed``)."""
+        self.missed = missed if missed is not None else MissedWindows(name)
+        self._missed_by: dict[tuple[int, Any], Any] = {}
+        """(id(record), key) -> record whose missed windows were counted this batch."""
+        super().__init__(name, kind, data, book, index)
+
+    def forget_records(self) -> None:
+        super().forget_records()
+        if self._missed_by:
+            self._missed_by.clear()
 
     # -- where a record goes ----------------------------------------------------------------
     def place(self, key: Any, timestamp: int, stream_time: int, record: Any = None) -> list[Window]:
         """The open windows of ``key`` that a record of ``timestamp`` joins (a session: the
         one it created, extended or merged; a count window table: counting the record),
-        booked if the table keeps a book. Raises ``LateRecordError`` if it joins none."""
+        booked if the table keeps a book. Raises ``LateRecordError`` if it joins none; the
+        closed windows of one that joins some are counted in ``missed`` and said
+        (``streamkit.windows.late``)."""
         kind = self.kind
         if isinstance(kind, Tumbling):
-            return self._place_time(key, timestamp, stream_time, kind)
+            return self._place_time(key, timestamp, stream_time, kind, record)
         if isinstance(kind, Session):
             return [self._place_session(key, timestamp, stream_time, kind)]
         if isinstance(kind, Sliding):
-            return [self.place_sliding(key, timestamp, stream_time, kind).window]
+            return [self.place_sliding(key, timestamp, stream_time, kind, record).window]
         return self._place_count(key, record, kind)
 
-    def _place_time(self, key: Any, timestamp: int, stream_time: int, kind: Tumbling) -> list[Window]:
+    def _place_time(
+        self, key: Any, timestamp: int, stream_time: int, kind: Tumbling, record: Any = None
+    ) -> list[Window]:
         size = kind.size_ms
         if kind.advance_ms == size:  # tumbling: one window, by arithmetic
             start = timestamp - timestamp % size
@@ -59,9 +86,11 @@ class WindowState(WindowBook):
         if stream_time >= 0:
             grace = kind.grace_ms
             if windows[0].end + grace <= stream_time:  # (the oldest closes first)
+                held = len(windows)
                 windows = [w for w in windows if w.end + grace > stream_time]
-            if not windows:
-                raise window_closed(self.name, kind, kind.start_of(timestamp), stream_time)
+                if not windows:
+                    raise window_closed(self.name, kind, kind.start_of(timestamp), stream_time)
+                self._count_missed(key, record, held - len(windows), len(windows), timestamp, stream_time, kind.grace)
         if self.book is not None:
             known = self._known
             for w in windows:
@@ -111,11 +140,14 @@ class WindowState(WindowBook):
             self._push(key, window)
         return window
 
-    def place_sliding(self, key: Any, timestamp: int, stream_time: int, kind: Sliding) -> sliding.Placed:
+    def place_sliding(
+        self, key: Any, timestamp: int, stream_time: int, kind: Sliding, record: Any = None
+    ) -> sliding.Placed:
         """The first window the record joins (the one ending with it, when that is open)
         and the slot of its value; its time joins the key's (booked). It joins every window
         holding it that is still open, so it is late only when all have closed
-        (``streamkit.windows.sliding``)."""
+        (``streamkit.windows.sliding``); the ones closed before it are counted in
+        ``missed`` and said."""
         first = sliding.first_open(kind, timestamp, stream_time)
         if first > timestamp:
             raise LateRecordError(
@@ -125,12 +157,26 @@ class WindowState(WindowBook):
             )  # fmt: skip
         assert self.book is not None
         entry, placed, new = sliding.add_record(kind, self.book.get((key, BOOK_SLOT)), timestamp, first)
+        if first > timestamp - kind.size_ms:  # the window ending with it closed: it joined the later ones only
+            missed, joined = sliding.missed_and_joined(kind, entry, timestamp, first)
+            self._count_missed(key, record, missed, joined, timestamp, stream_time, kind.grace)
         if new:
             self.book[(key, BOOK_SLOT)] = entry
             if placed.slot == timestamp:
                 self._push(key, placed.window)
             self._push(key, kind.right(timestamp))
         return placed
+
+    def _count_missed(
+        self, key: Any, record: Any, missed: int, joined: int, timestamp: int, stream_time: int, grace: float
+    ) -> None:
+        """Count (and say) the closed windows a record joined none of: once per record and
+        key, however often a handler places it (``record`` None: every time)."""
+        if record is not None:
+            if self._missed_by.get((id(record), key)) is record:
+                return
+            self._missed_by[(id(record), key)] = record
+        self.missed.count(missed, joined, timestamp, stream_time, grace, record)
 
     def value_of(self, key: Any, window: Window, default: Any = None) -> Any:
         """``window``'s value: its entry, or for a sliding window the ``reduce`` of the values

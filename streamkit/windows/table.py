@@ -18,6 +18,7 @@ from stores.serde import Serde, serde_for
 from streamkit.tables import Table, TableBackend
 from streamkit.windows import sliding
 from streamkit.windows.kinds import Count, Hopping, Session, Sliding, Tumbling, Window, WindowKind, window_closed
+from streamkit.windows.late import MissedWindows
 from streamkit.windows.state import WindowState
 
 _MISSING: Any = object()
@@ -88,6 +89,10 @@ class WindowedTable(Table):
         self._state: WindowState | None = None
         self._stored_key_serde = WindowKeySerde(key_serde)
         self._fast = type(window) is Tumbling  # one window per record, located by arithmetic
+        self.missed = MissedWindows(name)
+        """The records that came too late for some of their windows while joining others
+        (hopping, sliding), and the windows they missed, since the process started
+        (``streamkit.windows.late``): every processor's of this table."""
 
     @property
     def book_name(self) -> str:
@@ -100,7 +105,7 @@ class WindowedTable(Table):
     def state_over(self, data: TableBackend, book: TableBackend | None, index: bool = True) -> WindowState:
         """This table's window state over one processor's backends (``book``: the book's;
         ``index=False``: no close index, for the replay)."""
-        return WindowState(self.name, self.window, data, book if self.needs_book else None, index)
+        return WindowState(self.name, self.window, data, book if self.needs_book else None, index, self.missed)
 
     def bind(self, backend: TableBackend | None, clock: Any = None) -> None:
         """Bind to a processor's ``WindowState`` (None: unbound): entries are read and
@@ -197,7 +202,8 @@ class WindowedTable(Table):
                 f"{self.name}.update(key, fn) (add is for sliding windows)"
             )
         clock = self._clock
-        placed = self._bound().place_sliding(key, clock.timestamp, getattr(clock, "stream_time", -1), self.window)
+        stream_time, record = getattr(clock, "stream_time", -1), getattr(clock, "record", None)
+        placed = self._bound().place_sliding(key, clock.timestamp, stream_time, self.window, record)
         backend = self._backend
         k = (key, placed.slot)  # one entry per slot: the values added there, reduced
         old = backend.get(k, _MISSING)

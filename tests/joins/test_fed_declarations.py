@@ -12,6 +12,8 @@ import streamkit
 from stores.serde import serde_for
 from streamkit.errors import ConfigError
 from streamkit.joins.fed_table import FedTable, VersionsSerde
+from streamkit.testing import TestDriver
+from streamkit.windows import LateRecordError
 
 
 class Backend(dict[Any, Any]):
@@ -68,6 +70,39 @@ def test_versions_older_than_the_history_go_but_the_last_of_them() -> None:
     assert [ts for ts, _ in table.versions("c")] == [15_000, 30_000]  # 20,000 and later, and 15,000 before
     clock.timestamp = 16_000
     assert table.get("c") == {"at": 15_000}
+
+
+def test_a_record_older_than_the_kept_versions_is_late_not_dropped_without_a_word() -> None:
+    table, _ = _bound(history=10.0)
+    for ts in (5_000, 20_000):
+        _feed(table, "c", {"at": ts}, ts)  # 5,000: the last version before 10,000, kept
+    with pytest.raises(LateRecordError, match=r"table 'customers': .* for key 'c' at 1000 ms is older") as late:
+        _feed(table, "c", {"at": 1_000}, 1_000)
+    assert (late.value.table, late.value.start) == ("customers", 1_000)
+    _feed(table, "c", None, 5_000)  # the kept one's own time: it replaces it
+    _feed(table, "c", {"at": 8_000}, 8_000)  # newer than the kept one: kept in its place
+    assert [ts for ts, _ in table.versions("c")] == [8_000, 20_000]
+
+
+def test_a_late_source_record_is_a_dead_letter_and_the_table_stays_as_it_was() -> None:
+    app = streamkit.App("fed-late")
+    customers = app.table("customers", source="customers", history=10.0)
+    seen: list[int] = []
+
+    @app.processor("customers")
+    def mine(key: Any, value: Any, ctx: Any) -> None:
+        seen.append(ctx.timestamp)
+
+    with TestDriver(app) as driver:
+        for at in (5, 20):
+            driver.send("customers", "c", {"at": at}, timestamp=at)
+        driver.send("customers", "c", {"at": 1}, timestamp=1)  # before the kept 5 s: no lookup could see it
+        [dead] = driver.dead_letters()
+        assert (dead.reason, dead.topic, dead.offset, dead.handler) == ("late", "customers", 2, "FedTable.feed")
+        assert "table 'customers'" in dead.error and "key 'c' at 1000 ms" in dead.error
+        assert driver.table("customers") == {"c": [(5_000, {"at": 5}), (20_000, {"at": 20})]}
+        assert seen == [5_000, 20_000, 1_000]  # the app's own handlers of the topic still run
+    assert isinstance(customers, FedTable)
 
 
 def test_the_versions_serde_round_trips_tombstones_and_any_inner_serde() -> None:

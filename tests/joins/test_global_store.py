@@ -1,10 +1,12 @@
 """A global table's store against the real broker: read in chunks, its positions kept,
-a topic deleted (one line) or recreated under the same name (read again), and one whose
-partition count changed (refused: one line)."""
+a topic deleted (one line) or recreated under the same name (read again), one whose
+partition count changed (refused: one line), and records the topic deleted before the
+store read them (counted, and one line naming the partition and the offsets)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
 
@@ -65,5 +67,52 @@ def test_a_store_reads_in_chunks_keeps_its_positions_and_follows_a_recreated_top
                     await admin.close()
             finally:
                 again.close()
+
+    asyncio.run(scenario())
+
+
+def test_records_the_topic_deleted_before_the_store_read_them_are_counted_and_said(
+    broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log start offset is simulated: the test broker has no retention, and it closes
+    the connection on DeleteRecords (which it lists among its APIs)."""
+    topic = f"ref-{uuid.uuid4().hex[:8]}"
+    app = streamkit.App("store-retention")
+    table = app.global_table("ref", source=topic)
+
+    async def scenario() -> None:
+        async with KafkaIO(broker) as io:
+            await io.create_topic(topic, 2)
+            await aproduce_json(broker, topic, [(f"k{i}", {"v": i}, i % 2) for i in range(10)])  # 5 a partition
+            stores = GlobalStores([table], tmp_path / "read")
+            try:
+                await stores.catch_up(io)
+                assert stores.stores[0].positions == {0: 5, 1: 5}
+                await aproduce_json(broker, topic, [(f"k{i}", {"v": i}, i % 2) for i in range(10, 20)])
+                real = io.log_start_offsets
+
+                async def retained(t: str, parts: list[int]) -> dict[int, int]:  # offsets 0..7 of partition 0 gone
+                    return {p: 8 if p == 0 else start for p, start in (await real(t, parts)).items()}
+
+                monkeypatch.setattr(io, "log_start_offsets", retained)
+                with caplog.at_level(logging.WARNING, logger="streamkit.joins.global_store"):
+                    assert await stores.stores[0].read_on(io) == 2 + 5  # partition 0 from offset 8 on, 1 from 5
+                assert [table.get(f"k{i}") for i in (10, 12, 14, 16, 18)] == [None, None, None, {"v": 16}, {"v": 18}]
+                assert len(table) == 10 + 2 + 5 and stores.stores[0].positions == {0: 10, 1: 10}
+                assert stores.status()["ref"]["skipped"] == {"lost to retention": 3}  # what the heartbeat shows
+                [said] = [r.getMessage() for r in caplog.records]
+                assert f"global table 'ref': {topic}[0] offsets 5..7 were deleted" in said
+                assert "up to 3 record(s) skipped" in said
+            finally:
+                stores.close()
+            caplog.clear()
+            fresh = GlobalStores([table], tmp_path / "fresh")  # a copy that never read the topic lost nothing
+            try:
+                with caplog.at_level(logging.WARNING, logger="streamkit.joins.global_store"):
+                    await fresh.catch_up(io)
+                assert fresh.status()["ref"]["skipped"] == {} and caplog.records == []
+                assert len(table) == 2 + 10
+            finally:
+                fresh.close()
 
     asyncio.run(scenario())

@@ -1,18 +1,21 @@
 """Corners of windows a review found: a count table counted once per record whatever
 calls it, a record that fails to decode in a key-concurrent route does not hold closes
-back, and the offline replay (the Spark backfill's) runs session and count tables."""
+back, the offline replay (the Spark backfill's) runs session and count tables, and a
+record late for some of its hopping or sliding windows is not lost silently for them."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
+import pytest
 
 import streamkit
 from streamkit.replay import Replayer
 from streamkit.testing import TestDriver
-from streamkit.windows import Count, Session, Sliding, Tumbling
+from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling, late
 
 
 def test_a_count_table_counts_each_record_once_for_every_handler_and_call() -> None:
@@ -156,3 +159,60 @@ def test_a_sliding_table_keeps_a_record_while_a_record_on_time_can_share_a_windo
         driver.checkpoint()  # (expiry runs at checkpoints)
         driver.send("events", "k", {}, timestamp=8.0)  # on time (8 + 5 > 12): 7 s after the first
         assert driver.windows("last_10s")[("k", -2_000)] == 2  # [-2, 8] s holds both
+
+
+def test_a_record_late_for_some_hopping_windows_joins_the_others_and_the_missed_ones_are_counted_and_said(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = streamkit.App("partly-late")
+    events = app.topic("events")
+    per = app.table("per", default=int, window=Hopping(10, 5))  # windows [0, 10), [5, 15), [10, 20), ...
+
+    @app.processor(events)
+    def count(key: str, value: Any, ctx: streamkit.Context) -> None:
+        per.update(key, lambda n: n + 1)
+
+    @app.processor(events)
+    def again(key: str, value: Any, ctx: streamkit.Context) -> None:
+        per.update(key, lambda n: n + 10)  # the same record placed again: its missed windows count once
+
+    with TestDriver(app) as driver, caplog.at_level(logging.WARNING, logger="streamkit.windows.late"):
+        driver.send("events", "k", {}, timestamp=20)  # stream time 20 s: [10, 20) closed, [15, 25) open
+        driver.send("events", "k", {}, timestamp=17)  # joins [15, 25) only, misses [10, 20)
+        assert driver.windows("per") == {("k", 15_000): 22, ("k", 20_000): 11}
+        assert (per.missed.records, per.missed.windows) == (1, 1)
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1
+        assert "table 'per'" in said[0] and "events[0]@1 at 17000 ms" in said[0]
+        assert "too late for 1 of its windows" in said[0] and "joined only the 1 still open" in said[0]
+        driver.send("events", "k", {}, timestamp=16)  # the same again: counted, not said (one line per SAY_EVERY)
+        assert (per.missed.records, per.missed.windows) == (2, 2) and len(caplog.records) == 1
+        monkeypatch.setattr(late, "SAY_EVERY", 0.0)
+        driver.send("events", "k", {}, timestamp=19)
+        assert (per.missed.records, per.missed.windows) == (3, 3) and len(caplog.records) == 2
+        assert "1 more such record(s) since the last line" in caplog.records[-1].getMessage()
+        driver.send("events", "k", {}, timestamp=9)  # every window holding it closed: late, a dead letter
+        assert [d.reason for d in driver.dead_letters()] == ["late"]
+        assert per.missed.records == 3
+
+
+def test_a_record_late_for_its_own_sliding_window_joins_the_later_ones_and_the_missed_ones_are_counted_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = streamkit.App("partly-late-sliding")
+    events = app.topic("events")
+    within = app.table("within", window=Sliding(10))
+
+    @app.processor(events)
+    def add(key: str, value: Any, ctx: streamkit.Context) -> None:
+        within.add(key, 1)
+
+    with TestDriver(app) as driver, caplog.at_level(logging.WARNING, logger="streamkit.windows.late"):
+        driver.send("events", "k", {}, timestamp=0)
+        driver.send("events", "k", {}, timestamp=20)  # stream time 20 s: windows ending before 20 s closed
+        driver.send("events", "k", {}, timestamp=12)  # [2, 12] closed; joins [10, 20], still open
+        assert driver.windows("within")[("k", 10_000)] == 2
+        assert (within.missed.records, within.missed.windows) == (1, 1)
+        [said] = [r.getMessage() for r in caplog.records]
+        assert "table 'within'" in said and "at 12000 ms" in said and "too late for 1 of its windows" in said
+        assert driver.dead_letters() == []
