@@ -101,12 +101,16 @@ def skipped_line(shown: StatusView) -> str | None:
     purpose: 2 malformed (__streamkit_progress 2), 5 copies (orders/0 3, orders/1 2)"."""
     parts = []
     labels = (("malformed", "malformed", "malformed"), ("copies", "copy", "copies"),
-              ("duplicate_strays", "duplicate stray", "duplicate strays"))  # fmt: skip
+              ("duplicate_strays", "duplicate stray", "duplicate strays"),
+              ("missed_windows", "closed window missed by a late record", "closed windows missed by late records"),
+              ("failed_unmatched", "failed join call for a record that met nobody",
+               "failed join calls for records that met nobody"))  # fmt: skip
+    named = ("malformed", "missed_windows", "failed_unmatched")  # per topic, table or join: few, all named
     for kind, one, many in labels:
         counts = {where: n for where, n in shown.skipped.get(kind, {}).items() if n}
         if not counts:
             continue
-        if kind == "malformed" or len(counts) <= SKIPPED_PARTITIONS_NAMED:
+        if kind in named or len(counts) <= SKIPPED_PARTITIONS_NAMED:
             where = ", ".join(f"{escape(w)} {n:,}" for w, n in sorted(counts.items()))
         else:
             where = f"in {len(counts)} partitions"

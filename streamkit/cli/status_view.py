@@ -195,7 +195,10 @@ class StatusView:
       from every worker's last heartbeat: ``malformed`` (records of an internal topic that
       did not decode, per topic: the most any worker skipped, as every worker reads the same
       records), ``copies`` (copies for compaction) and ``duplicate_strays`` (second copies of
-      forwarded strays), both per "topic/partition", summed over the workers.
+      forwarded strays), both per "topic/partition", summed over the workers; and what
+      records missed: ``missed_windows`` (closed windows late records did not join, per
+      windowed table) and ``failed_unmatched`` (failed join calls for records that met
+      nobody, per join), summed over the workers.
     - ``autoscale``: the autoscaler's view (``streamkit.autoscale.journal.autoscale_view``:
       ``controller``, ``running``, ``at``, ``inputs``, ``decision``, ``decisions``,
       ``history``), null when none decided in the last 10 minutes.
@@ -223,7 +226,7 @@ class StatusView:
     standbys_short: dict[int, int] = field(default_factory=dict)
     """Per processor with fewer standbys than ``standby_replicas``: how many it has."""
     skipped: dict[str, dict[str, int]] = field(default_factory=lambda: {kind: {} for kind in SKIPPED_KINDS})
-    """Records skipped on purpose, per kind (``malformed``, ``copies``, ``duplicate_strays``)."""
+    """Records skipped on purpose, per kind (``SKIPPED_KINDS``)."""
     autoscale: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -147,6 +147,10 @@ METRICS: dict[str, str] = {
     "streamkit_records_skipped_total": "records skipped on purpose: malformed (a record of an internal topic "
     "that did not decode, per topic), copy (a copy for compaction, per partition), duplicate-stray (a second copy "
     "of a forwarded stray, per partition)",
+    "streamkit_windows_missed_total": "closed windows that records late for them did not join while joining the "
+    "open ones (hopping, sliding), per windowed table",
+    "streamkit_join_unmatched_failures_total": "calls of a left or outer join for a record that met nobody that "
+    "raised, per join (each logged)",
     "streamkit_partition_position": "the next offset a processor applies, per partition",
     "streamkit_partition_high_watermark": "the partition's high watermark as the consumer last saw it",
     "streamkit_partition_lag": "records between a processor's position and the high watermark",
@@ -204,6 +208,14 @@ class WorkerCollector(Collector):
                 fam.add_metric([*base, what], n)
             yield fam
         yield self._skipped(v, base, labels)
+        for name, kind, label in (
+            ("streamkit_windows_missed_total", "missed_windows", "table"),
+            ("streamkit_join_unmatched_failures_total", "failed_unmatched", "join"),
+        ):
+            fam = _fam(CounterMetricFamily, name, [*labels, label])
+            for what, n in sorted(v.skipped.get(kind, {}).items()):
+                fam.add_metric([*base, what], n)
+            yield fam
         part_labels = [*labels, "topic", "partition", "processor"]
         position = _fam(GaugeMetricFamily, "streamkit_partition_position", part_labels)
         high = _fam(GaugeMetricFamily, "streamkit_partition_high_watermark", part_labels)

@@ -106,14 +106,18 @@ class SkipCounts(Protocol):
     def duplicate_strays_by(self) -> Counter[TopicPartition]: ...
 
 
-SKIPPED_KINDS = ("malformed", "copies", "duplicate_strays")
-"""The kinds of records a worker skips on purpose, as its heartbeat names them."""
+SKIPPED_KINDS = ("malformed", "copies", "duplicate_strays", "missed_windows", "failed_unmatched")
+"""The kinds of records a worker skips on purpose, as its heartbeat names them, and of
+what records missed: closed windows a late record did not join (per windowed table),
+calls of a left or outer join for a record that met nobody that failed (per join)."""
 
 
-def skipped_counts(admissions: Iterable[SkipCounts]) -> dict[str, dict[str, int]]:
+def skipped_counts(admissions: Iterable[SkipCounts], app: Any = None) -> dict[str, dict[str, int]]:
     """What a worker skipped on purpose, for its heartbeat and metrics: records of internal
     topics that did not decode (this process's, per topic), copies for compaction and second
-    copies of forwarded strays (its members', per "topic/partition"); kinds with none left out."""
+    copies of forwarded strays (its members', per "topic/partition"); and what ``app``'s
+    records missed (this process's): closed windows, per windowed table, and failed calls
+    for records that met nobody, per join. Kinds with none left out."""
     copies: Counter[str] = Counter()
     duplicates: Counter[str] = Counter()
     for admission in admissions:
@@ -121,7 +125,15 @@ def skipped_counts(admissions: Iterable[SkipCounts]) -> dict[str, dict[str, int]
             copies[f"{tp.topic}/{tp.partition}"] += n
         for tp, n in admission.duplicate_strays_by.items():
             duplicates[f"{tp.topic}/{tp.partition}"] += n
-    kinds = {"malformed": malformed_counts(), "copies": dict(copies), "duplicate_strays": dict(duplicates)}
+    tables = app.tables.values() if app is not None else ()
+    joins = app.joins.values() if app is not None else ()
+    kinds = {
+        "malformed": malformed_counts(),
+        "copies": dict(copies),
+        "duplicate_strays": dict(duplicates),
+        "missed_windows": {t.name: t.missed.windows for t in tables if getattr(t, "missed", None) and t.missed.windows},
+        "failed_unmatched": {j.name: j.failed_unmatched for j in joins if j.failed_unmatched},
+    }
     return {kind: dict(sorted(c.items())) for kind, c in kinds.items() if any(c.values())}
 
 

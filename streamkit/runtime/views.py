@@ -82,7 +82,7 @@ def worker_view(app: str, worker: str, members: Sequence[GroupMember], output: O
         },
         merge_held=held,
         merge_long_waits=sum(m.tasks.long_waits() for m in members),
-        skipped=skipped_counts(m.admission for m in members),
+        skipped=skipped_counts((m.admission for m in members), members[0].app if members else None),
     )
 
 
@@ -126,5 +126,5 @@ def worker_status(
         ic_ranges=ic_counts(processors),
         changelog=changelog_positions(processors),
         standbys={pid: dict(v) for pid, v in (standbys or {}).items()},
-        skipped=skipped_counts(m.admission for m in members),
+        skipped=skipped_counts((m.admission for m in members), members[0].app if members else None),
     )

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import streamkit
 from streamkit.broker import EmbeddedBroker
 from streamkit.cli.status import skipped_line
 from streamkit.cli.status_view import StatusView, skipped
@@ -28,8 +29,9 @@ from streamkit.internal_records import Malformed
 from streamkit.kafkaio import KafkaIO
 from streamkit.ops.metrics import Durations, WorkerCollector, WorkerView
 from streamkit.runtime.progress import PROGRESS_TOPIC
-from streamkit.runtime.status import WorkerStatus, parse_status, skipped_counts
+from streamkit.runtime.status import SKIPPED_KINDS, WorkerStatus, parse_status, skipped_counts
 from streamkit.testing import create_topic, produce_json
+from streamkit.windows import Hopping
 from tests.ports import listen_port
 from tests.runtime.jobs import ROOT, Job, make_records, wait_until_committed
 
@@ -101,6 +103,8 @@ def test_status_shows_the_skipped_in_one_short_line_and_in_json() -> None:
         "malformed": {PROGRESS_TOPIC: 2},
         "copies": {"orders/0": 3, "orders/1": 3},
         "duplicate_strays": {"orders/2": 1},
+        "missed_windows": {},
+        "failed_unmatched": {},
     }
     shown = StatusView("app", "g", "dl", 0.0, skipped=together)
     assert shown.as_dict()["skipped"] == together
@@ -115,7 +119,51 @@ def test_status_shows_the_skipped_in_one_short_line_and_in_json() -> None:
     )
     nothing = StatusView("app", "g", "dl", 0.0)
     assert skipped_line(nothing) is None
-    assert nothing.as_dict()["skipped"] == {"malformed": {}, "copies": {}, "duplicate_strays": {}}
+    assert nothing.as_dict()["skipped"] == {kind: {} for kind in SKIPPED_KINDS}
+
+
+def _app_with_misses() -> streamkit.App:
+    """An app with a hopping table and an outer join, each having counted what records
+    missed (the windows and joins count them as they run: tests/windows, tests/joins)."""
+    app = streamkit.App("misses")
+    views, clicks = app.topic("views"), app.topic("clicks")
+    per_minute = app.table("per_minute", window=Hopping(60, 20), default=int)
+    app.table("totals", default=int)
+
+    @app.join(views, clicks, within=5, how="outer")
+    def seen(user: str, view: Any, click: Any, ctx: streamkit.Context) -> None: ...
+
+    per_minute.missed.windows = 3
+    app.joins["seen"].failed_unmatched = 2
+    return app
+
+
+def test_what_records_missed_shows_in_the_heartbeat_status_and_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("streamkit.runtime.status.malformed_counts", lambda: {})
+    counts = skipped_counts([_Admission({}, {})], _app_with_misses())
+    assert counts == {"missed_windows": {"per_minute": 3}, "failed_unmatched": {"seen": 2}}
+    assert skipped_counts([_Admission({}, {})], streamkit.App("none")) == {}
+    beat = _status(skipped=counts)
+    assert parse_status(beat.encode()) == beat
+    shown = StatusView("app", "g", "dl", 0.0, skipped=skipped([beat, beat]))
+    assert skipped_line(shown) == (
+        "skipped on purpose: 6 closed windows missed by late records (per_minute 6), "
+        "4 failed join calls for records that met nobody (seen 4)"
+    )
+    v = WorkerView("app", "w1", {}, {}, {}, {}, [], {}, [], {}, 0, 0, Durations(), Durations(), skipped=counts)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(lambda: v))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in fam.samples
+    }
+
+    def labelled(**labels: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({"app": "app", "worker": "w1", **labels}.items()))
+
+    assert samples[("streamkit_windows_missed_total", labelled(table="per_minute"))] == 3
+    assert samples[("streamkit_join_unmatched_failures_total", labelled(join="seen"))] == 2
 
 
 def test_the_admission_counts_second_copies_of_forwarded_strays_per_partition() -> None:
@@ -203,7 +251,7 @@ def test_a_malformed_progress_record_shows_in_status_and_the_metrics(broker: str
         wait_until_committed(job, 2, len(records), timeout=60)
         doc = _wait("the malformed record in status --json", lambda: (d := status_json())["skipped"]["malformed"] and d)
         assert doc["skipped"]["malformed"].get(PROGRESS_TOPIC, 0) >= 1, doc["skipped"]
-        assert set(doc["skipped"]) == {"malformed", "copies", "duplicate_strays"}
+        assert set(doc["skipped"]) == set(SKIPPED_KINDS)
         samples = _skipped_samples(scrape())
         assert any(k[1:] == ("malformed", PROGRESS_TOPIC, "") and n >= 1 for k, n in samples.items()), samples
         table = subprocess.run(
