@@ -32,6 +32,7 @@ the same in a live run, a restart and a rebuild.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from collections.abc import Callable
 from typing import Any, Literal
@@ -99,9 +100,9 @@ class StreamJoin:
     def __init__(
         self, name: str, left: Topic, right: Topic, fn: Callable[..., Any], *, within: float, grace: float, how: How
     ) -> None:
-        if within <= 0:
-            raise ValueError(f"join {name!r}: within must be > 0 seconds, got {within!r}")
-        if grace < 0:
+        if not (math.isfinite(within) and within >= 0.0005):  # its buckets are whole ms
+            raise ValueError(f"join {name!r}: within must be at least 0.001 seconds, got {within!r}")
+        if not (math.isfinite(grace) and grace >= 0):
             raise ValueError(f"join {name!r}: grace must be >= 0 seconds, got {grace!r}")
         if how not in ("inner", "left", "outer"):
             raise ValueError(f"join {name!r}: how must be 'inner', 'left' or 'outer', got {how!r}")

@@ -21,6 +21,7 @@ are quixstreams' (a key's n records, optionally hopping by ``step`` records).
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,6 +76,15 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
+def _length_ms(seconds: float, what: str) -> int:
+    """A window's length in ms, refused when the runtime cannot serve it: windows are
+    placed in whole ms, so one shorter than 1 ms would be none (and NaN or infinity no
+    length at all)."""
+    if not math.isfinite(seconds) or _ms(seconds) < 1:
+        raise ValueError(f"{what} must be at least 0.001 seconds (windows are placed in whole ms), got {seconds!r}")
+    return _ms(seconds)
+
+
 @dataclass(frozen=True)
 class _TimeKind:
     """What every kind has: ``grace`` and ``retention`` (seconds)."""
@@ -84,8 +94,10 @@ class _TimeKind:
 
     def _check(self, name: str) -> None:
         """Refuse what cannot be served; then keep the settings in ms (read per record)."""
-        if self.grace < 0:
+        if not (math.isfinite(self.grace) and self.grace >= 0):
             raise ValueError(f"{name} window grace must be >= 0 seconds, got {self.grace!r}")
+        if math.isnan(self.retention):
+            raise ValueError(f"{name} window retention must be a number of seconds, got {self.retention!r}")
         if self.retention < self.grace:
             raise ValueError(
                 f"{name} window retention ({self.retention!r} s) must be at least its grace ({self.grace!r} s): "
@@ -121,8 +133,9 @@ class Tumbling(_TimeKind):
         if self.size <= 0:
             raise ValueError(f"Tumbling window size must be > 0 seconds, got {self.size!r}")
         self._check(type(self).__name__)
-        object.__setattr__(self, "size_ms", _ms(self.size))
-        object.__setattr__(self, "advance_ms", _ms(getattr(self, "advance", 0.0) or self.size))
+        object.__setattr__(self, "size_ms", _length_ms(self.size, f"{type(self).__name__} window size"))
+        advance = getattr(self, "advance", 0.0) or self.size
+        object.__setattr__(self, "advance_ms", _length_ms(advance, f"{type(self).__name__} window advance"))
 
     size_ms: int = field(default=0, init=False, repr=False, compare=False)
     advance_ms: int = field(default=0, init=False, repr=False, compare=False)
@@ -212,7 +225,7 @@ class Session(_TimeKind):
         if not callable(merge):
             raise TypeError(f"Session window merge must be a function (older, newer) -> merged, got {merge!r}")
         self._check("Session")
-        object.__setattr__(self, "gap_ms", _ms(gap))
+        object.__setattr__(self, "gap_ms", _length_ms(gap, "Session window gap"))
 
     gap_ms: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -266,7 +279,7 @@ class Sliding(_TimeKind):
         if not callable(reduce):
             raise TypeError(f"Sliding window reduce must be a function (older, newer) -> combined, got {reduce!r}")
         self._check("Sliding")
-        object.__setattr__(self, "size_ms", _ms(size))
+        object.__setattr__(self, "size_ms", _length_ms(size, "Sliding window size"))
 
     size_ms: int = field(default=0, init=False, repr=False, compare=False)
 

@@ -203,8 +203,11 @@ def test_join_declarations_refuse_what_cannot_be_served() -> None:
     app = streamkit.App("join-decl")
     with pytest.raises(ValueError, match="encode keys differently"):
         app.join(app.topic("a", key_serde="int"), app.topic("b"), within=5)(lambda k, lv, rv, c: None)
-    with pytest.raises(ValueError, match="within must be > 0"):
-        app.join("a2", "b2", within=0)(lambda k, lv, rv, c: None)
+    for within in (0, 0.0004, float("nan"), float("inf")):  # its buckets are whole ms
+        with pytest.raises(ValueError, match="within must be at least 0.001 seconds"):
+            app.join("a2", "b2", within=within)(lambda k, lv, rv, c: None)
+    with pytest.raises(ValueError, match="grace must be >= 0"):
+        app.join("a2", "b2", within=1, grace=float("nan"))(lambda k, lv, rv, c: None)
     with pytest.raises(ValueError, match="how must be"):
         app.join("a2", "b2", within=1, how="cross")(lambda k, lv, rv, c: None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="plain function"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 import streamkit
@@ -23,6 +25,26 @@ def test_settings_are_checked_with_a_line_that_names_them() -> None:
         Sliding(0)
     with pytest.raises(TypeError, match="reduce must be a function"):
         Sliding(5, reduce=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("declare", "says"),
+    [
+        (lambda: Tumbling(0.0004), "Tumbling window size must be at least 0.001 seconds"),
+        (lambda: Hopping(1, 0.0004), "Hopping window advance must be at least 0.001 seconds"),
+        (lambda: Sliding(0.0004), "Sliding window size must be at least 0.001 seconds"),
+        (lambda: Session(0.0004), "Session window gap must be at least 0.001 seconds"),
+        (lambda: Tumbling(float("nan")), "Tumbling window size must be at least 0.001 seconds"),
+        (lambda: Tumbling(float("inf")), "Tumbling window size must be at least 0.001 seconds"),
+        (lambda: Tumbling(60, grace=float("nan")), "grace must be >= 0 seconds"),
+        (lambda: Tumbling(60, retention=float("nan")), "retention must be a number of seconds"),
+    ],
+)
+def test_lengths_the_runtime_cannot_place_are_refused(declare: Callable[[], object], says: str) -> None:
+    """Windows are placed in whole ms: one shorter than 1 ms would divide by zero at its
+    first record, so it is refused where it is declared."""
+    with pytest.raises(ValueError, match=says):
+        declare()
     with pytest.raises(
         TypeError, match="table 'w': window must be Tumbling, Hopping, Sliding, Session or Count, got 60"
     ):
