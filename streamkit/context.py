@@ -52,6 +52,12 @@ class Context:
         not close)."""
 
     @property
+    def replaying(self) -> bool:
+        """Whether the record is handled again (a rebuild of a processor's state, a replay):
+        its output and what it missed were sent and said when it was first handled."""
+        return self._outbox.suppress
+
+    @property
     def topic(self) -> str:
         return self._rec.topic
 

@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     )
     query_token: SecretStr | None = Field(
         None,
+        min_length=1,
         description="when set, every query (forwarded ones between workers included) must carry "
         "the header `Authorization: Bearer TOKEN` (others get 401); every worker of the job needs the same token, "
         "and `streamkit query` sends it",
@@ -278,23 +279,6 @@ class Settings(BaseSettings):
                 f"max_partition_fetch_bytes ({self.max_partition_fetch_bytes}) must be at most fetch_max_bytes "
                 f"({self.fetch_max_bytes})"
             )
-        if self.query_port is not None and not loopback(self.query_bind):
-            missing = [
-                name
-                for name, absent in (
-                    ("query_token", self.query_token is None),
-                    ("query_tls_certfile and query_tls_keyfile", self.query_tls_certfile is None),
-                )
-                if absent
-            ]
-            if missing:
-                raise ValueError(
-                    f"query_bind={self.query_bind!r} serves the tables' state beyond this machine, which needs "
-                    f"{' and '.join(missing)} (every query must carry the token, and the token must not travel in "
-                    "clear); or serve at 127.0.0.1"
-                )
-        if self.query_port is not None and self.query_port == self.metrics_port:
-            raise ValueError(f"query_port and metrics_port are both {self.query_port}: each needs a port of its own")
         return self
 
     @model_validator(mode="after")
@@ -307,16 +291,47 @@ class Settings(BaseSettings):
         return self
 
 
-def loopback(address: str) -> bool:
-    """Whether serving at ``address`` reaches this machine only."""
-    import ipaddress
+def serving_problem(settings: Settings) -> str | None:
+    """What stops a worker from serving as ``settings`` say, in one line (None: nothing).
+    Asked when a worker starts, not when an App is declared: the commands that only read
+    a job (``status``, ``query``) load the same App and serve nothing."""
+    if settings.query_port is not None and not loopback(settings.query_bind):
+        missing = [
+            name
+            for name, absent in (
+                ("query_token", settings.query_token is None),
+                ("query_tls_certfile and query_tls_keyfile", settings.query_tls_certfile is None),
+            )
+            if absent
+        ]
+        if missing:
+            return (
+                f"query_bind={settings.query_bind!r} serves the tables' state beyond this machine, which needs "
+                f"{' and '.join(missing)} (every query must carry the token, and the token must not travel in "
+                "clear); or serve at 127.0.0.1"
+            )
+    if settings.query_port is not None and settings.query_port == settings.metrics_port:
+        return f"query_port and metrics_port are both {settings.query_port}: each needs a port of its own"
+    return None
 
-    if address == "localhost":
-        return True
+
+def loopback(address: str) -> bool:
+    """Whether serving at ``address`` reaches this machine only (``localhost`` when every
+    address it resolves to is a loopback one)."""
+    import ipaddress
+    import socket
+
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:  # a host name: whatever it resolves to may be reached from elsewhere
+        pass
+    if address.lower() != "localhost":
         return False
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(address, None)}
+    except OSError:
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in found)
 
 
 LOW_LATENCY: dict[str, Any] = {
@@ -337,6 +352,11 @@ over ``STREAMKIT_*`` variables."""
 def given_on_command_line(**values: Any) -> None:
     """Record the settings this process's command line gives (None: not given)."""
     COMMAND_LINE.update({name: value for name, value in values.items() if value is not None})
+
+
+def forget_command_line() -> None:
+    """A new command line: nothing given on it yet (a second ``main()`` in one process)."""
+    COMMAND_LINE.clear()
 
 
 def load_settings(app_name: str, given: dict[str, Any]) -> Settings:

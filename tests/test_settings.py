@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamkit.errors import ConfigError
-from streamkit.settings import LOW_LATENCY, connection_settings, load_settings
+from streamkit.settings import LOW_LATENCY, connection_settings, load_settings, serving_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,26 +65,35 @@ def _pem(tmp_path: Path, name: str) -> str:
 
 
 def test_state_served_beyond_this_machine_needs_a_token_and_tls(tmp_path: Path) -> None:
-    wide = {"query_port": 9500, "query_bind": "0.0.0.0", "sasl_password": "hunter2"}
-    with pytest.raises(ConfigError) as err:
-        load_settings("a", wide)
-    said = str(err.value)
-    assert "query_bind='0.0.0.0'" in said and "query_token and query_tls_certfile" in said, said
+    """Asked when a worker starts: the commands that only read a job load the same App."""
+    wide = {"query_port": 9500, "query_bind": "0.0.0.0", "sasl_password": "hunter2-secret"}
+    said = serving_problem(load_settings("a", wide))
+    assert said is not None and "query_bind='0.0.0.0'" in said and "query_token and query_tls_certfile" in said
     assert "hunter2" not in said and "\n" not in said, said
-    with pytest.raises(ConfigError) as err:
-        load_settings("a", {**wide, "query_token": "t"})
-    assert "needs query_tls_certfile and query_tls_keyfile" in str(err.value), str(err.value)
+    said = serving_problem(load_settings("a", {**wide, "query_token": "t"}))
+    assert said is not None and "needs query_tls_certfile and query_tls_keyfile" in said, said
     tls = {"query_tls_certfile": _pem(tmp_path, "c.pem"), "query_tls_keyfile": _pem(tmp_path, "k.pem")}
-    assert load_settings("a", {**wide, "query_token": "t", **tls}).query_bind == "0.0.0.0"
-    for here in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
-        assert load_settings("a", {"query_port": 9500, "query_bind": here}).query_bind == here
-    assert load_settings("a", {"query_bind": "0.0.0.0"}).query_port is None  # nothing served
+    assert serving_problem(load_settings("a", {**wide, "query_token": "t", **tls})) is None
+    for here in ("127.0.0.1", "127.0.0.2", "::1", "0:0:0:0:0:0:0:1", "localhost"):
+        assert serving_problem(load_settings("a", {"query_port": 9500, "query_bind": here})) is None, here
+    for there in ("::ffff:127.0.0.1", "", "my-host", "10.0.0.7"):
+        assert serving_problem(load_settings("a", {"query_port": 9500, "query_bind": there})) is not None, there
+    assert serving_problem(load_settings("a", {"query_bind": "0.0.0.0"})) is None  # nothing served
+    said = serving_problem(load_settings("a", {"query_port": 9500, "metrics_port": 9500}))
+    assert said == "query_port and metrics_port are both 9500: each needs a port of its own"
+
+
+def test_an_empty_query_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty token (a secret whose key is missing) would let every query in."""
+    monkeypatch.setenv("STREAMKIT_QUERY_TOKEN", "")
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {})
+    assert "STREAMKIT_QUERY_TOKEN" in str(err.value) and "at least 1" in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ({"query_port": 9500, "metrics_port": 9500}, "query_port and metrics_port are both 9500"),
         ({"close_allowance": float("inf")}, "close_allowance=inf: Input should be a finite number"),
         ({"output_linger_ms": float("nan")}, "output_linger_ms=nan: Input should be a finite number"),
     ],
@@ -111,10 +120,10 @@ def test_a_mistyped_variable_is_refused_naming_the_setting_meant(monkeypatch: py
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ({"sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "u", "sasl_password": "p"}, "sasl_mechanism, "),
+        ({"sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "u", "sasl_password": "pw-x77"}, "sasl_mechanism, "),
         ({"security_protocol": "SSL", "sasl_mechanism": "PLAIN"}, "sasl_mechanism set, but security protocol SSL"),
         ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
-          "sasl_password": "p", "ssl_cafile": "CA"}, "ssl_cafile set, but security protocol SASL_PLAINTEXT"),
+          "sasl_password": "pw-x77", "ssl_cafile": "CA"}, "ssl_cafile set, but security protocol SASL_PLAINTEXT"),
     ],
 )  # fmt: skip
 def test_security_settings_the_protocol_would_drop_are_refused(
@@ -126,7 +135,7 @@ def test_security_settings_the_protocol_would_drop_are_refused(
         connection_settings(load_settings("a", given), "127.0.0.1:9092")
     said = str(err.value)
     assert says in said and "set security_protocol" in said and "\n" not in said, said
-    assert "p'" not in said and "'p" not in said  # no secret
+    assert "pw-x77" not in said  # no secret
 
 
 def test_the_command_line_wins_over_the_apps_arguments(tmp_path: Path) -> None:
@@ -160,3 +169,20 @@ def test_a_timer_needs_a_finite_interval() -> None:
     for seconds in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="positive, finite interval"):
             app.every(seconds)
+
+
+def test_the_command_lines_connection_reaches_the_workers_a_command_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`streamkit --broker B autoscale APP --workers local`: its workers get the root's
+    options as options (which win over the App's arguments there too), not as variables."""
+    from streamkit.autoscale.local_workers import LocalWorkers
+    from streamkit.cli import root_options
+    from streamkit.settings import forget_command_line, given_on_command_line
+
+    monkeypatch.setattr("streamkit.settings.COMMAND_LINE", {})
+    given_on_command_line(broker="prod:9092", security_protocol="SSL", query_port=9500, ssl_cafile=None)
+    workers = LocalWorkers("a:app", ["--members", "2"], root=root_options())
+    assert workers.command[3:] == [
+        "--broker", "prod:9092", "--security-protocol", "SSL", "worker", "a:app", "--members", "2",
+    ]  # fmt: skip
+    forget_command_line()  # a second command line in the same process starts afresh
+    assert root_options() == []

@@ -20,13 +20,19 @@ STOP_SECONDS = 30.0
 
 
 class LocalWorkers:
-    """``streamkit worker SPEC ARGS`` processes. ``logs``: a directory for their output
-    (``w<n>.log``; default: this process's stderr)."""
+    """``streamkit ROOT worker SPEC ARGS`` processes (``root``: the root command's options,
+    the connection). ``logs``: a directory for their output (``w<n>.log``; default: this
+    process's stderr)."""
 
     def __init__(
-        self, spec: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None, logs: Path | None = None
+        self,
+        spec: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        logs: Path | None = None,
+        root: Sequence[str] = (),
     ) -> None:
-        self.command = [sys.executable, "-m", "streamkit.cli", "worker", spec, *args]
+        self.command = [sys.executable, "-m", "streamkit.cli", *root, "worker", spec, *args]
         self.env = dict(os.environ if env is None else env)
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []

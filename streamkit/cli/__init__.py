@@ -21,7 +21,7 @@ from pathlib import Path
 import typer
 
 from streamkit.errors import StreamkitError
-from streamkit.settings import given_on_command_line
+from streamkit.settings import forget_command_line, given_on_command_line
 
 __all__ = ["COMMANDS", "CONNECTION_OPTIONS", "CliError", "app", "error_line", "hoist_connection_options", "main"]
 
@@ -109,6 +109,7 @@ def _root(
     # Every command (and the app a worker loads) reads its connection from the settings:
     # an option here wins over the App's arguments and the STREAMKIT_* variables, and is
     # the STREAMKIT_* variable of the processes a command starts.
+    forget_command_line()
     given_on_command_line(**{name: str(value) if isinstance(value, Path) else value for name, value in given.items()})
     for name, value in given.items():
         if value is not None:
@@ -117,6 +118,20 @@ def _root(
 
 for _name in COMMANDS:
     importlib.import_module(f"{__name__}.{_name}").register(app)
+
+
+def root_options() -> list[str]:
+    """The connection options this process's command line gave, as options of the root
+    command: for the commands a command starts (``autoscale``'s workers), so that they win
+    over the App's arguments there too."""
+    from streamkit.settings import COMMAND_LINE
+
+    root = {
+        "broker": "--broker",
+        "client_config": "--client-config",
+        **{o[2:].replace("-", "_"): o for o in CONNECTION_OPTIONS},
+    }
+    return [part for name, option in root.items() if name in COMMAND_LINE for part in (option, str(COMMAND_LINE[name]))]
 
 
 CONNECTION_OPTIONS = (

@@ -135,8 +135,10 @@ async def run_autoscale(opts: AutoscaleOptions) -> None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
     lever: WorkerLever
     if opts.workers == "local":
+        from streamkit.cli import root_options
+
         args = [*opts.worker_args, *(["--broker", opts.broker] if opts.broker else [])]
-        lever = LocalWorkers(opts.app_spec, args, logs=opts.logs)
+        lever = LocalWorkers(opts.app_spec, args, logs=opts.logs, root=root_options())
     else:
         lever = Gauge()
     try:

@@ -11,7 +11,7 @@ import typer
 
 from streamkit.app import App
 from streamkit.loader import load_app
-from streamkit.settings import given_on_command_line
+from streamkit.settings import given_on_command_line, serving_problem
 
 
 def worker(
@@ -77,6 +77,8 @@ def run_app(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # `kill -USR1`: where it is stuck
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    if (problem := serving_problem(app.settings)) is not None:  # before anything else
+        raise CliError(f"app {app.name!r}: {problem}")
     bootstrap = app.connection(broker)
     if bootstrap is None and not embedded:
         raise CliError(

@@ -271,6 +271,7 @@ class GlobalStore:
             "read them: up to %d record(s) skipped, so lookups of their keys may answer an older value, or none",
             self.table.name, self.table.topic.name, partition, held, start - 1, start - held,
         )  # fmt: skip
+        self.apply([], {partition: start})  # held past them: counted and said once, however long it reads nothing
         return start
 
     async def catch_up(self, io: KafkaIO) -> None:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import logging
 import math
 import struct
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from stores.serde import Serde, SerdeError
 from streamkit.topics import Topic
 from streamkit.windows import LateRecordError, Tumbling, Window, WindowedTable
+from streamkit.windows.late import SAY_EVERY
 
 __all__ = ["LEFT", "RIGHT", "BufferSerde", "StreamJoin"]
 
@@ -100,7 +102,7 @@ class StreamJoin:
     def __init__(
         self, name: str, left: Topic, right: Topic, fn: Callable[..., Any], *, within: float, grace: float, how: How
     ) -> None:
-        if not (math.isfinite(within) and within >= 0.0005):  # its buckets are whole ms
+        if not (math.isfinite(within) and round(within * 1000) >= 1):  # its buckets are whole ms
             raise ValueError(f"join {name!r}: within must be at least 0.001 seconds, got {within!r}")
         if not (math.isfinite(grace) and grace >= 0):
             raise ValueError(f"join {name!r}: grace must be >= 0 seconds, got {grace!r}")
@@ -124,7 +126,10 @@ class StreamJoin:
         self.within_ms = self.buffer.window.size_ms  # the buckets' width, rounded as they are
         self.failed_unmatched = 0
         """Calls for records that met nobody (``left``, ``outer``) that raised, since the
-        process started: each was said in a line of its own."""
+        process started: said in a line each, at most one every ``SAY_EVERY`` seconds (the
+        next line counts the ones not said)."""
+        self._said_at: float | None = None
+        self._unsaid = 0
 
     # -- the handlers of the two topics -----------------------------------------------------
     def on_left(self, key: Any, value: Any, ctx: Any) -> None:
@@ -200,9 +205,15 @@ class StreamJoin:
                 self.fn(key, None, value, ctx)
         except Exception:  # noqa: BLE001 - user code: said and counted, the others still called
             self.failed_unmatched += 1
+            now = time.monotonic()
+            if self._said_at is not None and now - self._said_at < SAY_EVERY:
+                self._unsaid += 1  # a bug failing every such call must not flood the log
+                return
+            also = f"; {self._unsaid} more since the last line" if self._unsaid else ""
+            self._said_at, self._unsaid = now, 0
             topic = self.left.name if side == LEFT else self.right.name
             log.exception(
                 "join %r: the call for the %s record of %s with key %r at %d ms, which met nobody, failed "
-                "(%d such call(s) failed so far)",
-                self.name, "left" if side == LEFT else "right", topic, key, ts, self.failed_unmatched,
+                "(%d such call(s) failed so far%s)",
+                self.name, "left" if side == LEFT else "right", topic, key, ts, self.failed_unmatched, also,
             )  # fmt: skip

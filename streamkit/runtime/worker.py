@@ -46,6 +46,7 @@ from streamkit.runtime.standbys import StandbyKeeper
 from streamkit.runtime.status import STATUS_TOPIC
 from streamkit.runtime.timers import run_timer
 from streamkit.runtime.views import worker_status, worker_view
+from streamkit.settings import serving_problem
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,8 @@ class Worker:
         return [proc for m in self.members for proc in m.serving()]
 
     async def run(self) -> None:
+        if (problem := serving_problem(self.app.settings)) is not None:  # before anything is opened
+            raise ConfigError(f"app {self.app.name!r}: {problem}")
         try:
             services = await self.prepare()
         except BaseException:  # a refused start leaves nothing open (clients, an embedded broker)

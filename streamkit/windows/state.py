@@ -35,7 +35,7 @@ class WindowState(WindowBook):
     """What a windowed table is bound to while one processor runs: its entries (the
     table protocol, delegated to ``data``), and where records go and windows close."""
 
-    __slots__ = ("missed", "_missed_by")
+    __slots__ = ("missed", "replaying", "_missed_by")
 
     def __init__(
         self,
@@ -49,6 +49,8 @@ class WindowState(WindowBook):
         """``missed``: where the table counts the windows records came too late for while
         joining others (its own, shared by its processors: ``WindowedTable.missed``)."""
         self.missed = missed if missed is not None else MissedWindows(name)
+        self.replaying = False
+        """Whether the record being placed is handled again (a rebuild, a replay)."""
         self._missed_by: dict[tuple[int, Any], Any] = {}
         """(id(record), key) -> record whose missed windows were counted this batch."""
         super().__init__(name, kind, data, book, index)
@@ -171,7 +173,10 @@ class WindowState(WindowBook):
         self, key: Any, record: Any, missed: int, joined: int, timestamp: int, stream_time: int, grace: float
     ) -> None:
         """Count (and say) the closed windows a record joined none of: once per record and
-        key, however often a handler places it (``record`` None: every time)."""
+        key, however often a handler places it (``record`` None: every time), and not when
+        it is handled again (``replaying``: it was counted when first handled)."""
+        if self.replaying:
+            return
         if record is not None:
             if self._missed_by.get((id(record), key)) is record:
                 return

@@ -128,8 +128,9 @@ class WindowedTable(Table):
 
     def _place(self, key: Any) -> list[Window]:
         clock = self._clock
-        stream_time, record = getattr(clock, "stream_time", -1), getattr(clock, "record", None)
-        return self._bound().place(key, clock.timestamp, stream_time, record)
+        state = self._bound()
+        state.replaying = getattr(clock, "replaying", False)
+        return state.place(key, clock.timestamp, getattr(clock, "stream_time", -1), getattr(clock, "record", None))
 
     def _wkey(self, key: Any) -> tuple[Any, int]:
         if self._fast and not self.closes:
@@ -203,7 +204,9 @@ class WindowedTable(Table):
             )
         clock = self._clock
         stream_time, record = getattr(clock, "stream_time", -1), getattr(clock, "record", None)
-        placed = self._bound().place_sliding(key, clock.timestamp, stream_time, self.window, record)
+        state = self._bound()
+        state.replaying = getattr(clock, "replaying", False)
+        placed = state.place_sliding(key, clock.timestamp, stream_time, self.window, record)
         backend = self._backend
         k = (key, placed.slot)  # one entry per slot: the values added there, reduced
         old = backend.get(k, _MISSING)

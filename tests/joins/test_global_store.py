@@ -103,6 +103,20 @@ def test_records_the_topic_deleted_before_the_store_read_them_are_counted_and_sa
                 [said] = [r.getMessage() for r in caplog.records]
                 assert f"global table 'ref': {topic}[0] offsets 5..7 were deleted" in said
                 assert "up to 3 record(s) skipped" in said
+                # all that partition 0 gained since, deleted before it was read: said once, not every round
+                await aproduce_json(broker, topic, [(f"k{i}", {"v": i}, 0) for i in (20, 22)])  # offsets 10, 11
+
+                async def all_gone(t: str, parts: list[int]) -> dict[int, int]:
+                    return {p: 12 if p == 0 else start for p, start in (await real(t, parts)).items()}
+
+                monkeypatch.setattr(io, "log_start_offsets", all_gone)
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="streamkit.joins.global_store"):
+                    for _ in range(3):
+                        assert await stores.stores[0].read_on(io) == 0
+                assert stores.stores[0].positions == {0: 12, 1: 10} and stores.stores[0].stats.lag == 0
+                assert stores.status()["ref"]["skipped"] == {"lost to retention": 3 + 2}
+                assert len(caplog.records) == 1 and "offsets 10..11 were deleted" in caplog.records[0].getMessage()
             finally:
                 stores.close()
             caplog.clear()
@@ -111,7 +125,7 @@ def test_records_the_topic_deleted_before_the_store_read_them_are_counted_and_sa
                 with caplog.at_level(logging.WARNING, logger="streamkit.joins.global_store"):
                     await fresh.catch_up(io)
                 assert fresh.status()["ref"]["skipped"] == {} and caplog.records == []
-                assert len(table) == 2 + 10
+                assert len(table) == 0 + 10  # partition 0 holds nothing from offset 12 on, partition 1 its 10
             finally:
                 fresh.close()
 

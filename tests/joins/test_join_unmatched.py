@@ -14,8 +14,9 @@ from streamkit.testing import TestDriver
 
 
 def test_a_failing_call_for_one_unmatched_record_does_not_drop_the_rest_of_its_bucket(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("streamkit.joins.stream_join.SAY_EVERY", 0.0)  # every failure said (limit: below)
     app = streamkit.App("unmatched")
     views, clicks = app.topic("views"), app.topic("clicks")
 
@@ -47,3 +48,19 @@ def test_a_failing_call_for_one_unmatched_record_does_not_drop_the_rest_of_its_b
         assert all(r.exc_info is not None and "cannot emit this one" in str(r.exc_info[1]) for r in caplog.records)
         assert app.joins["seen"].failed_unmatched == 2
         assert driver.dead_letters() == []
+
+
+def test_a_join_failing_on_every_unmatched_record_says_so_once_in_a_while(caplog: pytest.LogCaptureFixture) -> None:
+    app = streamkit.App("unmatched-flood")
+    views, clicks = app.topic("views"), app.topic("clicks")
+
+    @app.join(views, clicks, within=5, how="left")
+    def seen(user: str, view: Any, click: Any, ctx: streamkit.Context) -> None:
+        raise ValueError(f"cannot emit {view['id']}")
+
+    with TestDriver(app) as driver, caplog.at_level(logging.ERROR, logger="streamkit.joins.stream_join"):
+        for i in range(20):
+            driver.send("views", f"u{i}", {"id": f"v{i}"}, timestamp=1 + i / 10)
+        driver.send("views", "x", {"id": "late-closer"}, timestamp=60)
+    assert app.joins["seen"].failed_unmatched == 20
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]

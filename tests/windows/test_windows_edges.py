@@ -216,3 +216,47 @@ def test_a_record_late_for_its_own_sliding_window_joins_the_later_ones_and_the_m
         [said] = [r.getMessage() for r in caplog.records]
         assert "table 'within'" in said and "at 12000 ms" in said and "too late for 1 of its windows" in said
         assert driver.dead_letters() == []
+
+
+class _Clock:
+    """What a windowed table reads of the handler's context."""
+
+    def __init__(self, timestamp: int, stream_time: int, replaying: bool) -> None:
+        self.timestamp, self.stream_time, self.replaying = timestamp, stream_time, replaying
+        self.record = object()
+
+
+@pytest.mark.parametrize("window", [Hopping(10, 5), Sliding(10)])
+def test_a_record_handled_again_does_not_count_or_say_what_it_missed_again(
+    window: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebuild hands records to the handlers again, their output held back
+    (``Context.replaying``): what a partly late one missed was counted when first handled,
+    maybe on another worker."""
+    table = streamkit.App("again").table("t", default=int, window=window)
+
+    def place(timestamp: int, stream_time: int, replaying: bool) -> None:
+        table.bind(table.state_over({}, {}), _Clock(timestamp, stream_time, replaying))
+        try:
+            if isinstance(window, Sliding):
+                table.add("k", 1)
+            else:
+                table.update("k", lambda n: n + 1)
+        finally:
+            table.bind(None)
+
+    with caplog.at_level(logging.WARNING, logger="streamkit.windows.late"):
+        place(17_000, 20_000, replaying=True)  # late for [10, 20) (or its own sliding window): handled again
+        assert (table.missed.records, table.missed.windows) == (0, 0) and caplog.records == []
+        place(17_000, 20_000, replaying=False)  # the same, first handled: counted and said
+        assert table.missed.records == 1 and len(caplog.records) == 1
+
+
+def test_a_context_is_replaying_while_its_output_is_held_back() -> None:
+    from streamkit.context import Context, Outbox
+
+    outbox = Outbox()
+    ctx = Context(outbox)
+    assert not ctx.replaying
+    outbox.suppress = True  # as the dispatcher does while a processor's state is rebuilt
+    assert ctx.replaying
