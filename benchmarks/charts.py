@@ -30,6 +30,7 @@ LABELS = {
     "raw": "raw aiokafka + orjson (no state)",
     "raw-dict": "raw aiokafka + orjson, state in a dict (nothing persisted)",
     "raw-rocksdb": "raw aiokafka + orjson, state in a dict, persisted by hand (RocksDB + changelog every 2 s)",
+    "raw-forked": "raw aiokafka + orjson, state in a dict, persisted by hand in a forked child every 2 s",
     "streamkit": "streamkit",
     "streamkit-stamped": "streamkit (input stamped by its producer)",
     "streamkit-nolog": "streamkit without its changelog",

@@ -104,7 +104,7 @@ def run_contender(
     out_path, err_path = logdir / f"{base}.stdout", logdir / f"{base}.stderr"
     load_before = os.getloadavg()[0]
     broker_cpu_before = _cpu_of(broker_pid)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": name}
+    env = contender_env(name, timeout)
     if checkout is not None:  # its streamkit, stores and assignors, and its contender module
         env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     usage_path = logdir / f"{base}.rusage.json"
@@ -190,6 +190,13 @@ def run_contender(
     else:
         row["status"] = "ok"
     return row
+
+
+def contender_env(name: str, timeout: float) -> dict[str, str]:
+    """The environment of contender ``name``'s process: its variant in ``BENCH_CONTENDER``
+    (of ``NAME@DIR``, NAME: the variant, wherever it runs from)."""
+    variant = name.partition("@")[0]
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PEER_TIMEOUT_S": str(timeout), "BENCH_CONTENDER": variant}
 
 
 def _failure_reason(err_path: Path, code: int) -> str:

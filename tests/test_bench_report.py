@@ -46,3 +46,12 @@ def test_the_medians_table_gives_each_row_the_ratio_of_its_median_to_each_column
     out = io.StringIO()
     print_medians([], Console(file=out))
     assert out.getvalue() == ""
+
+
+def test_a_contender_from_another_checkout_runs_the_same_variant() -> None:
+    """``raw-rocksdb@DIR`` is raw-rocksdb run from DIR: its process must not see another
+    name (the raw contender picks its variant by it, and ran as plain raw)."""
+    from benchmarks.launch import contender_env
+
+    assert contender_env("raw-rocksdb@/tmp/before", 60)["BENCH_CONTENDER"] == "raw-rocksdb"
+    assert contender_env("streamkit-nowrite", 60)["BENCH_CONTENDER"] == "streamkit-nowrite"

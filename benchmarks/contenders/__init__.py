@@ -91,6 +91,7 @@ __all__ = [
 ALIASES: dict[str, str] = {
     "raw-dict": "raw",
     "raw-rocksdb": "raw",
+    "raw-forked": "raw",
     "faust": "faust_app",
     "bytewax": "bytewax_app",
     "pathway": "pathway_app",
@@ -116,7 +117,8 @@ ALIASES: dict[str, str] = {
 """A contender process finds its short name in ``BENCH_CONTENDER`` (``raw-dict``: the raw
 client keeping each key's count and sum in a dict, ``benchmarks.contenders.raw``;
 ``raw-rocksdb``: the same, persisting the changed keys by hand to RocksDB and a changelog
-every 2 s, ``benchmarks.contenders.raw.Persisted``;
+every 2 s, ``benchmarks.contenders.raw.Persisted``; ``raw-forked``: the same checkpoint in
+a child process forked for each, ``benchmarks.contenders.raw.Forked``;
 ``streamkit-nolog``: streamkit with its changelog off; ``streamkit-nowrite``: streamkit with
 its stores' writes left out, an upper bound, not a job
 (``streamkit_app.leave_stores_unwritten``); ``streamkit-metrics``: with its Prometheus
@@ -138,6 +140,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "raw": ("aiokafka", "orjson"),
     "raw-dict": ("aiokafka", "orjson"),
     "raw-rocksdb": ("aiokafka", "orjson", "rocksdict"),
+    "raw-forked": ("aiokafka", "orjson", "rocksdict"),
     "streamkit": ("streamkit", "stores", "rocksdict"),
     "streamkit-stamped": ("streamkit", "stores", "rocksdict"),
     "streamkit-metrics": ("streamkit", "stores", "rocksdict"),

@@ -6,7 +6,9 @@ store, a changelog or a checkpoint. ``raw-rocksdb``: ``raw-dict`` keeping its st
 by hand, as streamkit's contender keeps it (:class:`Persisted` says how, and what it leaves
 out): every 2 s, each key changed since is serialised once into the record batches of a
 changelog topic and into a RocksDB write batch; the check is read back from RocksDB. What a
-job in this client pays for durable state with no framework around it.
+job in this client pays for durable state with no framework around it. ``raw-forked``: the
+same checkpoint done by a child process forked for each one (:class:`Forked`), the job's
+own thread going on meanwhile: what moving the checkpoint off that thread could win.
 
     python -m benchmarks.contenders.raw --bootstrap B --topic T --records N \\
         --partitions P --workdir DIR --session-timeout-ms MS
@@ -25,6 +27,7 @@ on (aiokafka's default).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -50,8 +53,10 @@ class Persisted:
     Set up as streamkit's are: the changelog's producer with 512 KiB batches, linger 0 and
     ``acks=all``; RocksDB in raw mode with 2 MiB memtables and bloom filters, one store for
     every partition with four memtables for each (streamkit: a store per processor, four
-    memtables in each). Not done, which streamkit does: offsets committed to a group (the
-    raw client has none) and a marker closing each checkpoint in the changelog."""
+    memtables in each); after each checkpoint what is alive is frozen out of the garbage
+    collector's walks, as streamkit's worker does. Not done, which streamkit does: offsets
+    committed to a group (the raw client has none) and a marker closing each checkpoint in
+    the changelog."""
 
     def __init__(self, producer: Any, topic: str, path: Path, partitions: int) -> None:
         from rocksdict import BlockBasedOptions, Options, Rdict
@@ -96,6 +101,7 @@ class Persisted:
             await delivery
         self.db.write(batch)
         self.changed = {}
+        gc.freeze()  # what is alive now out of the collector's later walks, as streamkit's worker does
         self.due = time.monotonic() + CHECKPOINT_S
 
     async def close(self, last_checkpoint: bool = True) -> None:
@@ -122,6 +128,116 @@ class Persisted:
             db.close()
 
 
+class Forked(Persisted):
+    """``raw-forked``'s checkpoint: :class:`Persisted`'s, done by a child process forked
+    at each checkpoint, so that the job's own thread does none of it. The child sees the
+    changed keys as they were at the fork (copy on write), serialises each once into
+    the changelog's record batches (sent through a producer of its own) and, in key
+    order, into an SST file; when the changelog has acknowledged them it exits, and the
+    job ingests the file into RocksDB (a move of the file: the memtables stay empty)
+    before it forks the next checkpoint. The job's thread pays the fork, the pages it
+    writes while a child shares them, and the ingestion."""
+
+    def __init__(self, args: Any, topic: str, path: Path, partitions: int) -> None:
+        super().__init__(None, topic, path, partitions)
+        self.args = args
+        self.child: tuple[int, int, str] | None = None
+        """The checkpoint in flight: the child's pid, the read end of its pipe, its SST file."""
+        self.count = 0
+
+    async def checkpoint(self) -> None:
+        await self.wait()
+        changed, positions = self.changed, dict(self.positions)
+        self.changed = {}
+        self.count += 1
+        sst = str(self.path.with_name(f"checkpoint-{self.count}.sst"))
+        gc.freeze()  # the collector would otherwise write to every object the child shares
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                os.close(read_end)
+                asyncio.events._set_running_loop(None)
+                asyncio.run(self._write(changed, positions, sst))
+                os.write(write_end, b"1")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        self.child = (pid, read_end, sst)
+        self.due = time.monotonic() + CHECKPOINT_S
+
+    async def _write(self, changed: dict[int, dict[bytes, list[int]]], positions: dict[int, int], sst: str) -> None:
+        import orjson
+        from aiokafka import AIOKafkaProducer
+        from rocksdict import Options, SstFileWriter
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.args.bootstrap,
+            acks="all",
+            linger_ms=0,
+            max_batch_size=CHANGELOG_BATCH_BYTES,
+            max_request_size=2 * CHANGELOG_BATCH_BYTES,
+        )
+        await producer.start()
+        try:
+            dumps, sent, serialised = orjson.dumps, [], []
+            for partition, keys in changed.items():
+                records = producer.create_batch()
+                for key, current in keys.items():
+                    value = dumps(current)
+                    serialised.append((key, memoryview(value).tobytes()))  # orjson's own pins 4 KiB
+                    if records.append(key=key, value=value, timestamp=None) is None:
+                        sent.append(await producer.send_batch(records, self.topic, partition=partition))
+                        records = producer.create_batch()
+                        records.append(key=key, value=value, timestamp=None)
+                if records.record_count():
+                    sent.append(await producer.send_batch(records, self.topic, partition=partition))
+            serialised += [(POSITION_KEY + b"%d" % q, b"%d" % at) for q, at in positions.items()]
+            serialised.sort()
+            writer = SstFileWriter(Options(raw_mode=True))
+            writer.open(sst)
+            for key, value in serialised:
+                writer[key] = value
+            writer.finish()
+            for delivery in sent:
+                await delivery
+        finally:
+            await producer.stop()
+
+    async def wait(self) -> None:
+        """The checkpoint in flight done: its child exited, its file ingested."""
+        if self.child is None:
+            return
+        from rocksdict import IngestExternalFileOptions
+
+        pid, read_end, sst = self.child
+        self.child = None
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.add_reader(read_end, lambda: done.done() or done.set_result(os.read(read_end, 1)))
+        try:
+            ok = await done
+        finally:
+            loop.remove_reader(read_end)
+            os.close(read_end)
+            _, status = os.waitpid(pid, 0)
+        if ok != b"1" or os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"checkpoint {sst}: its child failed (exit status {status})")
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        self.db.ingest_external_file([sst], opts)
+
+    async def close(self, last_checkpoint: bool = True) -> None:
+        try:
+            if last_checkpoint:
+                await self.checkpoint()
+            await self.wait()
+        finally:
+            self.db.close()
+
+
 POSITION_KEY = b"\x00position-"
 """Prefix of a partition's next offset in ``raw-rocksdb``'s store (no input key starts so)."""
 
@@ -129,12 +245,10 @@ CHANGELOG_BATCH_BYTES = 512 << 10
 """As streamkit's changelog producer's batches."""
 
 
-async def start_persisted(args: Any) -> Persisted:
-    """A :class:`Persisted` writing to a changelog topic of its own, created here (a
-    partition per input partition), through a producer of its own, started."""
+async def create_changelog(args: Any) -> str:
+    """A changelog topic of this run's own (a partition per input partition), created."""
     import uuid
 
-    from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     topic = f"{args.topic}-changelog-{uuid.uuid4().hex[:8]}"
@@ -147,6 +261,15 @@ async def start_persisted(args: Any) -> Persisted:
     errors = [(name, code) for name, code, *_ in answer.topic_errors if code]
     if errors:
         raise RuntimeError(f"creating the changelog topic {topic}: error codes {errors}")
+    return topic
+
+
+async def start_persisted(args: Any) -> Persisted:
+    """A :class:`Persisted` writing to a changelog topic of its own, through a producer of
+    its own, started."""
+    from aiokafka import AIOKafkaProducer
+
+    topic = await create_changelog(args)
     producer = AIOKafkaProducer(
         bootstrap_servers=args.bootstrap,
         acks="all",
@@ -156,6 +279,11 @@ async def start_persisted(args: Any) -> Persisted:
     )
     await producer.start()
     return Persisted(producer, topic, Path(args.workdir) / "state", args.partitions)
+
+
+async def start_forked(args: Any) -> Forked:
+    """A :class:`Forked` writing to a changelog topic of its own, created here."""
+    return Forked(args, await create_changelog(args), Path(args.workdir) / "state", args.partitions)
 
 
 async def run(args) -> dict:
@@ -184,9 +312,11 @@ async def run(args) -> dict:
         n = 0
         total = 0
         keys: set[bytes] = set()
-        state: dict[bytes, list[int]] | None = {} if mode in ("raw-dict", "raw-rocksdb") else None
+        state: dict[bytes, list[int]] | None = {} if mode in ("raw-dict", "raw-rocksdb", "raw-forked") else None
         if mode == "raw-rocksdb":
             persisted = await start_persisted(args)
+        elif mode == "raw-forked":
+            persisted = await start_forked(args)
         first = last = None
         while n < target:
             batches = await consumer.getmany(timeout_ms=1000)
