@@ -87,7 +87,8 @@ class EmbeddedBroker:
     """A Tansu broker with in-memory storage on a loopback port, owned by this process.
 
     >>> with EmbeddedBroker() as broker:
-    ...     print(broker.bootstrap)        # "127.0.0.1:PORT"
+    ...     print(broker.bootstrap)
+    127.0.0.1:...
 
     ``port=None`` picks a free port (retried if another process takes it first).
     Output goes to ``log_path`` (a file in a temp dir, removed on a clean stop unless

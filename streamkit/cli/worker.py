@@ -45,7 +45,7 @@ def worker(
         None,
         "--query-bind",
         help="the address queries are served at (STREAMKIT_QUERY_BIND; default 127.0.0.1: this machine only; "
-        "0.0.0.0: every interface)",
+        "0.0.0.0: every interface, which needs query_token and query_tls_certfile/keyfile)",
     ),
 ) -> None:
     """Run an app's processors until SIGTERM/SIGINT (checkpointing on the way out); SIGUSR1

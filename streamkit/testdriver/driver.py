@@ -98,8 +98,14 @@ class InputRecord:
 class TestDriver:
     """Runs ``app`` in this process, without a broker (see the module docstring).
 
+    >>> import streamkit
+    >>> app = streamkit.App("orders")
+    >>> totals = app.table("customer_totals", default=lambda: {"amount": 0})
+    >>> @app.processor(app.topic("orders"))
+    ... def total(key, value, ctx):
+    ...     totals[key] = {"amount": totals[key]["amount"] + value["amount"]}
     >>> with TestDriver(app) as driver:
-    ...     driver.send("orders", "alice", {"amount": 100})
+    ...     _ = driver.send("orders", "alice", {"amount": 100})
     ...     assert driver.table("customer_totals")["alice"]["amount"] == 100
     """
 
