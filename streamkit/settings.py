@@ -398,9 +398,20 @@ def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
                 where = f"environment variable {env}"
             else:
                 where = "setting"
+            if err["type"] == "extra_forbidden":  # a misspelt name: its value may be a secret, never shown
+                problems.append(f"{where}: {field} is no setting{_did_you_mean(field)}")
+                continue
             value = err.get("input")
             problems.append(f"{where}: {field}={value!r}: {err['msg']}")
         raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None
+
+
+def _did_you_mean(name: str) -> str:
+    """``: did you mean NAME?`` for the setting ``name`` nearly spells ("" for none)."""
+    import difflib
+
+    meant = difflib.get_close_matches(name, Settings.model_fields, 1, 0.8)
+    return f": did you mean {meant[0]}?" if meant else ""
 
 
 def mistyped_variables(environ: Mapping[str, str]) -> list[str]:

@@ -186,3 +186,14 @@ def test_the_command_lines_connection_reaches_the_workers_a_command_starts(monke
     ]  # fmt: skip
     forget_command_line()  # a second command line in the same process starts afresh
     assert root_options() == []
+
+
+def test_a_misspelt_argument_is_named_with_the_setting_meant_and_never_its_value() -> None:
+    """Its value may be a secret (``sasl_pasword=...``): an error line must not show it."""
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {"sasl_pasword": "hunter2-x9", "comit_interval": 5, "zzz": 1})
+    said = str(err.value)
+    assert "hunter2-x9" not in said and "\n" not in said, said
+    assert "App('a', sasl_pasword=...): sasl_pasword is no setting: did you mean sasl_password?" in said, said
+    assert "comit_interval is no setting: did you mean commit_interval?" in said, said
+    assert "zzz is no setting;" not in said and said.endswith("zzz is no setting"), said
