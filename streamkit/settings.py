@@ -401,8 +401,8 @@ def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
             if err["type"] == "extra_forbidden":  # a misspelt name: its value may be a secret, never shown
                 problems.append(f"{where}: {field} is no setting{_did_you_mean(field)}")
                 continue
-            value = err.get("input")
-            problems.append(f"{where}: {field}={value!r}: {err['msg']}")
+            value = "..." if field in SECRETS else repr(err.get("input"))
+            problems.append(f"{where}: {field}={value}: {err['msg']}")
         raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None
 
 
@@ -428,6 +428,10 @@ def mistyped_variables(environ: Mapping[str, str]) -> list[str]:
         if meant := difflib.get_close_matches(name, Settings.model_fields, 1, 0.8):
             found.append(f"environment variable {variable} is no setting: did you mean STREAMKIT_{meant[0].upper()}?")
     return found
+
+
+SECRETS = ("sasl_password", "ssl_key_password", "query_token")
+"""The settings whose values no message shows."""
 
 
 CONNECTION_FIELDS = (

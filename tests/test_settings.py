@@ -197,3 +197,10 @@ def test_a_misspelt_argument_is_named_with_the_setting_meant_and_never_its_value
     assert "App('a', sasl_pasword=...): sasl_pasword is no setting: did you mean sasl_password?" in said, said
     assert "comit_interval is no setting: did you mean commit_interval?" in said, said
     assert "zzz is no setting;" not in said and said.endswith("zzz is no setting"), said
+
+
+def test_a_secret_setting_refused_is_named_without_its_value() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings("a", {"sasl_password": 98765432})
+    said = str(err.value)
+    assert "sasl_password=...: Input should be a valid string" in said and "98765432" not in said, said
