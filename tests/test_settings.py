@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from streamkit.errors import ConfigError
-from streamkit.settings import LOW_LATENCY, connection_settings, load_settings, serving_problem
+from streamkit.ops.exposure import serving_problem
+from streamkit.settings import LOW_LATENCY, connection_settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

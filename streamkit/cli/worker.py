@@ -11,7 +11,8 @@ import typer
 
 from streamkit.app import App
 from streamkit.loader import load_app
-from streamkit.settings import given_on_command_line, serving_problem
+from streamkit.ops.exposure import serving_problem
+from streamkit.settings import given_on_command_line
 
 
 def worker(

@@ -29,6 +29,7 @@ from streamkit.joins.global_store import GlobalStores
 from streamkit.kafkaio import KafkaIO
 from streamkit.layout.model import TopicLayout
 from streamkit.layout.registry import LayoutRegistry
+from streamkit.ops.exposure import serving_problem
 from streamkit.ops.metrics import WorkerView
 from streamkit.ops.metrics import serve as serve_metrics
 from streamkit.ops.queries import advertised_url, serve_queries, server_tls
@@ -46,7 +47,6 @@ from streamkit.runtime.standbys import StandbyKeeper
 from streamkit.runtime.status import STATUS_TOPIC
 from streamkit.runtime.timers import run_timer
 from streamkit.runtime.views import worker_status, worker_view
-from streamkit.settings import serving_problem
 from streamkit.state.changelog import CHANGELOG_BATCH_BYTES, ChangelogWriter, changelog_topic
 
 log = logging.getLogger(__name__)
