@@ -16,7 +16,12 @@ from streamkit.loader import load_app
 def dashboard(
     app_spec: str = typer.Argument(..., metavar="MODULE:APP"),
     port: int = typer.Option(8088, "--port", "-p", help="port to serve the page on"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address to serve on (0.0.0.0: every interface)"),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="address to serve on (0.0.0.0: every interface, which needs the app's query_token and "
+        "query_tls_certfile/keyfile; open the page as URL#token=TOKEN)",
+    ),
     broker: str | None = typer.Option(None, "--broker", "-b", help="bootstrap address (default: the app's)"),
 ) -> None:
     """Serve a live dashboard of the job (open the printed address in a browser)."""
@@ -24,11 +29,19 @@ def dashboard(
     from streamkit.cli import CliError
     from streamkit.cli.status_view import DeadLetterCounts, Heartbeats, gather, view
     from streamkit.ops.dashboard import serve_dashboard
+    from streamkit.ops.exposure import dashboard_problem
+    from streamkit.ops.queries import server_tls
 
     app = load_app(app_spec)
+    settings = app.settings
+    if (problem := dashboard_problem(settings, host)) is not None:
+        raise CliError(f"app {app.name!r}: {problem}")
     bootstrap = app.connection(broker)
     if bootstrap is None:
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
+    token = settings.query_token.get_secret_value() if settings.query_token else None
+    cert, key = settings.query_tls_certfile, settings.query_tls_keyfile  # both or neither (the settings say so)
+    tls = server_tls(cert, key) if cert and key else None
 
     dead, beats, journal = DeadLetterCounts(), Heartbeats(app.name), JournalReader(app.name)  # read on
 
@@ -38,10 +51,11 @@ def dashboard(
 
     async def run() -> None:
         try:
-            stop = await serve_dashboard(snapshot, port, host)
+            stop = await serve_dashboard(snapshot, port, host, token=token, ssl_context=tls)
         except OSError as exc:
             raise CliError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
-        typer.echo(f"dashboard of app {app.name}: http://{host}:{port}/ (Ctrl-C to stop)", err=True)
+        scheme, asks = ("https" if tls else "http"), ("#token=YOUR_QUERY_TOKEN" if token else "")
+        typer.echo(f"dashboard of app {app.name}: {scheme}://{host}:{port}/{asks} (Ctrl-C to stop)", err=True)
         try:
             await asyncio.Event().wait()
         finally:

@@ -12,6 +12,7 @@ open pages cost the cluster one look a second.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from streamkit.ops.queries import serve_app
+from streamkit.ops.queries import refused, serve_app
 
 __all__ = ["STATIC", "Snapshot", "serve_dashboard"]
 
@@ -59,15 +60,26 @@ class _SharedLook:
 
 
 async def serve_dashboard(
-    snapshot: Snapshot, port: int, host: str = "127.0.0.1", *, min_interval: float = 0.9
+    snapshot: Snapshot,
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    min_interval: float = 0.9,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Callable[[], Awaitable[None]]:
-    """Serve the dashboard on ``port``; returns what stops the server."""
+    """Serve the dashboard on ``port`` (``token``: the status must be asked for with it
+    as the bearer token, which the page takes from its address's ``#token=``;
+    ``ssl_context``: over HTTPS); returns what stops the server. The page and its script
+    hold nothing of the job, and are served to anyone who reaches the port."""
     look = _SharedLook(snapshot, min_interval)
 
     async def page(_request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "dashboard.html")
 
-    async def status(_request: web.Request) -> web.Response:
+    async def status(request: web.Request) -> web.Response:
+        if (refusal := refused(request, token)) is not None:
+            return refusal
         code, body = await look.body()
         return web.Response(status=code, body=body, content_type="application/json")
 
@@ -75,4 +87,4 @@ async def serve_dashboard(
     app.router.add_get("/", page)
     app.router.add_get("/api/status", status)
     app.router.add_static("/static", STATIC)
-    return await serve_app(app, port, host)
+    return await serve_app(app, port, host, ssl_context)

@@ -13,21 +13,13 @@ import socket
 
 from streamkit.settings import Settings
 
-__all__ = ["loopback", "serving_problem"]
+__all__ = ["dashboard_problem", "loopback", "serving_problem"]
 
 
 def serving_problem(settings: Settings) -> str | None:
     """What stops a worker from serving as ``settings`` say, in one line (None: nothing)."""
     if settings.query_port is not None and not loopback(settings.query_bind):
-        missing = [
-            name
-            for name, absent in (
-                ("query_token", settings.query_token is None),
-                ("query_tls_certfile and query_tls_keyfile", settings.query_tls_certfile is None),
-            )
-            if absent
-        ]
-        if missing:
+        if missing := _missing_beyond(settings):
             return (
                 f"query_bind={settings.query_bind!r} serves the tables' state beyond this machine, which needs "
                 f"{' and '.join(missing)} (every query must carry the token, and the token must not travel in "
@@ -36,6 +28,33 @@ def serving_problem(settings: Settings) -> str | None:
     if settings.query_port is not None and settings.query_port == settings.metrics_port:
         return f"query_port and metrics_port are both {settings.query_port}: each needs a port of its own"
     return None
+
+
+def dashboard_problem(settings: Settings, host: str) -> str | None:
+    """What stops ``streamkit dashboard --host host`` (None: nothing). The dashboard shows
+    the job's status, the first line of its handlers' last errors included: beyond this
+    machine it is asked for with the queries' token, over the queries' TLS."""
+    if loopback(host):
+        return None
+    if not (missing := _missing_beyond(settings)):
+        return None
+    return (
+        f"--host {host} shows the job's status beyond this machine, which needs {' and '.join(missing)} (the "
+        "page asks with the token, over TLS); or serve at 127.0.0.1"
+    )
+
+
+def _missing_beyond(settings: Settings) -> list[str]:
+    """What serving beyond this machine needs and ``settings`` lack: a token that every
+    request must carry, and TLS so that it never travels in clear."""
+    return [
+        name
+        for name, absent in (
+            ("query_token", settings.query_token is None),
+            ("query_tls_certfile and query_tls_keyfile", settings.query_tls_certfile is None),
+        )
+        if absent
+    ]
 
 
 def loopback(address: str) -> bool:

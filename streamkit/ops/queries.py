@@ -80,6 +80,25 @@ async def serve_app(
     return runner.cleanup
 
 
+def refused(request: web.Request, token: str | None) -> web.Response | None:
+    """The 401 answer to a request that does not carry ``token`` as its bearer token
+    (compared in constant time); None when it does, or when there is no token."""
+    from aiohttp import web
+
+    if token is None:
+        return None
+    given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+    if hmac.compare_digest(given, f"Bearer {token}".encode()):
+        return None
+    why = "a wrong query token" if given else "no query token (Authorization: Bearer TOKEN)"
+    return web.Response(
+        status=401,
+        body=orjson.dumps({"error": f"unauthorized: the request carries {why}"}),
+        content_type="application/json",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 def _response(answer: Answer) -> web.Response:
     from aiohttp import web
 
@@ -185,23 +204,11 @@ async def serve_queries(
     ``ssl_context``: over HTTPS); returns what stops the server."""
     from aiohttp import web
 
-    expected = f"Bearer {token}".encode() if token is not None else None
-
     @web.middleware
     async def authorized(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if expected is not None:
-            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
-            if not hmac.compare_digest(given, expected):
-                why = "a wrong query token" if given else "no query token (Authorization: Bearer TOKEN)"
-                return web.Response(
-                    status=401,
-                    body=orjson.dumps({"error": f"unauthorized: the request carries {why}"}),
-                    content_type="application/json",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        return await handler(request)
+        return refused(request, token) or await handler(request)
 
     async def answer(request: web.Request, windows: bool) -> web.Response:
         forwarded = request.headers.get(FORWARDED_HEADER) == "1"

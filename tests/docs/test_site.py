@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -146,30 +146,6 @@ def served(site: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture
-def browser(system_tool: Callable[[str, str], str]) -> Iterator[Any]:
-    """A headless Chromium driven by Selenium (missing: the suite's one-line failure, or a
-    skip with --allow-missing-system-tools)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = system_tool("chromium", "chromium")
-    chromedriver = system_tool("chromedriver", "chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-extensions",
-        "--disable-sync", "--no-first-run", "--window-size=1400,1800",
-    ):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def open_page(browser: Any, url: str) -> None:

@@ -232,10 +232,16 @@ function render(view) {
   drawAutoscale(view.autoscale);
 }
 
+// The job's query token, when the dashboard asks for one: from the address's fragment
+// (URL#token=TOKEN), which the browser never sends to a server or keeps in its logs.
+const TOKEN = new URLSearchParams(location.hash.slice(1)).get("token");
+
 async function poll() {
   try {
-    const reply = await fetch("api/status", { cache: "no-store" });
+    const headers = TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
+    const reply = await fetch("api/status", { cache: "no-store", headers });
     const body = await reply.json();
+    if (reply.status === 401) throw new Error(`${body.error}: open this page as its address + #token=TOKEN`);
     if (!reply.ok) throw new Error(body.error || reply.statusText);
     document.getElementById("error").textContent = "";
     render(body);
