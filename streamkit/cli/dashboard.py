@@ -29,7 +29,7 @@ def dashboard(
     from streamkit.cli import CliError
     from streamkit.cli.status_view import DeadLetterCounts, Heartbeats, gather, view
     from streamkit.ops.dashboard import serve_dashboard
-    from streamkit.ops.exposure import dashboard_problem
+    from streamkit.ops.exposure import dashboard_problem, loopback
     from streamkit.ops.queries import server_tls
 
     app = load_app(app_spec)
@@ -41,7 +41,10 @@ def dashboard(
         raise CliError("the app names no broker: pass --broker or set STREAMKIT_BROKER")
     token = settings.query_token.get_secret_value() if settings.query_token else None
     cert, key = settings.query_tls_certfile, settings.query_tls_keyfile  # both or neither (the settings say so)
-    tls = server_tls(cert, key) if cert and key else None
+    # HTTPS beyond this machine (the queries' certificate names the host others reach);
+    # on this machine plain HTTP, as the queries' certificate does not name 127.0.0.1.
+    tls = server_tls(cert, key) if cert and key and not loopback(host) else None
+    shown = page_address(host, port, tls is not None, settings.query_host, bool(token))
 
     dead, beats, journal = DeadLetterCounts(), Heartbeats(app.name), JournalReader(app.name)  # read on
 
@@ -54,8 +57,7 @@ def dashboard(
             stop = await serve_dashboard(snapshot, port, host, token=token, ssl_context=tls)
         except OSError as exc:
             raise CliError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
-        scheme, asks = ("https" if tls else "http"), ("#token=YOUR_QUERY_TOKEN" if token else "")
-        typer.echo(f"dashboard of app {app.name}: {scheme}://{host}:{port}/{asks} (Ctrl-C to stop)", err=True)
+        typer.echo(f"dashboard of app {app.name}: {shown} (Ctrl-C to stop)", err=True)
         try:
             await asyncio.Event().wait()
         finally:
@@ -63,6 +65,18 @@ def dashboard(
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
+
+
+def page_address(host: str, port: int, tls: bool, query_host: str | None, token: bool) -> str:
+    """The address to open the page at: over HTTPS, the name others reach this machine at
+    (``query_host``, else this machine's), which its certificate holds; an address of every
+    interface is no address to open; the token in the fragment when there is one."""
+    import socket
+
+    if tls or host in ("0.0.0.0", "::"):
+        host = query_host or socket.getfqdn()
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}/" + ("#token=YOUR_QUERY_TOKEN" if token else "")
 
 
 def register(cli: typer.Typer) -> None:

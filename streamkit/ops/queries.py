@@ -40,6 +40,7 @@ __all__ = [
     "advertised_url",
     "ask",
     "client_tls",
+    "refused",
     "serve_app",
     "serve_queries",
     "server_tls",
@@ -208,7 +209,11 @@ async def serve_queries(
     async def authorized(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        return refused(request, token) or await handler(request)
+        if (
+            refusal := refused(request, token)
+        ) is not None:  # (a response with no headers is falsy before aiohttp 3.12)
+            return refusal
+        return await handler(request)
 
     async def answer(request: web.Request, windows: bool) -> web.Response:
         forwarded = request.headers.get(FORWARDED_HEADER) == "1"

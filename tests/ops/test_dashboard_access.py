@@ -23,7 +23,7 @@ from streamkit.ops.dashboard import serve_dashboard
 from tests.ports import listen_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "dash-7f3a91"
+TOKEN = "dash+7f/3a91=="  # as base64 makes them: "+" must stay "+"
 
 
 def _dashboard_cli(*options: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -107,3 +107,51 @@ def test_the_status_is_asked_for_with_the_token_and_the_page_takes_it_from_its_a
     without = shown(dashboard)
     assert without["polls"] == 0 and "no query token" in without["error"], without
     assert "#token=TOKEN" in without["error"], without
+
+
+def test_the_printed_address_is_one_a_browser_can_open() -> None:
+    from streamkit.cli.dashboard import page_address
+
+    assert page_address("127.0.0.1", 8088, False, None, False) == "http://127.0.0.1:8088/"
+    assert page_address("127.0.0.1", 8088, False, None, True) == "http://127.0.0.1:8088/#token=YOUR_QUERY_TOKEN"
+    assert page_address("0.0.0.0", 8088, True, "dash.example", True) == (
+        "https://dash.example:8088/#token=YOUR_QUERY_TOKEN"
+    )  # the name the certificate holds
+    assert page_address("10.0.0.7", 8088, True, "dash.example", True).startswith("https://dash.example:8088/")
+    assert page_address("::", 8088, False, "fe80::1", False) == "http://[fe80::1]:8088/"
+    assert "0.0.0.0" not in page_address("0.0.0.0", 8088, False, None, False)
+
+
+def test_the_query_server_refuses_without_the_token_whatever_a_refusal_is_worth_as_a_bool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before aiohttp 3.12 a response with no headers is falsy: a check written as
+    ``refused(...) or handler(...)`` let every query in there."""
+    from aiohttp import web
+
+    from streamkit.ops import queries
+
+    real = queries.refused
+
+    class Falsy(web.Response):
+        def __bool__(self) -> bool:
+            return False
+
+    def refused_falsy(request: web.Request, token: str | None) -> web.Response | None:
+        answer = real(request, token)
+        return None if answer is None else Falsy(status=answer.status, body=answer.body)
+
+    monkeypatch.setattr(queries, "refused", refused_falsy)
+    port, loop = listen_port(), asyncio.new_event_loop()
+
+    async def lookup(table: str, key: str, forwarded: bool, windows: bool) -> queries.Answer:
+        return queries.Answer(200, {"table": table, "key": key, "value": 42})
+
+    stop = loop.run_until_complete(queries.serve_queries(lookup, port, "127.0.0.1", token=TOKEN))
+    try:
+        url = f"http://127.0.0.1:{port}/tables/t/k"
+        codes = [loop.run_until_complete(asyncio.to_thread(_get, url, t)) for t in (None, "wrong", TOKEN)]
+    finally:
+        loop.run_until_complete(stop())
+        loop.close()
+    assert codes == [401, 401, 200], codes

@@ -234,7 +234,9 @@ function render(view) {
 
 // The job's query token, when the dashboard asks for one: from the address's fragment
 // (URL#token=TOKEN), which the browser never sends to a server or keeps in its logs.
-const TOKEN = new URLSearchParams(location.hash.slice(1)).get("token");
+// Not URLSearchParams: it would read a "+" of a base64 token as a space.
+const TOKEN_IN_HASH = location.hash.match(/[#&]token=([^&]*)/);
+const TOKEN = TOKEN_IN_HASH ? decodeURIComponent(TOKEN_IN_HASH[1]) : null;
 
 async function poll() {
   try {
