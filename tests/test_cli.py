@@ -7,6 +7,9 @@ import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +75,28 @@ def test_a_dashboard_port_in_use_is_one_line() -> None:
             cli("dashboard", "examples.orders:app", "--port", str(port), STREAMKIT_BROKER="127.0.0.1:1")
         )
     assert f"cannot serve the dashboard on 127.0.0.1:{port}" in err, err
+
+
+def test_a_worker_starts_an_embedded_broker_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens on the network unless asked: the library's worker refuses to start
+    with no broker named, and `streamkit worker --embedded-broker` starts one."""
+    import asyncio
+
+    import streamkit
+    from streamkit.errors import ConfigError
+    from streamkit.runtime.worker import Worker
+
+    for name in ("STREAMKIT_BROKER", "STREAMKIT_CLIENT_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    app = streamkit.App("no-broker", state_dir=tmp_path)
+
+    @app.processor(app.topic("in"))
+    def handle(key: Any, value: Any, ctx: streamkit.Context) -> None: ...
+
+    worker = Worker(app, 1)
+    with pytest.raises(ConfigError, match="no broker: give one .* or ask for an embedded one"):
+        asyncio.run(worker.run())
+    assert worker._embedded is None
+    asked = cli("worker", "examples.orders:app", "--embedded-broker", STREAMKIT_STATE_DIR=str(tmp_path / "s"))
+    assert "started an embedded broker at 127.0.0.1:" in asked.stderr, asked.stderr
+    assert "topic 'orders' does not exist" in asked.stderr  # it got as far as the broker, which is empty

@@ -87,7 +87,7 @@ def run_app(
         )
     from streamkit.runtime.worker import run_worker
 
-    run_worker(app, members, bootstrap)
+    run_worker(app, members, bootstrap, embedded=embedded)
 
 
 def register(cli: typer.Typer) -> None:

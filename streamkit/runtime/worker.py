@@ -57,7 +57,11 @@ AUX_STOP_SECONDS = 5.0
 
 
 class Worker:
-    def __init__(self, app: App, members: int = 1, bootstrap: str | Connection | None = None) -> None:
+    def __init__(
+        self, app: App, members: int = 1, bootstrap: str | Connection | None = None, *, embedded: bool = False
+    ) -> None:
+        """``embedded``: with no broker named anywhere, start one in this process (only when
+        asked: ``streamkit worker --embedded-broker``), else refuse to start."""
         if members < 1:
             raise ConfigError(f"a worker runs at least one processor, not {members}")
         self.app = app
@@ -68,6 +72,7 @@ class Worker:
         self.members: list[GroupMember] = []
         self.services: Services | None = None
         self._embedded: EmbeddedBroker | None = None
+        self._embed = embedded
         self._stop = asyncio.Event()
         self._beat = asyncio.Event()
         self._stop_metrics: Callable[[], None] | None = None
@@ -92,6 +97,11 @@ class Worker:
         if problem is not None:
             raise ConfigError(problem)
         if self.connection is None:
+            if not self._embed:  # nothing listens on the network unless asked
+                raise ConfigError(
+                    f"app {app.name!r}: no broker: give one (App(broker=...), STREAMKIT_BROKER) or ask for an "
+                    "embedded one (streamkit worker --embedded-broker)"
+                )
             self._embedded = EmbeddedBroker()
             self.connection = as_connection(self._embedded.bootstrap)
             self.bootstrap = self._embedded.bootstrap
@@ -412,11 +422,14 @@ def print_tasks() -> None:
     sys.stderr.flush()
 
 
-def run_worker(app: App, members: int = 1, bootstrap: str | Connection | None = None) -> None:
-    """Run a worker until SIGTERM/SIGINT; checkpoints and leaves the group on the way out."""
+def run_worker(
+    app: App, members: int = 1, bootstrap: str | Connection | None = None, *, embedded: bool = False
+) -> None:
+    """Run a worker until SIGTERM/SIGINT; checkpoints and leaves the group on the way out
+    (``embedded``: see :class:`Worker`)."""
 
     async def main() -> None:
-        worker = Worker(app, members, bootstrap)
+        worker = Worker(app, members, bootstrap, embedded=embedded)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
