@@ -337,8 +337,7 @@ class Producer:
             d = Delivery(ob, meta.offset, ts)
         else:
             d._ob, d._rel = ob, meta.offset
-        # Kept to place it again after a layout change: a copy of its own size, for the
-        # value (orjson's output, say) may sit in a buffer of 4 KiB that it would pin.
+        # Kept to be placed again after a layout change: a copy of its own size (orjson's output pins 4 KiB).
         ob.records.append((kb, vb if vb is None else memoryview(vb).tobytes(), headers, ts, d))
         self._stats["records"] += 1
         return d, full

@@ -363,27 +363,30 @@ def load_settings(app_name: str, given: dict[str, Any]) -> Settings:
         raise ConfigError(f"app {app_name!r}: " + "; ".join(problems)) from None
 
 
-def _did_you_mean(name: str) -> str:
-    """``: did you mean NAME?`` for the setting ``name`` nearly spells ("" for none)."""
+def _nearest(name: str) -> str | None:
+    """The setting ``name`` nearly spells, if any."""
     import difflib
 
     meant = difflib.get_close_matches(name, Settings.model_fields, 1, 0.8)
-    return f": did you mean {meant[0]}?" if meant else ""
+    return meant[0] if meant else None
+
+
+def _did_you_mean(name: str) -> str:
+    """``: did you mean NAME?`` for the setting ``name`` nearly spells ("" for none)."""
+    return f": did you mean {meant}?" if (meant := _nearest(name)) else ""
 
 
 def mistyped_variables(environ: Mapping[str, str]) -> list[str]:
     """The ``STREAMKIT_*`` variables that are no setting but spell one nearly: each a
     line naming the setting meant. (A variable far from every setting is left alone:
     other tools and test harnesses use the prefix too.)"""
-    import difflib
-
     found = []
     for variable in sorted(environ):
         name = variable.upper().removeprefix("STREAMKIT_").lower()
         if not variable.upper().startswith("STREAMKIT_") or name in Settings.model_fields:
             continue
-        if meant := difflib.get_close_matches(name, Settings.model_fields, 1, 0.8):
-            found.append(f"environment variable {variable} is no setting: did you mean STREAMKIT_{meant[0].upper()}?")
+        if meant := _nearest(name):
+            found.append(f"environment variable {variable} is no setting: did you mean STREAMKIT_{meant.upper()}?")
     return found
 
 

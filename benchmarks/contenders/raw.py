@@ -78,23 +78,11 @@ class Persisted:
         self.due = time.monotonic() + CHECKPOINT_S
 
     async def checkpoint(self) -> None:
-        import orjson
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
-        put, dumps = batch.put, orjson.dumps
-        sent = []
-        for partition, keys in self.changed.items():
-            records = self.producer.create_batch()
-            for key, current in keys.items():
-                value = dumps(current)
-                put(key, value)
-                if records.append(key=key, value=value, timestamp=None) is None:
-                    sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
-                    records = self.producer.create_batch()
-                    records.append(key=key, value=value, timestamp=None)
-            if records.record_count():
-                sent.append(await self.producer.send_batch(records, self.topic, partition=partition))
+        put = batch.put
+        sent = await send_changed(self.producer, self.topic, self.changed, put)
         for partition, position in self.positions.items():
             put(POSITION_KEY + b"%d" % partition, b"%d" % position)
         for delivery in sent:
@@ -169,31 +157,17 @@ class Forked(Persisted):
         self.due = time.monotonic() + CHECKPOINT_S
 
     async def _write(self, changed: dict[int, dict[bytes, list[int]]], positions: dict[int, int], sst: str) -> None:
-        import orjson
-        from aiokafka import AIOKafkaProducer
         from rocksdict import Options, SstFileWriter
 
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.args.bootstrap,
-            acks="all",
-            linger_ms=0,
-            max_batch_size=CHANGELOG_BATCH_BYTES,
-            max_request_size=2 * CHANGELOG_BATCH_BYTES,
-        )
+        producer = changelog_producer(self.args.bootstrap)
         await producer.start()
         try:
-            dumps, sent, serialised = orjson.dumps, [], []
-            for partition, keys in changed.items():
-                records = producer.create_batch()
-                for key, current in keys.items():
-                    value = dumps(current)
-                    serialised.append((key, memoryview(value).tobytes()))  # orjson's own pins 4 KiB
-                    if records.append(key=key, value=value, timestamp=None) is None:
-                        sent.append(await producer.send_batch(records, self.topic, partition=partition))
-                        records = producer.create_batch()
-                        records.append(key=key, value=value, timestamp=None)
-                if records.record_count():
-                    sent.append(await producer.send_batch(records, self.topic, partition=partition))
+            serialised: list[tuple[bytes, bytes]] = []
+
+            def keep(key: bytes, value: bytes) -> None:
+                serialised.append((key, memoryview(value).tobytes()))  # orjson's own pins 4 KiB
+
+            sent = await send_changed(producer, self.topic, changed, keep)
             serialised += [(POSITION_KEY + b"%d" % q, b"%d" % at) for q, at in positions.items()]
             serialised.sort()
             writer = SstFileWriter(Options(raw_mode=True))
@@ -245,6 +219,41 @@ CHANGELOG_BATCH_BYTES = 512 << 10
 """As streamkit's changelog producer's batches."""
 
 
+def changelog_producer(bootstrap: str) -> Any:
+    """A producer set up as streamkit's changelog producer: 512 KiB batches, linger 0,
+    ``acks=all`` (not started)."""
+    from aiokafka import AIOKafkaProducer
+
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=0,
+        max_batch_size=CHANGELOG_BATCH_BYTES,
+        max_request_size=2 * CHANGELOG_BATCH_BYTES,
+    )
+
+
+async def send_changed(producer: Any, topic: str, changed: dict[int, dict[bytes, list[int]]], keep: Any) -> list[Any]:
+    """Each changed key's value serialised once (orjson), handed to ``keep(key, value)``
+    and appended to record batches of its partition of ``topic``, each sent when full;
+    the deliveries of those batches."""
+    import orjson
+
+    dumps, sent = orjson.dumps, []
+    for partition, keys in changed.items():
+        records = producer.create_batch()
+        for key, current in keys.items():
+            value = dumps(current)
+            keep(key, value)
+            if records.append(key=key, value=value, timestamp=None) is None:
+                sent.append(await producer.send_batch(records, topic, partition=partition))
+                records = producer.create_batch()
+                records.append(key=key, value=value, timestamp=None)
+        if records.record_count():
+            sent.append(await producer.send_batch(records, topic, partition=partition))
+    return sent
+
+
 async def create_changelog(args: Any) -> str:
     """A changelog topic of this run's own (a partition per input partition), created."""
     import uuid
@@ -267,16 +276,8 @@ async def create_changelog(args: Any) -> str:
 async def start_persisted(args: Any) -> Persisted:
     """A :class:`Persisted` writing to a changelog topic of its own, through a producer of
     its own, started."""
-    from aiokafka import AIOKafkaProducer
-
     topic = await create_changelog(args)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=args.bootstrap,
-        acks="all",
-        linger_ms=0,
-        max_batch_size=CHANGELOG_BATCH_BYTES,
-        max_request_size=2 * CHANGELOG_BATCH_BYTES,
-    )
+    producer = changelog_producer(args.bootstrap)
     await producer.start()
     return Persisted(producer, topic, Path(args.workdir) / "state", args.partitions)
 
