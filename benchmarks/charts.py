@@ -35,6 +35,7 @@ LABELS = {
     "streamkit-stamped": "streamkit (input stamped by its producer)",
     "streamkit-nolog": "streamkit without its changelog",
     "streamkit-nowrite": "streamkit, its stores' writes left out (an upper bound)",
+    "streamkit-nostate": "streamkit, no state in its checkpoints (an upper bound)",
     "quix": "quixstreams",
     "faust": "faust",
     "bytewax": "Bytewax 0.21 (stateful_map, recovery on)",

@@ -99,6 +99,7 @@ ALIASES: dict[str, str] = {
     "streamkit-stamped": "streamkit_app",
     "streamkit-nolog": "streamkit_app",
     "streamkit-nowrite": "streamkit_app",
+    "streamkit-nostate": "streamkit_app",
     "streamkit-metrics": "streamkit_app",
     "streamkit-out": "streamkit_app",
     "streamkit-eos": "streamkit_app",
@@ -121,9 +122,11 @@ every 2 s, ``benchmarks.contenders.raw.Persisted``; ``raw-forked``: the same che
 a child process forked for each, ``benchmarks.contenders.raw.Forked``;
 ``streamkit-nolog``: streamkit with its changelog off; ``streamkit-nowrite``: streamkit with
 its stores' writes left out, an upper bound, not a job
-(``streamkit_app.leave_stores_unwritten``); ``streamkit-metrics``: with its Prometheus
-metrics served and scraped every second; ``streamkit-out``: sending each key's new count and
-sum to an output topic, at least once, ``streamkit-eos`` the same exactly once, and
+(``streamkit_app.leave_stores_unwritten``); ``streamkit-nostate``: with its checkpoints
+writing none of the state down, another upper bound (``streamkit_app.leave_state_out``);
+``streamkit-metrics``: with its Prometheus metrics served and scraped every second;
+``streamkit-out``: sending each key's new count and sum to an output topic, at least
+once, ``streamkit-eos`` the same exactly once, and
 ``streamkit-eos-pg`` and ``streamkit-eos-delta`` writing them to a PostgreSQL table
 (``BENCH_PG_DSN``) or a Delta table as well; ``streamkit-merged``, ``streamkit-join`` and
 ``streamkit-sjoin``: with a second input topic, a table fed by it or a stream join with it,

@@ -9,7 +9,8 @@ changes + positions in one RocksDB batch, then the Kafka offset commit; as
 ``streamkit-nolog``, ``BENCH_CONTENDER`` says, without the changelog; as
 ``streamkit-metrics``, with its Prometheus metrics served and scraped every second; as
 ``streamkit-nowrite``, with every checkpoint's RocksDB write left out, see
-:func:`leave_stores_unwritten`). The handler
+:func:`leave_stores_unwritten`; as ``streamkit-nostate``, with no state in its
+checkpoints, see :func:`leave_state_out`). The handler
 stops the worker when N records have been handled; the check
 is read back from the processors' RocksDB stores after the worker has closed them.
 ``cpu_window_s``: the process's CPU seconds (every thread) from the first record to the last.
@@ -33,8 +34,12 @@ from typing import Any
 import orjson
 
 import streamkit
-from stores.rocksdb import RocksDBStore
+from stores.rocksdb import PreparedCommit, RocksDBStore
+from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.worker import Worker
+
+UNCHECKED = ("streamkit-nowrite", "streamkit-nostate")
+"""Upper bounds, not jobs: their stores stay empty."""
 
 
 def main() -> None:
@@ -54,6 +59,8 @@ def main() -> None:
     out, sink = _outputs(app, contender, a)
     if contender == "streamkit-nowrite":
         leave_stores_unwritten()
+    if contender == "streamkit-nostate":
+        leave_state_out()
     if metrics_port is not None:  # scraped every second, as Prometheus would
         threading.Thread(target=_scrape, args=(metrics_port,), daemon=True).start()
     source = app.topic(a.topic, key_serde="raw")
@@ -84,7 +91,7 @@ def main() -> None:
         first_record_at=progress["first"],
         last_record_at=progress["last"],
         process_start=PROCESS_START,
-        check=None if contender == "streamkit-nowrite" else check_totals(stored_stats(app, a.partitions)),
+        check=None if contender in UNCHECKED else check_totals(stored_stats(app, a.partitions)),
         cpu_window_s=progress["cpu_last"] - progress["cpu_first"],
     )
 
@@ -125,6 +132,21 @@ def leave_stores_unwritten() -> None:
         store._checkpoint_bytes = checkpoint.to_bytes()
 
     RocksDBStore._write = drop  # type: ignore[method-assign]
+
+
+def leave_state_out() -> None:
+    """``streamkit-nostate``: each checkpoint forgets the keys changed since the last one
+    instead of serialising them: no changelog records and no store writes of state, while
+    its positions, changelog markers, progress records and offset commits go as always.
+    Not a job (its stores stay empty, so the harness has no totals to check): the most that
+    any checkpoint taken off the job's thread, by whatever means, could give."""
+
+    def forget(self: ProcessorState, add: Any) -> PreparedCommit:
+        for cache in self.caches.values():
+            cache.hot_path().dirty.clear()
+        return self.store.prepare({})
+
+    ProcessorState.prepare_commit = forget  # type: ignore[method-assign]
 
 
 def stored_stats(app: streamkit.App, processors: int) -> Iterator[Any]:
