@@ -19,6 +19,19 @@ def _fmt_ratio(x: float) -> str:
     return f"{x:.2g}x"
 
 
+CHECKPOINT_S = 2.0
+"""How often streamkit and the hand-written durable jobs checkpoint (``commit_interval``)."""
+SHORT_WINDOW_S = 3 * CHECKPOINT_S
+"""A steady window shorter than this holds fewer than three checkpoints of a durable job."""
+
+
+def steady_seconds(row: dict[str, Any]) -> float | None:
+    """The row's steady window: from its first record to its last (None: not measured)."""
+    result = row.get("result") or {}
+    first, last = result.get("first_record_at"), result.get("last_record_at")
+    return last - first if first and last and last > first else None
+
+
 def _label(row: dict[str, Any]) -> str:
     """A row's contender, with its run number from its second run on (``--repeat``)."""
     run = row.get("run", 1)
@@ -33,6 +46,7 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
         ("contender", "left"),
         ("records", "right"),
         ("rec/s steady", "right"),
+        ("steady s", "right"),
         ("rec/s from start", "right"),
         ("startup s", "right"),
         ("CPU s", "right"),
@@ -46,7 +60,7 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
         table.add_column(col, justify=justify)
     for r in rows:
         if r["status"] == "skipped" and "cpu_s" not in r:
-            table.add_row(_label(r), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
+            table.add_row(_label(r), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "skipped")
             continue
         result = r.get("result") or {}
         status = r["status"]
@@ -54,6 +68,7 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
             _label(r),
             f"{result.get('records', 0):,}",
             _fmt_rate(r.get("steady_rps")),
+            f"{window:.1f}" if (window := steady_seconds(r)) is not None else "-",
             _fmt_rate(r.get("from_start_rps")),
             f"{r['startup_s']:.2f}" if r.get("startup_s") is not None else "-",
             f"{r['cpu_s']:.2f}",
@@ -65,6 +80,13 @@ def print_report(rows: list[dict[str, Any]], header: str, console) -> None:
             status,
         )
     console.print(table)
+    short = [_label(r) for r in rows if (w := steady_seconds(r)) is not None and w < SHORT_WINDOW_S]
+    if short:
+        console.print(
+            f"  steady windows under {SHORT_WINDOW_S:.0f} s ({', '.join(short)}) hold fewer than three checkpoints "
+            f"of a job that checkpoints every {CHECKPOINT_S:.0f} s: its last one, and most of its cost, fall "
+            "outside; give --records more for a durable job's steady rate"
+        )
     for r in rows:
         if r["status"] != "ok" or str(r.get("check", "")).startswith("MISMATCH"):
             detail = r.get("reason") or r.get("check")

@@ -55,3 +55,23 @@ def test_a_contender_from_another_checkout_runs_the_same_variant() -> None:
 
     assert contender_env("raw-rocksdb@/tmp/before", 60)["BENCH_CONTENDER"] == "raw-rocksdb"
     assert contender_env("streamkit-nowrite", 60)["BENCH_CONTENDER"] == "streamkit-nowrite"
+
+
+def test_the_report_names_the_runs_whose_steady_window_holds_fewer_than_three_checkpoints() -> None:
+    """A million keys read once are over in 3 s: a job checkpointing every 2 s has its last
+    checkpoint after its last record, and a rate from such a window leaves it out."""
+    from benchmarks.report import print_report
+
+    def run(name: str, seconds: float) -> dict:
+        result = {"records": 1_000, "first_record_at": 100.0, "last_record_at": 100.0 + seconds}
+        return {**_row(name, 1_000 / seconds), "result": result, "cpu_s": 1.0, "peak_rss_mb": 1.0,
+                "load_avg_1m_before": 0.0, "check": "ok"}  # fmt: skip
+
+    out = io.StringIO()
+    print_report([run("short", 2.9), run("long", 9.0)], "header", Console(file=out, width=250))
+    text = out.getvalue()
+    assert "steady windows under 6 s (short) hold fewer than three checkpoints" in text
+    assert "2.9" in text and "9.0" in text  # each run's steady window, in its own column
+    out = io.StringIO()
+    print_report([run("long", 9.0)], "header", Console(file=out, width=250))
+    assert "fewer than three checkpoints" not in out.getvalue()
