@@ -135,15 +135,15 @@ def leave_stores_unwritten() -> None:
 
 
 def leave_state_out() -> None:
-    """``streamkit-nostate``: each checkpoint forgets the keys changed since the last one
-    instead of serialising them: no changelog records and no store writes of state, while
-    its positions, changelog markers, progress records and offset commits go as always.
-    Not a job (its stores stay empty, so the harness has no totals to check): the most that
-    any checkpoint taken off the job's thread, by whatever means, could give."""
+    """``streamkit-nostate``: each checkpoint writes none of the changed keys (an empty
+    store batch, no changelog records) while its positions, changelog markers, progress
+    records and offset commits go as always, and its caches let keys go as always. Not a
+    job (its stores stay empty, so the harness has no totals to check, and a key read
+    again after it left the cache is found missing, at the price of a read of an empty
+    store): more than any checkpoint taken off the job's thread, by whatever means, could
+    give."""
 
     def forget(self: ProcessorState, add: Any) -> PreparedCommit:
-        for cache in self.caches.values():
-            cache.hot_path().dirty.clear()
         return self.store.prepare({})
 
     ProcessorState.prepare_commit = forget  # type: ignore[method-assign]
