@@ -230,8 +230,8 @@ async def open_for_count(
                  log_as, pid, stored, count, done)  # fmt: skip
         proc = await opening.open(pid, path)
         if proc.loaded.is_empty() and retired:  # emptied: an empty store for `count` that names them
-            if adopt:  # rebuilt from the history: the last shrink step's two key sets on their own times
-                proc.hold_sides(p0, count + 1)
+            if adopt:  # rebuilt from the history: the key sets of the count it was for on their own times
+                proc.hold_sides(p0, stored)  # (not the last step's: a store two steps behind got keys from two)
             extra = proc.checkpoint_extra({PROCESSOR_COUNT: count, RETIRED: retired})
             proc.store.commit({}, proc.loaded.replace(extra=extra))
             proc.reload()

@@ -97,13 +97,22 @@ def test_opening_for_more_processors_purges_the_keys_that_moved(tmp_path: Path) 
     assert asyncio.run(reopen(2)) == set()  # keys came back, no staging store: rebuilt from the history
 
 
-def test_a_receiving_store_emptied_to_be_rebuilt_keeps_each_key_set_on_its_own_stream_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("count", [3, 2])
+def test_a_receiving_store_emptied_to_be_rebuilt_keeps_each_key_set_on_its_own_stream_time(
+    tmp_path: Path, count: int
+) -> None:
     """No staging store (its bootstrap's host died): the receiving processor's store is
     rebuilt from the history, where the retired processor's partitions stop where it
     stopped, possibly seconds before the receiving processor's own. On one stream time,
     their next records would be judged by the other partitions' time (late), and the
     retired keys' windows closed silently, their closes lost: so each key set keeps its
-    own, as in a staging store (``sides``), checkpointed from the start."""
+    own, as in a staging store (``sides``), checkpointed from the start.
+
+    ``count`` 2: a store written for 4 processors opened when the job has 2 (it missed the
+    4 -> 3 step that gave processor 1 processor 3's keys, then the job went on to 2, whose
+    step moved processor 2's keys into 0, not into 1): told apart by the placement the
+    store was written for, not by the last step's (at 3 processors, processor 1's keys
+    are one key set)."""
     from streamkit.windows import Tumbling
 
     app = streamkit.App("steps-sides")
@@ -114,13 +123,13 @@ def test_a_receiving_store_emptied_to_be_rebuilt_keeps_each_key_set_on_its_own_s
         store.commit({}, Checkpoint(positions={("t", 1): 10}, extra={"p": 4}))
 
     async def reopen() -> Any:
-        return await open_for_count(1, path, StoreOpening(app.tables, 1.0), 2, 3, log_as="test", adopt=True)
+        return await open_for_count(1, path, StoreOpening(app.tables, 1.0), 2, count, log_as="test", adopt=True)
 
     proc = asyncio.run(reopen())
     try:
         assert proc.loaded.extra[RETIRED] == [3] and proc.sides is not None
         assert (proc.sides.p0, proc.sides.p) == (2, 4)  # told apart by the placement before the shrink
-        mine = [k for k in (f"k{i}".encode() for i in range(50)) if lh_bucket(key_hash(k), 2, 3) == 1]
+        mine = [k for k in (f"k{i}".encode() for i in range(50)) if lh_bucket(key_hash(k), 2, count) == 1]
         assert {proc.sides.side_of(k) for k in mine} == {1, 3}
     finally:
         proc.close()
