@@ -220,6 +220,7 @@ async def open_for_count(
     if change == "grew":
         assert stored is not None
         retired = retired_into(pid, p0, stored, count, proc.loaded.extra)
+        apart = max(stored, proc.sides.p if proc.sides is not None else 0)  # (its own key sets not one yet)
         proc.close()
         if adopt:
             done = adopt_store(path, count, retired)
@@ -231,7 +232,7 @@ async def open_for_count(
         proc = await opening.open(pid, path)
         if proc.loaded.is_empty() and retired:  # emptied: an empty store for `count` that names them
             if adopt:  # rebuilt from the history: the key sets of the count it was for on their own times
-                proc.hold_sides(p0, stored)  # (not the last step's: a store two steps behind got keys from two)
+                proc.hold_sides(p0, apart)  # (not the last step's: a store two steps behind got keys from two)
             extra = proc.checkpoint_extra({PROCESSOR_COUNT: count, RETIRED: retired})
             proc.store.commit({}, proc.loaded.replace(extra=extra))
             proc.reload()

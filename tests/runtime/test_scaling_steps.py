@@ -15,7 +15,7 @@ from assignors.linear_hashing import lh_bucket
 from assignors.murmur2 import key_hash
 from stores.base import Checkpoint
 from stores.rocksdb import RocksDBStore
-from streamkit.checkpoint_keys import RETIRED
+from streamkit.checkpoint_keys import RETIRED, SIDES
 from streamkit.cli.scale import plan_moves
 from streamkit.exactly_once.markers import marker_of
 from streamkit.exactly_once.writer import Writers
@@ -136,6 +136,28 @@ def test_a_receiving_store_emptied_to_be_rebuilt_keeps_each_key_set_on_its_own_s
     proc = asyncio.run(reopen())  # a crash during the rebuild: still two
     try:
         assert proc.sides is not None
+    finally:
+        proc.close()
+
+
+def test_a_store_emptied_to_be_rebuilt_keeps_apart_the_key_sets_its_own_times_kept_apart(tmp_path: Path) -> None:
+    """Processor 0's store, a staging store of the 5 -> 4 shrink (processor 4's keys came
+    back to it) still on two times when its host died, is opened with the job at 2: its
+    key sets are told apart by the placement its own times were kept by (5), finer than
+    the count it was written for (4), so that 0's and 4's keys do not become one time."""
+    from streamkit.windows import Tumbling
+
+    app = streamkit.App("steps-sides-kept")
+    app.table("per_s", default=int, window=Tumbling(1))
+    path = tmp_path / "processor-0"
+    sides = {"p0": 2, "p": 5, "times": {"0": 2_000, "4": 1_000}}
+    with RocksDBStore.open(str(path), sorted(app.tables)) as store:
+        store.commit({}, Checkpoint(positions={("t", 0): 10}, extra={"p": 4, SIDES: sides, RETIRED: [4]}))
+    proc = asyncio.run(open_for_count(0, path, StoreOpening(app.tables, 1.0), 2, 2, log_as="test", adopt=True))
+    try:
+        assert proc.sides is not None and (proc.sides.p0, proc.sides.p) == (2, 5)
+        mine = [k for k in (f"k{i}".encode() for i in range(80)) if lh_bucket(key_hash(k), 2, 2) == 0]
+        assert {proc.sides.side_of(k) for k in mine} == {0, 2, 4}
     finally:
         proc.close()
 
