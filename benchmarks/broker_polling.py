@@ -36,7 +36,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.latency import PRODUCER_LINGER_MS, percentile
+from benchmarks.latency import PRODUCER_LINGER_MS, percentile, stop_all
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,7 @@ async def run_once(bootstrap: str, pid: int | None, waits: tuple[int, ...], rate
             pass  # (the counts below say what was not read)
     finally:
         sending = False
-        for task in tasks:
-            task.cancel()
-        for client in reversed(started):
-            await client.stop()
+        await stop_all(tasks, started)
     if any(len(into) != sent for into in delays):
         raise RuntimeError(f"{sent} records sent, read: {[len(into) for into in delays]}")
     return Outcome(cpu, [(percentile(d, 0.5) * 1000, percentile(d, 0.99) * 1000) for d in delays])

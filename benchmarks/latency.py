@@ -64,6 +64,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def stop_all(tasks: list[asyncio.Task[Any]], started: list[Any]) -> None:
+    """Cancel a run's reading tasks, then stop the clients it started, the last first."""
+    for task in tasks:
+        task.cancel()
+    for client in reversed(started):
+        await client.stop()
+
+
 @dataclass(frozen=True)
 class Pace:
     """What a run sends: ``rate`` records/s over ``keys`` keys, ``warmup`` seconds after
@@ -183,10 +191,7 @@ async def _run(
             await asyncio.gather(*tasks)
     finally:
         producing = False
-        for task in tasks:
-            task.cancel()
-        for client in reversed(started):
-            await client.stop()
+        await stop_all(tasks, started)
     if len(to_output) != measured_sent or (side is not None and len(to_side) != measured_sent):
         raise RuntimeError(
             f"{contender}: {measured_sent} records sent, {len(to_output)} outputs read"
