@@ -22,6 +22,7 @@ runs before the app's own handlers of that topic; handlers only read it.
 from __future__ import annotations
 
 import bisect
+import math
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -91,8 +92,8 @@ class FedTable(Table):
     never write it. See the module docstring."""
 
     def __init__(self, name: str, source: Topic, history: float = DEFAULT_HISTORY_SECONDS) -> None:
-        if history <= 0:
-            raise ValueError(f"table {name!r}: history must be > 0 seconds, got {history!r}")
+        if not (math.isfinite(history) and history >= 0.001):  # (versions are kept by the ms)
+            raise ValueError(f"table {name!r}: history must be a finite number of seconds >= 0.001, got {history!r}")
         super().__init__(name, source.key_serde, VersionsSerde(source.value_serde))
         self.source = source
         self.history_ms = int(history * 1000)

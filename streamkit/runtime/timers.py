@@ -80,6 +80,7 @@ async def fire(
     for proc in list(processors):
         outbox = Outbox()
         ctx = TimerContext(outbox, proc.id, now)
+        ctx.stream_time = proc.close_bound()  # a write into a window closed by then is late, never booked again
         TableBinder(tables, ctx).bind(proc.backends)
         result = spec.fn(ctx)
         if inspect.isawaitable(result):

@@ -96,8 +96,8 @@ class _TimeKind:
         """Refuse what cannot be served; then keep the settings in ms (read per record)."""
         if not (math.isfinite(self.grace) and self.grace >= 0):
             raise ValueError(f"{name} window grace must be >= 0 seconds, got {self.grace!r}")
-        if math.isnan(self.retention):
-            raise ValueError(f"{name} window retention must be a number of seconds, got {self.retention!r}")
+        if not math.isfinite(self.retention):  # (a window kept for ever: state that grows without bound)
+            raise ValueError(f"{name} window retention must be a finite number of seconds, got {self.retention!r}")
         if self.retention < self.grace:
             raise ValueError(
                 f"{name} window retention ({self.retention!r} s) must be at least its grace ({self.grace!r} s): "
@@ -202,9 +202,12 @@ class Hopping(Tumbling):
 class Session(_TimeKind):
     """Per key, records at most ``gap`` seconds apart form one session ``[first, last]``;
     a record within ``gap`` of two sessions merges them, their values combined with
-    ``merge(older, newer)`` (default ``+``). A session closes ``gap + grace`` seconds
-    after its last record (no record can join it then) and is kept ``retention`` seconds
-    after that close."""
+    ``merge(older, newer)`` (default ``+``). A session closes once stream time is more
+    than ``gap + grace`` seconds past its last record (a record exactly ``gap`` after it
+    still joins it, as in Kafka Streams), and is kept ``retention`` seconds after that
+    close, at least ``gap``: until then a record within ``gap`` of it is late (a closed
+    session is final), and one deleted sooner would let such a record open a session of
+    its own, depending on when a checkpoint deleted it."""
 
     gap: float = 0.0
     merge: Callable[[Any, Any], Any] = field(default=operator.add, compare=False)
@@ -230,10 +233,10 @@ class Session(_TimeKind):
     gap_ms: int = field(default=0, init=False, repr=False, compare=False)
 
     def close_time(self, window: Window) -> int:
-        return window.end + self.gap_ms + self.grace_ms
+        return window.end + self.gap_ms + self.grace_ms + 1
 
     def expiry_time(self, window: Window) -> int:
-        return window.end + self.gap_ms + self.grace_ms + self.retention_ms
+        return self.close_time(window) + max(self.retention_ms, self.gap_ms)
 
     def joins(self, window: Window, timestamp_ms: int) -> bool:
         """A record of ``timestamp_ms`` belongs to (or extends) the session ``window``."""

@@ -138,6 +138,9 @@ def test_handlers_cannot_write_it_and_a_concurrent_source_is_refused() -> None:
         streamkit.App("x").table("t", source="s", default=int)
     with pytest.raises(ValueError, match="history= is for a table fed"):
         streamkit.App("x").table("t", history=5)
+    for history in (float("nan"), float("inf"), 0.0004, 0):  # versions are kept by the ms
+        with pytest.raises(ValueError, match=r"table 't': history must be a finite number of seconds >= 0\.001"):
+            streamkit.App("x").table("t", source="s", history=history)
 
 
 def test_the_feed_runs_before_the_apps_own_handlers_of_its_topic() -> None:

@@ -61,8 +61,8 @@ def sessions(records: list[tuple[str, int, int]], gap: int, grace: int) -> Resul
         advanced, stream = ts > stream, max(stream, ts)
         mine = live.setdefault(key, [])
         near = [s for s in mine + ended.get(key, []) if s[0] - gap <= ts <= s[1] + gap]
-        joined = [s for s in near if s in mine and s[1] + gap + grace > stream]
-        if len(joined) < len(near) or (not joined and ts + gap + grace <= stream):  # next to a final one: late
+        joined = [s for s in near if s in mine and s[1] + gap + grace >= stream]
+        if len(joined) < len(near) or (not joined and ts + gap + grace < stream):  # next to a final one: late
             out.late += 1
             out.late_at.append(i)
         else:
@@ -76,7 +76,7 @@ def sessions(records: list[tuple[str, int, int]], gap: int, grace: int) -> Resul
             out.windows[(key, start)] = total
         for k, ss in live.items() if advanced else ():  # (only a newer stream time closes one)
             for s in list(ss):
-                if s[1] + gap + grace <= stream:
+                if s[1] + gap + grace < stream:
                     out.closes[(k, s[0])] = s[2]
                     ss.remove(s)
                     ended.setdefault(k, []).append(s)

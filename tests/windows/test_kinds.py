@@ -37,7 +37,9 @@ def test_settings_are_checked_with_a_line_that_names_them() -> None:
         (lambda: Tumbling(float("nan")), "Tumbling window size must be at least 0.001 seconds"),
         (lambda: Tumbling(float("inf")), "Tumbling window size must be at least 0.001 seconds"),
         (lambda: Tumbling(60, grace=float("nan")), "grace must be >= 0 seconds"),
-        (lambda: Tumbling(60, retention=float("nan")), "retention must be a number of seconds"),
+        (lambda: Tumbling(60, retention=float("nan")), "retention must be a finite number of seconds"),
+        (lambda: Tumbling(60, retention=float("inf")), "Tumbling window retention must be a finite number of seconds"),
+        (lambda: Session(5, retention=float("inf")), "Session window retention must be a finite number of seconds"),
     ],
 )
 def test_lengths_the_runtime_cannot_place_are_refused(declare: Callable[[], object], says: str) -> None:
@@ -71,11 +73,18 @@ def test_count_windows_hold_n_records_every_step() -> None:
     ]
 
 
-def test_a_session_takes_records_within_its_gap_and_closes_gap_plus_grace_after_its_last() -> None:
+def test_a_session_takes_records_within_its_gap_and_closes_once_past_gap_plus_grace_after_its_last() -> None:
     s = Session(5, grace=2)
     w = Window(10_000, 20_000)
     assert s.joins(w, 5_000) and s.joins(w, 25_000) and not s.joins(w, 25_001) and not s.joins(w, 4_999)
-    assert s.close_time(w) == 27_000 and s.expiry_time(w) == 27_000 + s.retention_ms
+    assert s.close_time(w) == 27_001 and s.expiry_time(w) == 27_001 + s.retention_ms
+
+
+def test_a_closed_session_is_kept_at_least_its_gap_whatever_its_retention() -> None:
+    """A record within ``gap`` of a closed session is late while it is kept: deleted
+    sooner, the record would open a session of its own."""
+    s = Session(10, retention=1)
+    assert s.expiry_time(Window(0, 0)) == s.close_time(Window(0, 0)) + 10_000
 
 
 def test_sliding_windows_are_the_ones_records_end_and_start_both_ends_included() -> None:

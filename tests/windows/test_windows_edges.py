@@ -15,7 +15,7 @@ import pytest
 import streamkit
 from streamkit.replay import Replayer
 from streamkit.testing import TestDriver
-from streamkit.windows import Count, Hopping, Session, Sliding, Tumbling, late
+from streamkit.windows import Count, Hopping, LateRecordError, Session, Sliding, Tumbling, late
 
 
 def test_a_count_table_counts_each_record_once_for_every_handler_and_call() -> None:
@@ -260,3 +260,85 @@ def test_a_context_is_replaying_while_its_output_is_held_back() -> None:
     assert not ctx.replaying
     outbox.suppress = True  # as the dispatcher does while a processor's state is rebuilt
     assert ctx.replaying
+
+
+def _session_app(window: Session) -> streamkit.App:
+    app = streamkit.App("sessions")
+    events = app.topic("events")
+    sums = app.table("sums", default=int, window=window)
+
+    @app.processor(events)
+    def add(key: str, value: Any, ctx: streamkit.Context) -> None:
+        sums.update(key, lambda t: t + value)
+
+    @app.on_window_close(sums)
+    def closed(key: str, window: streamkit.Window, total: int, ctx: streamkit.Context) -> None:
+        ctx.send("closes", key, {"start": window.start, "end": window.end, "total": total})
+
+    @app.on_late(sums)
+    def late_record(key: str, value: Any, ctx: streamkit.Context, exc: Exception) -> None:
+        ctx.send("late", key, {"value": value, "at": ctx.timestamp})
+
+    return app
+
+
+def test_a_record_exactly_gap_after_a_session_joins_it_without_grace() -> None:
+    """Records at most ``gap`` apart form one session (Kafka Streams merges them too):
+    the record at ``last + gap`` moves stream time there, and must not close its own
+    session first and then be judged late by it."""
+    with TestDriver(_session_app(Session(5))) as driver:
+        driver.send("events", "k", 1, timestamp=0)
+        driver.send("events", "k", 2, timestamp=5)  # exactly the gap later
+        driver.send("events", "k", 4, timestamp=100)  # closes [0, 5000]
+        assert [r.value for r in driver.output("late")] == []
+        assert [r.value for r in driver.output("closes")] == [{"start": 0, "end": 5_000, "total": 3}]
+
+
+@pytest.mark.parametrize("checkpoint_between", [False, True])
+def test_a_record_within_gap_of_a_closed_session_is_late_whatever_its_retention_and_checkpoints(
+    checkpoint_between: bool,
+) -> None:
+    """A retention shorter than the gap must not let a checkpoint delete a closed session
+    while a record within its gap can still come: that record would open a session of its
+    own or be late depending on when the checkpoint ran (and a rebuild, which replays
+    without it, would judge it the other way)."""
+    with TestDriver(_session_app(Session(10, retention=1))) as driver:
+        driver.send("events", "k", 1, timestamp=0)
+        driver.send("events", "other", 1, timestamp=12)  # k's session [0, 0] closes
+        if checkpoint_between:
+            driver.checkpoint()
+        driver.send("events", "k", 5, timestamp=5)  # within the gap of the closed session
+        driver.send("events", "z", 1, timestamp=100)
+        assert [r.value for r in driver.output("late")] == [{"value": 5, "at": 5_000}]
+        assert [r.value for r in driver.output("closes") if r.key == "k"] == [{"start": 0, "end": 0, "total": 1}]
+
+
+def test_a_timer_writing_a_closed_window_is_late_and_never_closes_the_window_again() -> None:
+    """A per-processor timer writes the window of the wall clock; once stream time has
+    closed that window, the write is refused as late (the timer fails, said), never booked
+    again as open (which closed and sent it once more after every write)."""
+    app = streamkit.App("ticks")
+    events = app.topic("events")
+    ticks = app.table("ticks", default=int, window=Tumbling(10))
+
+    @app.processor(events)
+    def count(key: str, value: Any, ctx: streamkit.Context) -> None:
+        ticks.update(key, lambda n: n + 1)
+
+    @app.every(1.0)
+    def tick(ctx: streamkit.Context) -> None:
+        ticks.update("timer", lambda n: n + 1)
+
+    @app.on_window_close(ticks)
+    def closed(key: str, window: streamkit.Window, n: int, ctx: streamkit.Context) -> None:
+        ctx.send("closes", key, {"start": window.start, "n": n})
+
+    with TestDriver(app, start_time=100.0) as driver:
+        driver.advance(1)  # the timer's write at 101 s: window [100 s, 110 s), stream time not yet moved
+        driver.send("events", "k", 1, timestamp=500)  # closes it
+        assert [r.value for r in driver.output("closes")] == [{"start": 100_000, "n": 1}]
+        for _ in range(3):
+            with pytest.raises(LateRecordError, match="table 'ticks': the window starting at 100000 ms closed"):
+                driver.advance(1)
+            driver.send("events", "k", 1, timestamp=501)
+        assert [r.value for r in driver.output("closes")] == [{"start": 100_000, "n": 1}]
