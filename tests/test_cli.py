@@ -100,3 +100,21 @@ def test_a_worker_starts_an_embedded_broker_only_when_asked(tmp_path: Path, monk
     asked = cli("worker", "examples.orders:app", "--embedded-broker", STREAMKIT_STATE_DIR=str(tmp_path / "s"))
     assert "started an embedded broker at 127.0.0.1:" in asked.stderr, asked.stderr
     assert "topic 'orders' does not exist" in asked.stderr  # it got as far as the broker, which is empty
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (("--catch-up", "0"), "--catch-up 0.0: need a number of seconds > 0"),
+        (("--catch-up", "nan"), "--catch-up nan: need a number of seconds > 0"),
+        (("--stabilization", "-1"), "--stabilization -1.0: need a number of seconds >= 0"),
+        (("--retry-after", "nan"), "--retry-after nan: need a number of seconds >= 0"),
+        (("--interval", "0"), "--interval 0.0: need a number of seconds > 0"),
+        (("--window", "inf"), "--window inf: need a number of seconds > 0"),
+    ],
+)
+def test_the_autoscaler_refuses_a_bad_time_at_start_in_one_line(option: tuple[str, str], says: str) -> None:
+    """Before any worker is started (a zero catch-up divided by zero at every look, and a
+    NaN stabilization scaled in at the first)."""
+    err = one_error_line(cli("autoscale", "examples.orders:app", "--max", "2", *option, STREAMKIT_BROKER="127.0.0.1:1"))
+    assert says in err

@@ -62,7 +62,10 @@ class Gauge:
 
     @property
     def count(self) -> int:
-        return self.seen
+        """The workers seen, at most the count published: after a scale-in the cluster
+        stops a worker some time later, and until then the processors must not follow the
+        one still there back up."""
+        return self.seen if self.desired is None else min(self.seen, self.desired)
 
     def scale_to(self, n: int) -> None:
         self.desired = n
@@ -97,16 +100,19 @@ class Controller:
     pending_workers: int | None = None
     """A scale-in's worker count, once the processors' shrink has settled."""
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, sampler: Sampler | None = None) -> None:
         """Look, decide and act every ``interval`` seconds until ``stop``; a look that fails
-        (the broker away a moment) is reported in one line and the next one tried."""
-        sampler = Sampler(self.app, self.bootstrap, self.window)
+        (the broker away a moment) is reported in one line and the next one tried, with
+        the rates and the stabilization time started again (``sampler``: the job's)."""
+        sampler = sampler if sampler is not None else Sampler(self.app, self.bootstrap, self.window)
         while not stop.is_set():
             try:
                 await self.step(sampler)
             except Exception as exc:  # noqa: BLE001 - the controller outlives a failed look
                 self.say(f"look failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                          f"trying again in {self.interval:.0f} s")  # fmt: skip
+                sampler.restart()  # (rates across the gap would average it in, and a scale-in
+                self.policy.restart_stabilization()  # be taken on a stabilization time with no look in it)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await stop.wait()
@@ -117,7 +123,8 @@ class Controller:
         if isinstance(self.workers, Gauge):
             self.workers.seen = look.workers
             if self.workers.desired is None:
-                self.workers.desired = max(look.workers, self.policy.limits.min_workers)
+                limits = self.policy.limits
+                self.workers.desired = min(max(look.workers, limits.min_workers), limits.max_workers)
         if not self.dry_run:  # 2
             for pid, code in await asyncio.to_thread(self.workers.restart_dead):
                 self.say(f"worker {pid} exited with status {code}: started another")

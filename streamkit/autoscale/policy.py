@@ -74,6 +74,11 @@ class Limits:
             raise ValueError(f"min {self.min_workers} and max {self.max_workers} workers: need 1 <= min <= max")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"target utilization {self.target_utilization}: need 0 < u <= 1")
+        if not (math.isfinite(self.catch_up) and self.catch_up > 0):
+            raise ValueError(f"--catch-up {self.catch_up}: need a number of seconds > 0")
+        for option, seconds in (("--stabilization", self.stabilization), ("--retry-after", self.retry_after)):
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{option} {seconds}: need a number of seconds >= 0")
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,11 @@ class Policy:
         """A scale the controller asked for was refused at ``at`` (why): no new one before
         ``retry_after`` seconds."""
         self._refused_at, self._refused_why = at, why
+
+    def restart_stabilization(self) -> None:
+        """Lower need seen so far no longer counts towards a scale-in (the looks stopped a
+        while): it must be seen again for a whole stabilization time."""
+        self._lower_since = None
 
     def pausing(self, at: float) -> bool:
         """Whether a refused scale's pause is still on at ``at``."""

@@ -134,6 +134,11 @@ class Sampler:
         self._beats = Heartbeats(app.name)
         self.looks: deque[Look] = deque()
 
+    def restart(self) -> None:
+        """Forget the looks so far (they stopped a while): the next sample is taken over
+        looks from now on."""
+        self.looks.clear()
+
     async def look(self) -> tuple[Look, Sample | None]:
         """Look now; the sample since the last look (None on the first)."""
         from streamkit.cli.status_view import gather

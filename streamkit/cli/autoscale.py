@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -89,12 +90,20 @@ def autoscale(
     in after --stabilization seconds of lower load, one worker at a time; never while a
     scale or a rebalance is under way, never below the job's initial processor count.
     Each decision is printed with the figures it used."""
+    from streamkit.autoscale.policy import Limits
     from streamkit.cli import CliError
 
     if workers not in ("local", "gauge"):
         raise CliError(f"--workers {workers!r}: local or gauge")
     if min_workers > max_workers:
         raise CliError(f"--min {min_workers} is above --max {max_workers}")
+    for option, seconds in (("--interval", interval), ("--window", window)):
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise CliError(f"{option} {seconds}: need a number of seconds > 0")
+    try:  # (before a worker is started)
+        Limits(min_workers, max_workers, 1, target_utilization, catch_up, stabilization, retry_after)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if workers == "gauge" and metrics_port is None and not dry_run:
         raise CliError("--workers gauge publishes the count it wants on --metrics-port: give one")
     opts = AutoscaleOptions(

@@ -101,6 +101,14 @@ def test_bad_limits_are_refused() -> None:
         Limits(min_workers=3, max_workers=2, initial_processors=1)
     with pytest.raises(ValueError, match="target utilization 1.5"):
         Limits(min_workers=1, max_workers=2, initial_processors=1, target_utilization=1.5)
+    for times, says in (
+        ({"catch_up": 0.0}, "--catch-up 0.0: need a number of seconds > 0"),
+        ({"catch_up": -60.0}, "--catch-up -60.0"),
+        ({"stabilization": float("nan")}, "--stabilization nan: need a number of seconds >= 0"),
+        ({"retry_after": -1.0}, "--retry-after -1.0: need a number of seconds >= 0"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            Limits(min_workers=1, max_workers=2, initial_processors=1, **times)
 
 
 def test_a_recorded_history_replays_to_the_decisions_made_live_and_other_options_change_them(tmp_path: Path) -> None:
