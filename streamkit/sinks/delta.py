@@ -86,7 +86,8 @@ class DeltaSink(Sink):
         commit = CommitProperties(
             app_transactions=[Transaction(self._app_id(w), v) for w, v in sorted(reached.items())]
         )
-        data = pa.Table.from_pylist(rows)
+        columns = dict.fromkeys(c for row in rows for c in row)  # every row's (a column a row leaves out: null)
+        data = pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns})
         if table is None or self.mode == "append":
             write_deltalake(
                 self.uri, data, mode="append", storage_options=self.storage_options, commit_properties=commit

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from streamkit.errors import ConfigError
 from streamkit.sinks.base import Sink, SinkBatch, last_per_key
 
 __all__ = ["PostgresSink"]
@@ -31,16 +32,50 @@ class PostgresSink(Sink):
         self._conn: Any = None
 
     def open(self) -> None:
+        """Connect, and refuse (``ConfigError``, one line naming the sink, never the
+        password) a database that cannot be reached or lacks the table or its key columns:
+        a worker opens its sinks when it starts, not at its first checkpoint."""
         import psycopg
+        from psycopg import sql
 
-        self._conn = psycopg.connect(self.dsn, autocommit=True)
-        self._conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (sink text, writer text, seq bigint NOT NULL, "
-            "PRIMARY KEY (sink, writer))"
-        )
+        where = _where(self.dsn)
+        try:
+            self._conn = psycopg.connect(self.dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise ConfigError(
+                f"sink {self.name!r}: cannot connect to PostgreSQL ({where}): {_first_line(exc)}"
+            ) from None
+        except psycopg.Error:  # (a DSN it cannot parse: the message quotes the part it choked on)
+            raise ConfigError(f"sink {self.name!r}: the PostgreSQL DSN cannot be parsed ({where})") from None
+        try:
+            name = sql.Identifier(*self.table.split(".")).as_string(self._conn)
+            columns = {
+                row[0]
+                for row in self._conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                    "AND NOT attisdropped",
+                    (name,),
+                )
+            }
+            if not columns:
+                raise ConfigError(
+                    f"sink {self.name!r}: table {self.table!r} does not exist in {where} "
+                    "(create it first: the sink creates only its progress table)"
+                )
+            if missing := [k for k in self.key if k not in columns]:
+                raise ConfigError(f"sink {self.name!r}: table {self.table!r} has no key column {', '.join(missing)}")
+            self._conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (sink text, writer text, seq bigint NOT NULL, "
+                "PRIMARY KEY (sink, writer))"
+            )
+        except psycopg.Error as exc:
+            self.close()
+            raise ConfigError(f"sink {self.name!r}: {where}: {_first_line(exc)}") from None
+        except ConfigError:
+            self.close()
+            raise
 
     def write(self, batches: Sequence[SinkBatch]) -> int:
-        from psycopg import sql
 
         if self._conn is None:
             self.open()
@@ -63,27 +98,12 @@ class PostgresSink(Sink):
                 reached[batch.writer] = max(reached.get(batch.writer, 0), batch.seq)
             if self.mode == "upsert":
                 rows = last_per_key(rows, self.key)
-            if rows:
-                columns = list(rows[0])
-                statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                    sql.Identifier(*self.table.split(".")),
-                    sql.SQL(", ").join(map(sql.Identifier, columns)),
-                    sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-                )
-                if self.mode == "upsert":
-                    others = [c for c in columns if c not in self.key]
-                    statement += sql.SQL(" ON CONFLICT ({}) DO ").format(
-                        sql.SQL(", ").join(map(sql.Identifier, self.key))
-                    )
-                    statement += (
-                        sql.SQL("UPDATE SET {}").format(
-                            sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)
-                        )
-                        if others
-                        else sql.SQL("NOTHING")
-                    )
-                cur.executemany(statement, [tuple(row[c] for c in columns) for row in rows])
-                written = len(rows)
+            shapes: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}  # rows by their columns
+            for row in rows:
+                shapes.setdefault(tuple(row), []).append(tuple(row.values()))
+            for columns, values in shapes.items():  # (a column a row leaves out: the table's default, or as it was)
+                cur.executemany(self._statement(columns), values)
+            written = len(rows)
             for writer, seq in reached.items():
                 cur.execute(
                     f"INSERT INTO {PROGRESS_TABLE} (sink, writer, seq) VALUES (%s, %s, %s) "
@@ -91,6 +111,27 @@ class PostgresSink(Sink):
                     (self.name, writer, seq),
                 )
         return written
+
+    def _statement(self, columns: Sequence[str]) -> Any:
+        """The insert (or upsert) of rows of ``columns``."""
+        from psycopg import sql
+
+        statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            sql.Identifier(*self.table.split(".")),
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+        )
+        if self.mode == "upsert":
+            others = [c for c in columns if c not in self.key]
+            statement += sql.SQL(" ON CONFLICT ({}) DO ").format(sql.SQL(", ").join(map(sql.Identifier, self.key)))
+            statement += (
+                sql.SQL("UPDATE SET {}").format(
+                    sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)
+                )
+                if others
+                else sql.SQL("NOTHING")
+            )
+        return statement
 
     def progress(self, writer: str) -> int:
         if self._conn is None:
@@ -104,3 +145,21 @@ class PostgresSink(Sink):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _where(dsn: str) -> str:
+    """Which database a DSN names, without its password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        found = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 - unparsable: said by the caller
+        return "a DSN that cannot be parsed"
+    return (
+        ", ".join(f"{k} {found[k]}" for k in ("host", "port", "dbname", "user") if found.get(k))
+        or "the default database"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

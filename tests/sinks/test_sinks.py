@@ -95,3 +95,64 @@ def test_a_writer_that_lost_its_count_goes_on_beyond_what_the_sink_holds(upsert_
     outbox.committed()
     asyncio.run(outbox.flush({sink.name: sink}))
     assert rows_of(sink, where) == [("a", 2)]
+
+
+@pytest.mark.parametrize("mode", ["insert", "upsert"])
+def test_a_postgres_row_is_written_with_every_column_it_has_whatever_the_first_row_had(
+    postgres: str, mode: str
+) -> None:
+    """The columns were the first row's: a later row's own column was dropped without a
+    word, and a row lacking one of them failed every checkpoint after it."""
+    table = f"notes_{mode}"
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, k text, note text DEFAULT 'none')")
+        conn.execute(f"INSERT INTO {table} VALUES (3, 'c', 'kept')")
+    sink = PostgresSink(postgres, table, key=["id"], mode=mode)  # type: ignore[arg-type]
+    sink.name = f"notes-{mode}"
+    sink.open()
+    rows = [{"id": 1, "k": "a"}, {"id": 2, "k": "b", "note": "IMPORTANT"}]
+    if mode == "upsert":
+        rows.append({"id": 3, "k": "C"})  # a row without `note` leaves it as it was
+    assert sink.write([SinkBatch("job/0", 1, rows)]) == len(rows)
+    assert rows_of(sink, postgres) == [
+        (1, "a", "none"),
+        (2, "b", "IMPORTANT"),
+        (3, "C" if mode == "upsert" else "c", "kept"),
+    ]
+    sink.close()
+
+
+def test_a_delta_row_is_written_with_every_column_it_has_whatever_the_first_row_had(tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path / "notes"))
+    sink.name = "notes"
+    rows = [{"id": 1, "k": "a"}, {"id": 2, "k": "b", "note": "IMPORTANT"}]
+    assert sink.write([SinkBatch("job/0", 1, rows)]) == 2
+    assert sorted(DeltaTable(str(tmp_path / "notes")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "k": "a", "note": None},
+        {"id": 2, "k": "b", "note": "IMPORTANT"},
+    ]
+
+
+def test_a_postgres_sink_that_cannot_be_served_is_refused_when_opened_in_one_line_without_the_password(
+    postgres: str,
+) -> None:
+    from streamkit.errors import ConfigError
+
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute('CREATE TABLE "Keyed" (id bigint PRIMARY KEY, v text)')
+    cases = [
+        (PostgresSink(postgres, "no_such_table"), "sink 'out': table 'no_such_table' does not exist in host"),
+        (PostgresSink(postgres, "Keyed", key=["key"]), "sink 'out': table 'Keyed' has no key column key"),
+        (PostgresSink("postgresql://bob:s3cret@127.0.0.1:1/db", "t"), "sink 'out': cannot connect to PostgreSQL"),
+        (PostgresSink("postgresql://bob:my%pass@127.0.0.1:1/db", "t"), "sink 'out': the PostgreSQL DSN cannot be"),
+    ]
+    for sink, says in cases:
+        sink.name = "out"
+        with pytest.raises(ConfigError) as refused:
+            sink.open()
+        line = str(refused.value)
+        assert says in line and "\n" not in line and "s3cret" not in line and "my%pass" not in line, line
+    ok = PostgresSink(postgres, "Keyed", key=["id"])  # a quoted (mixed-case) name is found as written
+    ok.name = "out"
+    ok.open()
+    ok.close()
