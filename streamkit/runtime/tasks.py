@@ -30,7 +30,7 @@ from streamkit.runtime import checkpointing
 from streamkit.runtime.catchup import Stamp, shape_of
 from streamkit.runtime.dispatch import by_processor
 from streamkit.runtime.jobmeta import JobLayout
-from streamkit.runtime.key_sets import StoreOpening, delete_retired_stores, open_for_count
+from streamkit.runtime.key_sets import StoreOpening, delete_retired_stores
 from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
 from streamkit.runtime.progress import Commit
@@ -38,10 +38,11 @@ from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routing import Starts
 from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
+from streamkit.runtime.taken_store import open_taken
 from streamkit.runtime.task import Task
 from streamkit.sinks.outbox import SinkOutbox
 from streamkit.state.changelog import position_of
-from streamkit.state.restore import ChangelogSource, restore_store
+from streamkit.state.restore import ChangelogSource
 
 log = logging.getLogger(__name__)
 
@@ -291,21 +292,19 @@ class TaskManager:
 
     async def _open(self, pid: int, p0: int, p: int, generation: int) -> Task:
         """Step 2: the processor's store, restored from the changelog first when this disk
-        has none, and put on the changelog's chain (a zombie's later markers lose)."""
+        has none or a later owner's checkpoint is beyond it (``taken_store``), and put on
+        the changelog's chain (a zombie's later markers lose)."""
         settings, services = self.app.settings, self.services
         path = self.app.store_path(pid, settings.state_dir)
         incarnation = services.jobs.job.incarnation
         if services.standbys is not None:  # a standby here, or a store left here: caught up
             await services.standbys.release(pid)
         changelog = services.changelog
-        if changelog is not None and not path.exists():  # a lost disk, or a new machine
-            try:
-                source = ChangelogSource(services.io, changelog.topic, self.app.tables, p0, incarnation)
-                await restore_store(source, pid, path, log_as=self.name, on_read=self.restores.tracker(pid))
-            finally:
-                self.restores.done(pid)
-        opening = self.opening(incarnation)
-        proc = await open_for_count(pid, path, opening, p0, p, log_as=self.name, adopt=True)
+        topic = changelog.topic if changelog is not None else ""
+        source = ChangelogSource(services.io, topic, self.app.tables, p0, incarnation)
+        proc = await open_taken(
+            pid, path, changelog, source, self.opening(incarnation), p, log_as=self.name, restores=self.restores
+        )
         task = self.host(proc)
         if changelog is not None and position_of(proc.loaded) is not None:
             after = await changelog.takeover(pid, proc.loaded.replace(generation=generation))
