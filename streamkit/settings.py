@@ -175,8 +175,8 @@ class Settings(BaseSettings):
         5_000,
         ge=1,
         description="checkpoint as soon as the processors of one group member hold this many rows for sinks (an "
-        "upsert sink's rows count once per key): a checkpoint keeps its rows in its changelog marker, one Kafka "
-        "record, so this many rows must fit in one (1 MB by default)",
+        "upsert sink's rows count once per key), or 512 KiB of them serialised, whichever comes first: a "
+        "checkpoint keeps its rows in its changelog marker, one Kafka record (1 MB by default)",
     )
     layout_poll_interval: float = Field(
         0.2,

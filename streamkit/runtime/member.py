@@ -227,7 +227,7 @@ class GroupMember:
                 self._since_checkpoint >= settings.commit_every
                 or now >= self.tasks.next_checkpoint
                 or self.tasks.dirty_keys() >= settings.checkpoint_dirty_keys
-                or self.tasks.sink_rows() >= settings.sink_rows_per_checkpoint
+                or self.tasks.sink_rows_due(settings.sink_rows_per_checkpoint)
             ):
                 async with lock:
                     await self.tasks.checkpoint()

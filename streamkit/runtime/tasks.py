@@ -40,7 +40,7 @@ from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
 from streamkit.runtime.taken_store import open_taken
 from streamkit.runtime.task import Task
-from streamkit.sinks.outbox import SinkOutbox
+from streamkit.sinks.outbox import SinkOutbox, checkpoint_due
 from streamkit.state.changelog import position_of
 from streamkit.state.restore import ChangelogSource
 
@@ -171,9 +171,9 @@ class TaskManager:
         one writes (it commits every processor at once), so its pause."""
         return sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
 
-    def sink_rows(self) -> int:
-        """The rows the hosted processors hold for sinks: what the next checkpoint keeps."""
-        return sum(t.proc.sink_outbox.count() for t in self.active.values() if t.proc.sink_outbox is not None)
+    def sink_rows_due(self, rows: int) -> bool:
+        """Whether the hosted processors' sink rows call for a checkpoint (``checkpoint_due``)."""
+        return checkpoint_due((t.proc.sink_outbox for t in self.active.values() if t.proc.sink_outbox), rows)
 
     def standby_info(self, info: MemberInfo) -> None:
         """What the leader places standbys by: this worker's disk and the stores it holds."""

@@ -13,12 +13,21 @@ next incarnation writes them again: a sink that holds that number skips them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
+from streamkit.errors import StreamkitError
 from streamkit.sinks.base import Sink, SinkBatch
 
-__all__ = ["SINK_OUTBOX", "SinkOutbox"]
+__all__ = ["ROW_BYTES_PER_CHECKPOINT", "SINK_OUTBOX", "SinkOutbox", "checkpoint_due"]
+
+ROW_BYTES_PER_CHECKPOINT = 512 * 1024
+"""Serialised sink rows the processors of one group member hold before their next
+checkpoint is taken, whatever ``sink_rows_per_checkpoint`` says: a checkpoint keeps its
+rows in its changelog marker, one Kafka record (1 MB at most by default), beside the
+checkpoint itself and any rows not yet known written."""
 
 SINK_OUTBOX = "sink_outbox"
 """Checkpoint extra: {"seq": the writer's last checkpoint number, "pending": [{"sink",
@@ -47,8 +56,23 @@ class SinkOutbox:
         for an upsert sink, else by their number)."""
         self.written = 0
         """Rows the sinks took (not those they held already)."""
+        self.size = 0
+        """The serialised size of the rows since the last checkpoint (an upsert sink's
+        replaced rows too: at most a checkpoint comes sooner)."""
 
     def add(self, sink: str, row: dict[str, Any]) -> None:
+        """A row for ``sink``; refused (one line naming the sink) when it is not JSON, or
+        larger than a checkpoint can hold."""
+        try:
+            size = len(orjson.dumps(row))
+        except TypeError as exc:
+            raise StreamkitError(f"sink {sink!r}: a row must be a dict of JSON values ({exc})") from None
+        if size > ROW_BYTES_PER_CHECKPOINT:
+            raise StreamkitError(
+                f"sink {sink!r}: a row of {size:,} bytes is more than a checkpoint holds "
+                f"({ROW_BYTES_PER_CHECKPOINT:,} bytes of rows)"
+            )
+        self.size += size
         rows = self.rows.setdefault(sink, {})
         if columns := self.keys.get(sink):
             key = tuple(row[c] for c in columns)
@@ -80,6 +104,7 @@ class SinkOutbox:
             self.seq += 1
             self.pending += self._entries(self.seq)
             self.rows = {}
+            self.size = 0
 
     async def flush(self, sinks: Mapping[str, Sink]) -> None:
         """Write the pending batches, each sink in one transaction (in a thread)."""
@@ -94,3 +119,10 @@ class SinkOutbox:
                 raise KeyError(f"the checkpoint holds rows for sink {name!r}, which the app no longer declares")
             self.written += await asyncio.to_thread(sink.write, batches)
         self.pending = []
+
+
+def checkpoint_due(outboxes: Iterable[SinkOutbox], rows: int) -> bool:
+    """Whether ``outboxes`` (one group member's) hold ``rows`` rows or more, or
+    :data:`ROW_BYTES_PER_CHECKPOINT` bytes of them."""
+    held = list(outboxes)
+    return sum(o.count() for o in held) >= rows or sum(o.size for o in held) >= ROW_BYTES_PER_CHECKPOINT
