@@ -3,6 +3,7 @@ transaction with the sink's progress per writer (table ``streamkit_sink_progress
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -12,6 +13,12 @@ from streamkit.sinks.base import Sink, SinkBatch, last_per_key
 __all__ = ["PostgresSink"]
 
 PROGRESS_TABLE = "streamkit_sink_progress"
+
+WRITE_ATTEMPTS = 6
+"""Tries of one write whose connection was lost or whose transaction the server gave up
+(over some 10 s, waits growing from 0.2 s): then its error stops the worker."""
+
+log = logging.getLogger(__name__)
 
 
 class PostgresSink(Sink):
@@ -30,6 +37,7 @@ class PostgresSink(Sink):
             raise ValueError(f"PostgresSink({table!r}): mode='upsert' needs key=[the table's key columns]")
         self.upsert_key = self.key if self.mode == "upsert" else ()
         self._conn: Any = None
+        self._opened = False
 
     def open(self) -> None:
         """Connect, and refuse (``ConfigError``, one line naming the sink, never the
@@ -74,14 +82,43 @@ class PostgresSink(Sink):
         except ConfigError:
             self.close()
             raise
+        self._opened = True
 
     def write(self, batches: Sequence[SinkBatch]) -> int:
+        """The batches' rows beyond what the sink holds per writer, in one transaction with
+        its progress. A connection lost or a transaction the server gave up (a restart, a
+        deadlock) is said in a warning and tried again on a new connection, up to
+        ``WRITE_ATTEMPTS`` times: the write is idempotent by the batches' numbers."""
+        import psycopg
+        from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+        def again(state: Any) -> None:
+            error = state.outcome.exception()
+            log.warning("sink %r: %s: %s; connecting again, attempt %d of %d", self.name, type(error).__name__,
+                        _first_line(error), state.attempt_number + 1, WRITE_ATTEMPTS)  # fmt: skip
+            self.close()
+
+        attempts = retry(
+            retry=retry_if_exception_type(psycopg.OperationalError),
+            stop=stop_after_attempt(WRITE_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.2, max=5),
+            before_sleep=again,
+            reraise=True,
+        )
+        return int(attempts(self._write)(batches))
+
+    def _write(self, batches: Sequence[SinkBatch]) -> int:
         if self._conn is None:
-            self.open()
+            if self._opened:  # (checked when opened: a connection again)
+                import psycopg
+
+                self._conn = psycopg.connect(self.dsn, autocommit=True)
+            else:
+                self.open()
+        conn: Any = self._conn
         written = 0
-        with self._conn.transaction():
-            cur = self._conn.cursor()
+        with conn.transaction():
+            cur = conn.cursor()
             done: dict[str, int] = {}
             for writer in sorted({b.writer for b in batches}):
                 cur.execute(

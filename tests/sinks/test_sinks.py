@@ -5,6 +5,7 @@ last row, inserts append, and the progress is in the same transaction as the row
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,26 @@ def test_a_postgres_sink_that_cannot_be_served_is_refused_when_opened_in_one_lin
     ok.name = "out"
     ok.open()
     ok.close()
+
+
+def test_a_postgres_write_whose_connection_was_lost_is_said_and_tried_again_once_connected(
+    postgres: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server restart or an administrator ending the sink's session must not stop the
+    worker: the write is idempotent by the batches' numbers, so it is tried again."""
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dropped (id bigint PRIMARY KEY)")
+    sink = PostgresSink(postgres, "dropped")
+    sink.name = "dropped"
+    sink.open()
+    assert sink.write([SinkBatch("job/0", 1, [{"id": 1}])]) == 1
+    with psycopg.connect(postgres, autocommit=True) as admin:  # the sink's session ends under it
+        backend = sink._conn.info.backend_pid
+        admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    with caplog.at_level(logging.WARNING, logger="streamkit.sinks.postgres"):
+        assert sink.write([SinkBatch("job/0", 1, [{"id": 1}]), SinkBatch("job/0", 2, [{"id": 2}])]) == 1
+    assert rows_of(sink, postgres) == [(1,), (2,)]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("sink 'dropped': AdminShutdown: terminating connection"), said
+    assert "attempt 2 of 6" in said[0]
+    sink.close()
