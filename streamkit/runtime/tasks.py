@@ -33,6 +33,7 @@ from streamkit.runtime.jobmeta import JobLayout
 from streamkit.runtime.key_sets import StoreOpening, delete_retired_stores
 from streamkit.runtime.parts import MemberParts
 from streamkit.runtime.processor import ProcessorState
+from streamkit.runtime.processor_sinks import ProcessorSinks
 from streamkit.runtime.progress import Commit
 from streamkit.runtime.rebuild import rebuild_unfinished
 from streamkit.runtime.routing import Starts
@@ -40,7 +41,6 @@ from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
 from streamkit.runtime.taken_store import open_taken
 from streamkit.runtime.task import Task
-from streamkit.sinks.outbox import SinkOutbox, checkpoint_due
 from streamkit.state.changelog import position_of
 from streamkit.state.restore import ChangelogSource
 
@@ -86,6 +86,7 @@ class TaskManager:
         """Assignments taken (what the metrics count as rebalances)."""
         self.checkpoint_seconds = Durations()
         self.zombie_rejections = 0
+        self.sinks = ProcessorSinks(app.name, app.sinks, services.output) if app.sinks else None
         self.on_close: list[Callable[[], None]] = []
         """Called when every processor is closed (a joining one's bootstrap with them)."""
         self.long_waits_closed = 0
@@ -98,12 +99,8 @@ class TaskManager:
         task = self.active[proc.id] = Task(proc, self.parts.dispatcher, merge, self.parts.lagging)
         if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
             proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra, self.job_p)
-        if self.app.sinks:
-            writer = f"{self.app.name}/{proc.id}"
-            floor = max(sink.progress(writer) for sink in self.app.sinks.values())
-            keys = {name: sink.upsert_key for name, sink in self.app.sinks.items()}
-            proc.sink_outbox = SinkOutbox(writer, proc.loaded.extra, floor, keys)
-            self.services.output.sink_outboxes[proc.id] = proc.sink_outbox
+        if self.sinks is not None:
+            self.sinks.host(proc, self.assigned_generation)
         return task
 
     def _unhost(self, task: Task) -> None:
@@ -111,10 +108,8 @@ class TaskManager:
         if (writers := self.services.output.writers) is not None and task.proc.attempts is not None:
             writers.close(task.id, task.proc.attempts)
             task.proc.attempts = None
-        if task.proc.sink_outbox is not None:
-            if self.services.output.sink_outboxes.get(task.id) is task.proc.sink_outbox:
-                del self.services.output.sink_outboxes[task.id]
-            task.proc.sink_outbox = None
+        if self.sinks is not None:
+            self.sinks.unhost(task.proc)
 
     def let_go(self, task: Task) -> None:
         """Stop hosting ``task`` (its store stays open: the caller's): its routes go out of
@@ -172,8 +167,8 @@ class TaskManager:
         return sum(c.dirty_count for t in self.active.values() for c in t.proc.caches.values())
 
     def sink_rows_due(self, rows: int) -> bool:
-        """Whether the hosted processors' sink rows call for a checkpoint (``checkpoint_due``)."""
-        return checkpoint_due((t.proc.sink_outbox for t in self.active.values() if t.proc.sink_outbox), rows)
+        """Whether the hosted processors' sink rows call for a checkpoint."""
+        return self.sinks is not None and self.sinks.due((t.proc for t in self.active.values()), rows)
 
     def standby_info(self, info: MemberInfo) -> None:
         """What the leader places standbys by: this worker's disk and the stores it holds."""
@@ -297,6 +292,8 @@ class TaskManager:
         settings, services = self.app.settings, self.services
         path = self.app.store_path(pid, settings.state_dir)
         incarnation = services.jobs.job.incarnation
+        if self.sinks is not None:  # before the state is read (``processor_sinks``)
+            await self.sinks.claim(pid, generation)
         if services.standbys is not None:  # a standby here, or a store left here: caught up
             await services.standbys.release(pid)
         changelog = services.changelog
@@ -411,7 +408,7 @@ class TaskManager:
             sinks = checkpointing.CheckpointSinks(
                 self.services.progress, output.flush, self._commit_offsets, self.services.changelog,
                 commit_attempts=self.mark_attempts if output.writers is not None else None,
-                commit_rows=self._commit_rows if self.app.sinks else None,
+                commit_rows=self._commit_rows if self.sinks is not None else None,
             )  # fmt: skip
             committed = await checkpointing.checkpoint(stamp, self.active.values(), slots, sinks)
         except checkpointing.ZombieCheckpointError as exc:
@@ -438,11 +435,8 @@ class TaskManager:
             await asyncio.gather(*(writer.committed(mark, declared) for writer in writers))
 
     async def _commit_rows(self, tasks: Iterable[Task]) -> None:
-        """Sink rows: every hosted processor's rows its store holds and no sink is known to
-        hold go to their sinks (``sinks.outbox``)."""
-        for task in tasks:
-            if task.proc.sink_outbox is not None:
-                await task.proc.sink_outbox.flush(self.app.sinks)
+        assert self.sinks is not None
+        await self.sinks.commit_rows(task.proc for task in tasks)
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         await self.parts.consumer.commit(offsets)

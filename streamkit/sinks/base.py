@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Sink", "SinkBatch", "last_per_key"]
+from streamkit.errors import StreamkitError
+
+__all__ = ["Sink", "SinkBatch", "SinkFencedError", "last_per_key"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,14 @@ class SinkBatch:
     (it is in the processor's checkpoint), and only a committed checkpoint's batch is
     ever written, so a number the sink holds always stands for the same rows."""
     rows: list[dict[str, Any]]
+    generation: int = -1
+    """The group generation of the worker writing it (-1: not said): a sink that fences
+    (:meth:`Sink.claim`) refuses it when a newer owner of the writer claimed it since."""
+
+
+class SinkFencedError(StreamkitError):
+    """A batch refused because a newer owner of its writer claimed it: the worker writing
+    it was paused through a rebalance (a zombie)."""
 
 
 class Sink(ABC):
@@ -48,6 +58,14 @@ class Sink(ABC):
     def progress(self, writer: str) -> int:
         """The ``seq`` the sink holds for ``writer`` (0: none): a processor whose store
         lost its count (a rebuild from the input) goes on beyond it."""
+
+    def claim(self, writer: str, generation: int) -> int:
+        """``writer``'s processor is taken over by a worker of ``generation``, before it
+        reads the processor's state: a sink that can refuses from now on every batch of
+        an older generation (raising :class:`SinkFencedError`), so that a zombie's batch
+        is either refused or already in that state. Returns :meth:`progress`. (This one
+        does not fence.)"""
+        return self.progress(writer)
 
     def close(self) -> None:  # noqa: B027 - nothing to let go of, for most
         """Disconnect; called once, at stop."""

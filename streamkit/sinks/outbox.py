@@ -21,7 +21,7 @@ import orjson
 from streamkit.errors import StreamkitError
 from streamkit.sinks.base import Sink, SinkBatch
 
-__all__ = ["ROW_BYTES_PER_CHECKPOINT", "SINK_OUTBOX", "SinkOutbox", "checkpoint_due"]
+__all__ = ["ROW_BYTES_PER_CHECKPOINT", "SINK_OUTBOX", "SinkOutbox", "checkpoint_due", "claim_sinks"]
 
 ROW_BYTES_PER_CHECKPOINT = 512 * 1024
 """Serialised sink rows the processors of one group member hold before their next
@@ -38,12 +38,19 @@ class SinkOutbox:
     """One hosted processor's sink rows (see the module docstring)."""
 
     def __init__(
-        self, writer: str, extra: Mapping[str, Any], floor: int = 0, keys: Mapping[str, tuple[str, ...]] | None = None
+        self,
+        writer: str,
+        extra: Mapping[str, Any],
+        floor: int = 0,
+        keys: Mapping[str, tuple[str, ...]] | None = None,
+        generation: int = -1,
     ) -> None:
         """``floor``: the highest number a sink holds for the writer (a store that lost its
         count, rebuilt from the input or seeded from another processor's, goes on beyond
-        it: a sink would skip a number it holds)."""
+        it: a sink would skip a number it holds). ``generation``: the hosting worker's,
+        which its batches carry (``SinkBatch.generation``)."""
         self.writer = writer
+        self.generation = generation
         kept = extra.get(SINK_OUTBOX) or {}
         self.seq = max(int(kept.get("seq", 0)) if kept.get("writer", writer) == writer else 0, floor)
         self.pending: list[dict[str, Any]] = list(kept.get("pending", ()))
@@ -112,7 +119,8 @@ class SinkOutbox:
             return
         by_sink: dict[str, list[SinkBatch]] = {}
         for entry in self.pending:
-            by_sink.setdefault(entry["sink"], []).append(SinkBatch(entry["writer"], int(entry["seq"]), entry["rows"]))
+            batch = SinkBatch(entry["writer"], int(entry["seq"]), entry["rows"], self.generation)
+            by_sink.setdefault(entry["sink"], []).append(batch)
         for name, batches in sorted(by_sink.items()):
             sink = sinks.get(name)
             if sink is None:
@@ -126,3 +134,9 @@ def checkpoint_due(outboxes: Iterable[SinkOutbox], rows: int) -> bool:
     :data:`ROW_BYTES_PER_CHECKPOINT` bytes of them."""
     held = list(outboxes)
     return sum(o.count() for o in held) >= rows or sum(o.size for o in held) >= ROW_BYTES_PER_CHECKPOINT
+
+
+def claim_sinks(sinks: Mapping[str, Sink], writer: str, generation: int) -> int:
+    """``writer`` claimed in every sink by a worker of ``generation`` (``Sink.claim``);
+    the highest number any of them holds for it."""
+    return max((sink.claim(writer, generation) for sink in sinks.values()), default=0)

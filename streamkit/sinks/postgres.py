@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from streamkit.errors import ConfigError
-from streamkit.sinks.base import Sink, SinkBatch, last_per_key
+from streamkit.sinks.base import Sink, SinkBatch, SinkFencedError, last_per_key
 
 __all__ = ["PostgresSink"]
 
@@ -74,7 +74,10 @@ class PostgresSink(Sink):
                 raise ConfigError(f"sink {self.name!r}: table {self.table!r} has no key column {', '.join(missing)}")
             self._conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (sink text, writer text, seq bigint NOT NULL, "
-                "PRIMARY KEY (sink, writer))"
+                "generation bigint NOT NULL DEFAULT -1, PRIMARY KEY (sink, writer))"
+            )
+            self._conn.execute(  # (a progress table from before the fencing)
+                f"ALTER TABLE {PROGRESS_TABLE} ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT -1"
             )
         except psycopg.Error as exc:
             self.close()
@@ -122,10 +125,17 @@ class PostgresSink(Sink):
             done: dict[str, int] = {}
             for writer in sorted({b.writer for b in batches}):
                 cur.execute(
-                    f"SELECT seq FROM {PROGRESS_TABLE} WHERE sink = %s AND writer = %s FOR UPDATE", (self.name, writer)
+                    f"SELECT seq, generation FROM {PROGRESS_TABLE} WHERE sink = %s AND writer = %s FOR UPDATE",
+                    (self.name, writer),
                 )
                 found = cur.fetchone()
                 done[writer] = found[0] if found else 0
+                claimed = found[1] if found else -1
+                if stale := [b.generation for b in batches if b.writer == writer and 0 <= b.generation < claimed]:
+                    raise SinkFencedError(
+                        f"sink {self.name!r}: writer {writer} was claimed by generation {claimed}: a batch of "
+                        f"generation {max(stale)} refused (its worker was paused through a rebalance)"
+                    )
             rows: list[dict[str, Any]] = []
             reached: dict[str, int] = {}
             for batch in batches:
@@ -169,6 +179,19 @@ class PostgresSink(Sink):
                 else sql.SQL("NOTHING")
             )
         return statement
+
+    def claim(self, writer: str, generation: int) -> int:
+        """See :meth:`Sink.claim`: the generation goes into the writer's progress row, which
+        every write locks and checks its batches against."""
+        if self._conn is None:
+            self.open()
+        found = self._conn.execute(
+            f"INSERT INTO {PROGRESS_TABLE} (sink, writer, seq, generation) VALUES (%s, %s, 0, %s) "
+            f"ON CONFLICT (sink, writer) DO UPDATE SET generation = GREATEST({PROGRESS_TABLE}.generation, "
+            "EXCLUDED.generation) RETURNING seq",
+            (self.name, writer, generation),
+        ).fetchone()
+        return int(found[0])
 
     def progress(self, writer: str) -> int:
         if self._conn is None:

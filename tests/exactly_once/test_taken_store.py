@@ -30,8 +30,8 @@ def test_a_processor_back_on_a_disk_with_an_older_store_sends_nothing_twice(
         conn.execute(f"CREATE TABLE {table} (id bigint, k text)")
     env = {"SK_OUT": out, "SK_PG": postgres, "SK_PG_TABLE": table, "SK_KILL_FLAG": str(flag)}
     spec = "tests.exactly_once.sink_job_app:app"
-    machine_a = Job(broker, f"taken-{run}", source, tmp_path / "a", processors=1, app_spec=spec)
-    machine_b = Job(broker, f"taken-{run}", source, tmp_path / "b", processors=1, app_spec=spec)
+    machine_a = Job(broker, f"taken-{run}", source, tmp_path / "a" / "state", processors=1, app_spec=spec)
+    machine_b = Job(broker, f"taken-{run}", source, tmp_path / "b" / "state", processors=1, app_spec=spec)
 
     def rows() -> tuple[int, int]:
         with psycopg.connect(postgres) as conn:
