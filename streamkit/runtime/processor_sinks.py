@@ -45,7 +45,8 @@ class ProcessorSinks:
         if (floor := self._claimed.pop(proc.id, None)) is None:  # (a processor not taken by ``claim``)
             floor = max(sink.progress(self.writer(proc.id)) for sink in self.sinks.values())
         keys = {name: sink.upsert_key for name, sink in self.sinks.items()}
-        proc.sink_outbox = SinkOutbox(self.writer(proc.id), proc.loaded.extra, floor, keys, generation)
+        keeping = frozenset(name for name, sink in self.sinks.items() if sink.keeps_left_out)
+        proc.sink_outbox = SinkOutbox(self.writer(proc.id), proc.loaded.extra, floor, keys, generation, keeping)
         self.output.sink_outboxes[proc.id] = proc.sink_outbox
 
     def unhost(self, proc: ProcessorState) -> None:

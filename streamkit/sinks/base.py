@@ -47,6 +47,11 @@ class Sink(ABC):
     upsert_key: tuple[str, ...] = ()
     """The columns a row replaces the row of (empty: rows are appended): a processor keeps
     a key's last row of a checkpoint only."""
+    keeps_left_out: bool = False
+    """Whether an upsert leaves a column a row leaves out as it was (else: null). Either
+    way a key's rows of one checkpoint, or of several written at once, end as they would
+    written one after another: kept, a row takes the columns its earlier rows had and it
+    lacks (``last_per_key``)."""
 
     def open(self) -> None:  # noqa: B027 - most sinks connect on their first write
         """Connect (and create what the sink needs); called once per worker, at start."""
@@ -71,11 +76,12 @@ class Sink(ABC):
         """Disconnect; called once, at stop."""
 
 
-def last_per_key(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """``rows`` with only the last row of each key (an upsert of a batch writes that one)."""
+def last_per_key(rows: Sequence[dict[str, Any]], keys: Sequence[str], *, keep: bool = False) -> list[dict[str, Any]]:
+    """``rows`` with one row per key, its last; ``keep``: with the columns it leaves out
+    taken from the key's earlier rows (``Sink.keeps_left_out``)."""
     last: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         k = tuple(row[c] for c in keys)
-        last.pop(k, None)
-        last[k] = row
+        earlier = last.pop(k, None)
+        last[k] = {**earlier, **row} if keep and earlier is not None else row
     return list(last.values())

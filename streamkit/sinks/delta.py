@@ -86,8 +86,13 @@ class DeltaSink(Sink):
         commit = CommitProperties(
             app_transactions=[Transaction(self._app_id(w), v) for w, v in sorted(reached.items())]
         )
-        columns = dict.fromkeys(c for row in rows for c in row)  # every row's (a column a row leaves out: null)
-        data = pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns})
+        target = None if table is None else pa.schema(table.schema().to_arrow())
+        columns = dict.fromkeys([*(target.names if target else ()), *(c for row in rows for c in row)])
+        data = pa.Table.from_pydict({c: [row.get(c) for row in rows] for c in columns})  # (a column a row
+        if target is not None:  # leaves out: null, whatever the other rows have; of the table's type)
+            data = data.cast(
+                pa.schema([target.field(c) if c in target.names else data.schema.field(c) for c in columns])
+            )
         if table is None or self.mode == "append":
             write_deltalake(
                 self.uri, data, mode="append", storage_options=self.storage_options, commit_properties=commit

@@ -44,6 +44,7 @@ class SinkOutbox:
         floor: int = 0,
         keys: Mapping[str, tuple[str, ...]] | None = None,
         generation: int = -1,
+        keeping: frozenset[str] = frozenset(),
     ) -> None:
         """``floor``: the highest number a sink holds for the writer (a store that lost its
         count, rebuilt from the input or seeded from another processor's, goes on beyond
@@ -58,6 +59,9 @@ class SinkOutbox:
         too: a store seeded from another processor's carries its)."""
         self.keys = dict(keys or {})
         """Per upsert sink, its key columns: a key's last row of a checkpoint is the one kept."""
+        self.keeping = keeping
+        """The upsert sinks that keep a column a row leaves out (``Sink.keeps_left_out``):
+        a key's last row takes it from the key's earlier rows."""
         self.rows: dict[str, dict[Any, dict[str, Any]]] = {}
         """Per sink, its rows since the last checkpoint, in order (keyed by the row's key
         for an upsert sink, else by their number)."""
@@ -83,8 +87,8 @@ class SinkOutbox:
         rows = self.rows.setdefault(sink, {})
         if columns := self.keys.get(sink):
             key = tuple(row[c] for c in columns)
-            rows.pop(key, None)  # the last row of a key, in the place of its last write
-            rows[key] = row
+            earlier = rows.pop(key, None)  # the last row of a key, in the place of its last write
+            rows[key] = {**earlier, **row} if earlier is not None and sink in self.keeping else row
         else:
             rows[len(rows)] = row
 

@@ -26,7 +26,11 @@ class PostgresSink(Sink):
 
     ``key``: the table's primary key (or unique) columns: a row replaces the one with its
     key (``mode="upsert"``, the default with a key); without, rows are appended
-    (``mode="insert"``). The table must exist; the sink creates its progress table."""
+    (``mode="insert"``). The table must exist; the sink creates its progress table. A
+    column a row leaves out gets the table's default on insert and stays as it was on
+    upsert."""
+
+    keeps_left_out = True
 
     def __init__(
         self, dsn: str, table: str, *, key: Sequence[str] = (), mode: Literal["upsert", "insert"] | None = None
@@ -144,7 +148,7 @@ class PostgresSink(Sink):
                 rows += batch.rows
                 reached[batch.writer] = max(reached.get(batch.writer, 0), batch.seq)
             if self.mode == "upsert":
-                rows = last_per_key(rows, self.key)
+                rows = last_per_key(rows, self.key, keep=True)
             shapes: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}  # rows by their columns
             for row in rows:
                 shapes.setdefault(tuple(row), []).append(tuple(row.values()))

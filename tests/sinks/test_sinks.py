@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 
 from streamkit.sinks.base import Sink, SinkBatch
 from streamkit.sinks.delta import DeltaSink
+from streamkit.sinks.outbox import SinkOutbox
 from streamkit.sinks.postgres import PostgresSink
 
 
@@ -180,3 +181,53 @@ def test_a_postgres_write_whose_connection_was_lost_is_said_and_tried_again_once
     assert len(said) == 1 and said[0].startswith("sink 'dropped': AdminShutdown: terminating connection"), said
     assert "attempt 2 of 6" in said[0]
     sink.close()
+
+
+@pytest.fixture(params=["postgres", "delta"])
+def upsert_notes(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Sink, Any]:
+    """An upsert sink of rows (key, total, note), the Delta table written once first (its
+    schema)."""
+    if request.param == "postgres":
+        dsn = request.getfixturevalue("postgres")
+        table = f"notes_{abs(hash(str(tmp_path))) % 10**8}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, total bigint, note text)")
+        sink: Sink = PostgresSink(dsn, table, key=["key"])
+        where: Any = dsn
+    else:
+        where = str(tmp_path / "notes")
+        sink = DeltaSink(where, key=["key"])
+    sink.name = f"notes-{tmp_path.name}"
+    sink.open()
+    sink.write([SinkBatch("app/9", 1, [{"key": "z", "total": 0, "note": "schema"}])])
+    return sink, where
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_an_upsert_of_rows_that_leave_columns_out_does_not_depend_on_how_they_were_batched(
+    upsert_notes: tuple[Sink, Any], together: bool
+) -> None:
+    """A key's rows of one checkpoint, or of several written at once (a restart writes the
+    pending batches together), end as they would written one after another: in PostgreSQL
+    a column a row leaves out stays as it was, in Delta it is null."""
+    sink, where = upsert_notes
+    first = SinkBatch("app/1", 1, [{"key": "b", "total": 2, "note": "y"}])
+    second = SinkBatch("app/1", 2, [{"key": "b", "total": 3}])
+    if together:
+        sink.write([first, second])
+    else:
+        sink.write([first])
+        sink.write([second])
+    outbox = SinkOutbox(
+        "app/0", {}, 0, {sink.name: ("key",)}, keeping=frozenset({sink.name} if sink.keeps_left_out else ())
+    )
+    outbox.add(sink.name, {"key": "a", "total": 1, "note": "x"})
+    outbox.add(sink.name, {"key": "a", "total": 4})  # one checkpoint's two rows of a key
+    outbox.committed()
+    asyncio.run(outbox.flush({sink.name: sink}))
+    kept = isinstance(sink, PostgresSink)
+    assert rows_of(sink, where) == [
+        ("a", 4, "x" if kept else None),
+        ("b", 3, "y" if kept else None),
+        ("z", 0, "schema"),
+    ]
