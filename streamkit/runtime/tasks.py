@@ -2,8 +2,9 @@
 checkpoint, gate again. The member's loop (``member``) decides when; this module does it.
 
 Taking an assignment is a sequence of named steps (:meth:`TaskManager.take_assignment`):
-fence the partitions, then per processor open its store (restored from the changelog
-first when the disk lost it), catch it up with what the group handled, adopt the stream
+fence the partitions, then per processor claim it in the sinks and open its store
+(restored from the changelog first when the disk lost it or holds it behind a later
+owner's checkpoint: ``taken_store``), catch it up with what the group handled, adopt the stream
 time its windows closed at, read the history it left, and route its partitions; then
 seek, record the routes, fire the key callbacks and gate.
 """

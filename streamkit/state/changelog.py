@@ -383,19 +383,20 @@ class ChangelogWriter:
     async def later_owner(self, partition: int, checkpoint: Checkpoint) -> Marker | None:
         """The first marker beyond a store's changelog position (``checkpoint``'s) that a
         later owner of the processor wrote (a newer generation than the store's) for a
-        checkpoint further in the input than the store: that owner may have sent the output
-        and sink rows of records the store has not applied, so the store must not be taken
-        as it is (None: no such marker; a zombie's, of an older generation, does not count)."""
+        checkpoint elsewhere in the input than the store (its positions or IC ranges): that
+        owner may have sent the output and sink rows of records the store has not applied,
+        so the store must not be taken as it is (None: no such marker; a zombie's, of an
+        older generation, does not count, nor a later owner's takeover of this very state)."""
         base = position_of(checkpoint)
         assert base is not None
         tail, _ = await self.io.read(self.topic, partition, base)
-        at = checkpoint.positions
         for r in tail:
             if r.key is None or not r.key.startswith(MARKER_PREFIXES):
                 continue
             marker = Marker.of(r, self.topic, partition)
             if marker is not None and marker.generation > checkpoint.generation:
-                if any(o > at.get(tp, 0) for tp, o in marker.checkpoint.positions.items()):
+                theirs = marker.checkpoint
+                if theirs.positions != checkpoint.positions or theirs.ic_ranges != checkpoint.ic_ranges:
                     return marker
         return None
 
