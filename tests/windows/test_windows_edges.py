@@ -342,3 +342,30 @@ def test_a_timer_writing_a_closed_window_is_late_and_never_closes_the_window_aga
                 driver.advance(1)
             driver.send("events", "k", 1, timestamp=501)
         assert [r.value for r in driver.output("closes")] == [{"start": 100_000, "n": 1}]
+
+
+def test_a_timer_late_on_one_processor_still_fires_on_the_others() -> None:
+    """Processor 0's stream time ran ahead (a producer's clock): its timer's write is late,
+    and the timer still fires on processor 1, whose window is open; the failure is raised
+    once every processor fired."""
+    app = streamkit.App("ticks")
+    events = app.topic("events")
+    ticks = app.table("ticks", default=int, window=Tumbling(10))
+    beats = app.table("beats", default=int)
+
+    @app.processor(events)
+    def count(key: str, value: Any, ctx: streamkit.Context) -> None:
+        ticks.update(key, lambda n: n + 1)
+
+    @app.every(1.0)
+    def tick(ctx: streamkit.Context) -> None:
+        ticks.update(f"timer-{ctx.processor}", lambda n: n + 1)
+        beats[f"p{ctx.processor}"] += 1
+
+    with TestDriver(app, processors=2, start_time=100.0) as driver:
+        driver.send("events", "a", 1, timestamp=120)  # processor 0's stream time: 120 s
+        driver.send("events", "b", 1, timestamp=100.5)  # processor 1's: 100.5 s
+        with pytest.raises(LateRecordError, match="stream time 120000 ms"):
+            driver.advance(1)
+        assert driver.table("beats") == {"p1": 1}
+        assert driver.windows("ticks").get(("timer-1", 100_000)) == 1
