@@ -369,3 +369,20 @@ def test_a_timer_late_on_one_processor_still_fires_on_the_others() -> None:
             driver.advance(1)
         assert driver.table("beats") == {"p1": 1}
         assert driver.windows("ticks").get(("timer-1", 100_000)) == 1
+
+
+@pytest.mark.parametrize("checkpoint_between", [False, True])
+def test_a_session_past_its_retention_is_gone_whether_a_checkpoint_deleted_it_or_not(checkpoint_between: bool) -> None:
+    """A record within the gap of an ended session past its retention and of an open one
+    joins the open one, whether a checkpoint has deleted the ended one yet or not (it was
+    late without a checkpoint in between, and joined with one)."""
+    with TestDriver(_session_app(Session(10, retention=30))) as driver:
+        driver.send("events", "k", 1, timestamp=0)
+        driver.send("events", "k", 1, timestamp=15)  # [0, 0] closes; [15, 15] opens
+        for t in range(24, 100, 9):
+            driver.send("events", "k", 1, timestamp=t)  # [15, 96]: stream time 96 s, [0, 0] past its retention
+        if checkpoint_between:
+            driver.checkpoint()
+        driver.send("events", "k", 100, timestamp=7)  # within the gap of both
+        assert [r.value for r in driver.output("late")] == []
+        assert driver.windows("sums")[("k", 7_000)] == 110
