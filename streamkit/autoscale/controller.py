@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class Controller:
                          f"trying again in {self.interval:.0f} s")  # fmt: skip
                 sampler.restart()  # (rates across the gap would average it in, and a scale-in
                 self.policy.restart_stabilization()  # be taken on a stabilization time with no look in it)
+                self._record({"at": time.time(), "look_failed": type(exc).__name__})  # (``--replay`` does the same)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await stop.wait()

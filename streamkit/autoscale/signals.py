@@ -217,7 +217,8 @@ def entry_of(
 def replay(lines: Iterable[str], limits: Limits) -> list[Decision]:
     """The decisions a policy with ``limits`` makes on a recorded history (``--record``;
     ``streamkit autoscale --replay``): its samples in order, a refused scale told as it
-    was recorded. ``limits.initial_processors`` is taken from the history."""
+    was recorded, and so a look that failed. ``limits.initial_processors`` is taken from the
+    history."""
     records = [json.loads(line) for line in lines if line.strip()]
     p0 = min((r["initial_processors"] for r in records if "initial_processors" in r), default=1)
     policy = Policy(dataclasses.replace(limits, initial_processors=p0))
@@ -225,6 +226,8 @@ def replay(lines: Iterable[str], limits: Limits) -> list[Decision]:
     for r in records:
         if "refused" in r:
             policy.refused(r["at"], r["refused"])
+        if "look_failed" in r:  # as the live run: the stabilization time starts again
+            policy.restart_stabilization()
         if "sample" in r:
             decisions.append(policy.decide(Sample(**r["sample"])))
     return decisions

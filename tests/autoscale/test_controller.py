@@ -5,12 +5,13 @@ test_status.py and test_step_load.py)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from streamkit.autoscale.controller import Controller, Gauge
 from streamkit.autoscale.policy import Limits, Policy, Sample
-from streamkit.autoscale.signals import Look
+from streamkit.autoscale.signals import Look, replay
 
 
 def look(at: float, workers: int, processors: int, *, settled: bool = True) -> Look:
@@ -41,12 +42,14 @@ class ScriptedSampler:
         return step
 
 
-def controller(limits: Limits, lever: Gauge, requests: list[int], lines: list[str]) -> Controller:
+def controller(
+    limits: Limits, lever: Gauge, requests: list[int], lines: list[str], record: Path | None = None
+) -> Controller:
     async def request_scale(n: int) -> None:
         requests.append(n)
 
     app: Any = SimpleNamespace(name="orders")
-    return Controller(app, Any, Policy(limits), lever, request_scale, say=lines.append, interval=0.001)
+    return Controller(app, Any, Policy(limits), lever, request_scale, say=lines.append, interval=0.001, record=record)
 
 
 def run(c: Controller, script: list[Any]) -> ScriptedSampler:
@@ -99,3 +102,16 @@ def test_a_failed_look_starts_the_rates_and_the_stabilization_time_again() -> No
     assert decided == ["hold"] * 9 + ["in"], lines  # the scale-in 60 s after the looks came back (150 s)
     assert requests == [4]
     assert sampler.restarts == 6
+
+
+def test_a_history_with_failed_looks_replays_to_the_decisions_made_live(tmp_path: Path) -> None:
+    record = tmp_path / "history.jsonl"
+    limits = Limits(1, 6, 1, stabilization=60)
+    c = controller(limits, Gauge(), [], [], record=record)
+    script: list[Any] = [low(t) for t in range(0, 30, 10)]
+    script += [ConnectionError("broker away")] * 6
+    script += [low(t) for t in range(90, 160, 10)]
+    run(c, script)
+    live = [(d.at, d.action) for d in c.decisions]
+    assert ("look_failed" in record.read_text()) and live[-1] == (150, "in")
+    assert [(d.at, d.action) for d in replay(record.read_text().splitlines(), limits)] == live
