@@ -95,8 +95,14 @@ class Context:
 
     def write(self, sink: Any, row: dict[str, Any]) -> None:
         """Write ``row`` (column -> JSON value) to ``sink`` (``app.sink``): it is written
-        with the processor's next checkpoint, exactly once (``streamkit.sinks``)."""
-        self._outbox.write(self.processor, sink if isinstance(sink, str) else sink.name, row)
+        with the processor's next checkpoint, exactly once (``streamkit.sinks``). A row the
+        sink could never write (a column its table lacks) raises here (``Sink.check``),
+        given the sink itself rather than its name: the record is then a dead letter."""
+        if isinstance(sink, str):
+            self._outbox.write(self.processor, sink, row)
+        else:
+            sink.check(row)
+            self._outbox.write(self.processor, sink.name, row)
 
 
 class ReplayRecord:

@@ -64,6 +64,11 @@ class Sink(ABC):
         """The ``seq`` the sink holds for ``writer`` (0: none): a processor whose store
         lost its count (a rebuild from the input) goes on beyond it."""
 
+    def check(self, row: dict[str, Any]) -> None:  # noqa: B027 - most sinks take any row
+        """Refuse (``ValueError``, naming the sink) a row this sink could never write, when
+        the handler writes it (``ctx.write``): its record is then a dead letter, rather than
+        the row a checkpoint that fails at every try."""
+
     def claim(self, writer: str, generation: int) -> int:
         """``writer``'s processor is taken over by a worker of ``generation``, before it
         reads the processor's state: a sink that can refuses from now on every batch of

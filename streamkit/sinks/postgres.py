@@ -42,6 +42,8 @@ class PostgresSink(Sink):
         self.upsert_key = self.key if self.mode == "upsert" else ()
         self._conn: Any = None
         self._opened = False
+        self._columns: frozenset[str] | None = None
+        """The table's columns, once opened."""
 
     def open(self) -> None:
         """Connect, and refuse (``ConfigError``, one line naming the sink, never the
@@ -69,6 +71,7 @@ class PostgresSink(Sink):
                     (name,),
                 )
             }
+            self._columns = frozenset(columns)
             if not columns:
                 raise ConfigError(
                     f"sink {self.name!r}: table {self.table!r} does not exist in {where} "
@@ -167,6 +170,8 @@ class PostgresSink(Sink):
         """The insert (or upsert) of rows of ``columns``."""
         from psycopg import sql
 
+        if not columns:  # (an empty row: the table's defaults)
+            return sql.SQL("INSERT INTO {} DEFAULT VALUES").format(sql.Identifier(*self.table.split(".")))
         statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
             sql.Identifier(*self.table.split(".")),
             sql.SQL(", ").join(map(sql.Identifier, columns)),
@@ -183,6 +188,11 @@ class PostgresSink(Sink):
                 else sql.SQL("NOTHING")
             )
         return statement
+
+    def check(self, row: dict[str, Any]) -> None:
+        """See :meth:`Sink.check`: a column the table lacks (known once opened)."""
+        if self._columns is not None and (unknown := [c for c in row if c not in self._columns]):
+            raise ValueError(f"sink {self.name!r}: table {self.table!r} has no column {', '.join(map(repr, unknown))}")
 
     def claim(self, writer: str, generation: int) -> int:
         """See :meth:`Sink.claim`: the generation goes into the writer's progress row, which

@@ -231,3 +231,26 @@ def test_an_upsert_of_rows_that_leave_columns_out_does_not_depend_on_how_they_we
         ("b", 3, "y" if kept else None),
         ("z", 0, "schema"),
     ]
+
+
+def test_a_postgres_row_with_a_column_the_table_lacks_is_refused_when_the_handler_writes_it(postgres: str) -> None:
+    """Refused at ``ctx.write`` (the handler fails: its record is a dead letter), not at the
+    checkpoint, whose rows the sink would then refuse at every try. An empty row takes the
+    table's defaults."""
+    from streamkit.context import Context, Outbox
+
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE TABLE checked (id bigserial PRIMARY KEY, k text)")
+    sink = PostgresSink(postgres, "checked")
+    sink.name = "checked"
+    sink.open()
+    outbox = Outbox()
+    ctx = Context(outbox)
+    ctx.processor = 0
+    with pytest.raises(ValueError, match="sink 'checked': table 'checked' has no column 'nope'"):
+        ctx.write(sink, {"k": "a", "nope": 1})
+    ctx.write(sink, {"k": "b"})
+    assert outbox.rows == [(0, "checked", {"k": "b"})]
+    assert sink.write([SinkBatch("job/0", 1, [{"k": "b"}, {}])]) == 2
+    assert rows_of(sink, postgres) == [(1, "b"), (2, None)]
+    sink.close()
