@@ -1,5 +1,8 @@
 """Worker processes on this machine for ``streamkit autoscale --workers local``: started
-and stopped to the count the controller wants, one that died restarted (a supervisor)."""
+and stopped to the count the controller wants, one that died restarted (a supervisor).
+They stop (SIGTERM: a checkpoint, then they leave) when the controller dies, however it
+dies: left running, they would be more than ``--max`` with the workers a restarted
+controller starts."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from streamkit.broker.process import die_with_parent
 
 __all__ = ["LocalWorkers"]
 
@@ -73,7 +78,10 @@ class LocalWorkers:
         if self.logs is not None:
             self.logs.mkdir(parents=True, exist_ok=True)
             out = open(self.logs / f"w{self.started}.log", "ab")  # noqa: SIM115 - the child holds it
-        proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        proc = subprocess.Popen(  # a worker outlives no controller (a new one would start more)
+            self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+            preexec_fn=die_with_parent(signal.SIGTERM, pool_thread=True),
+        )  # fmt: skip
         if out is not None:
             out.close()
         self.procs.append(proc)

@@ -48,13 +48,17 @@ def listens_on(pid: int, port: int) -> bool | None:
     return bool(inodes & listening)
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """On Linux, ask the kernel to SIGKILL the broker when its parent dies (even by SIGKILL).
+def die_with_parent(sig: int = signal.SIGKILL, *, pool_thread: bool = False) -> Callable[[], None] | None:
+    """On Linux, ask the kernel to send the child ``sig`` when its parent dies (even by
+    SIGKILL): a preexec function for ``subprocess.Popen``.
 
     PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it is only used when
-    the broker is started from the main thread.
+    the child is started from the main thread, or (``pool_thread``) from a thread of a
+    pool that lives as long as the process (asyncio's default executor).
     """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread() and not pool_thread:
         return None
     try:
         import ctypes
@@ -64,11 +68,11 @@ def die_with_parent() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
     pr_set_pdeathsig = ctypes.c_int(1)
-    sigkill = ctypes.c_ulong(signal.SIGKILL)
+    death = ctypes.c_ulong(sig)
     parent = os.getpid()
 
     def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(pr_set_pdeathsig, sigkill)
+        prctl(pr_set_pdeathsig, death)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
