@@ -101,6 +101,23 @@ class Controller:
     pending_workers: int | None = None
     """A scale-in's worker count, once the processors' shrink has settled."""
 
+    def resume(self, journal: list[Entry]) -> str | None:
+        """A restarted controller goes on from its journal (its records of the last minutes,
+        oldest first): the gauge at the count last decided (published anew as the workers
+        running, it would have the cluster stop the workers it was starting), and a refused
+        scale's pause. What it took up, in a line (None: nothing)."""
+        mine = [e for e in journal if not e.controller.get("dry_run")]
+        taken = []
+        decided = [e for e in mine if e.decision and e.decision.get("action") in ("out", "in") and not e.refused]
+        if decided and isinstance(self.workers, Gauge):
+            limits, decision = self.policy.limits, decided[-1].decision or {}
+            self.workers.desired = min(max(int(decision["workers"]), limits.min_workers), limits.max_workers)
+            taken.append(f"the gauge at {self.workers.desired} workers (decided {decision['action']})")
+        if refusals := [e for e in mine if e.refused]:
+            self.policy.refused(refusals[-1].at, refusals[-1].refused or "")
+            taken.append(f"a refused scale's pause ({refusals[-1].refused})")
+        return f"resumed from the journal: {', '.join(taken)}" if taken else None
+
     async def run(self, stop: asyncio.Event, sampler: Sampler | None = None) -> None:
         """Look, decide and act every ``interval`` seconds until ``stop``; a look that fails
         (the broker away a moment) is reported in one line and the next one tried, with

@@ -189,7 +189,7 @@ async def _control(
 ) -> None:
     from streamkit.autoscale.controller import Controller, Gauge
     from streamkit.autoscale.gauges import serve_gauges
-    from streamkit.autoscale.journal import JournalWriter, controller_info
+    from streamkit.autoscale.journal import JournalReader, JournalWriter, controller_info
     from streamkit.cli.scale import start_scale
     from streamkit.kafkaio import KafkaIO
 
@@ -204,6 +204,9 @@ async def _control(
         app, bootstrap, policy, lever, request_scale, opts.dry_run, opts.record, opts.interval, opts.window,
         journal=journal, about=about,
     )  # fmt: skip
+    async with KafkaIO(bootstrap) as io:  # a restart goes on from what it decided last
+        if (resumed := controller.resume(await JournalReader(app.name).read_more(io))) is not None:
+            print(resumed, flush=True)
     stop_serving = None
     if opts.metrics_port is not None:
         last = lambda: controller.decisions[-1] if controller.decisions else None  # noqa: E731

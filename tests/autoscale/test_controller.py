@@ -115,3 +115,27 @@ def test_a_history_with_failed_looks_replays_to_the_decisions_made_live(tmp_path
     live = [(d.at, d.action) for d in c.decisions]
     assert ("look_failed" in record.read_text()) and live[-1] == (150, "in")
     assert [(d.at, d.action) for d in replay(record.read_text().splitlines(), limits)] == live
+
+
+def test_a_restarted_controller_goes_on_from_its_journal() -> None:
+    """Published anew as the workers running, the gauge would have the cluster stop the
+    pods it was starting for the last scale-out, and a refused scale be asked again at once."""
+    from streamkit.autoscale.journal import Entry
+
+    def entry(at: float, action: str, workers: int, refused: str | None = None, dry_run: bool = False) -> Entry:
+        decision = {"action": action, "workers": workers, "processors": workers, "why": "", "figures": {}}
+        return Entry("orders", at, {"dry_run": dry_run}, {}, decision, refused)
+
+    gauge: Gauge = Gauge()
+    c = controller(Limits(1, 6, 1, retry_after=30), gauge, [], [])
+    journal = [entry(10, "out", 5), entry(20, "hold", 5), entry(25, "out", 6, dry_run=True)]
+    journal.append(entry(30, "out", 6, refused="the job is already scaling"))
+    said = c.resume(journal)
+    assert said == (
+        "resumed from the journal: the gauge at 5 workers (decided out), a refused scale's pause "
+        "(the job is already scaling)"
+    )
+    assert c.policy.pausing(55) and not c.policy.pausing(61)
+    run(c, [(look(40, 3, 5), None)])  # 3 pods up so far
+    assert gauge.desired == 5
+    assert controller(Limits(1, 6, 1), Gauge(), [], []).resume([]) is None

@@ -108,6 +108,13 @@ def test_status_the_dashboard_and_the_gauges_show_what_the_autoscaler_decided(
         assert "out" in drawn["table"] and "workers by gauge 2..3" in drawn["head"], drawn
         SCREENSHOT.parent.mkdir(exist_ok=True)
         board.driver.save_screenshot(str(SCREENSHOT))
+        # a controller started again goes on from its journal: the gauge at the count decided
+        controller.send_signal(signal.SIGTERM)
+        assert controller.wait(30) == 0, log.read_text()[-3000:]
+        again = tmp_path / "autoscale-again.log"
+        controller = subprocess.Popen(cmd, cwd=ROOT, env=job.env, stdout=open(again, "w"), stderr=subprocess.STDOUT)
+        resumed = "resumed from the journal: the gauge at 2 workers (decided out)"
+        _until("the restarted controller to resume", lambda: resumed in again.read_text())
     finally:
         if controller is not None:
             controller.send_signal(signal.SIGTERM)
