@@ -1,14 +1,21 @@
 """A Delta Lake table as a sink (the ``deltalake`` package): each write is one Delta
 commit that carries, per writer, an application transaction (``txn``: app id
 ``streamkit/<sink>/<writer>``, version = the writer's checkpoint number), Delta's own
-mechanism for idempotent writers."""
+mechanism for idempotent writers.
+
+Zombies are fenced with a second application transaction per writer (app id
+``streamkit/<sink>/<writer>/owner``, version = the generation of the worker that took the
+writer's processor last, ``claim``): a write refuses batches of an older generation, and
+carries the transaction again, so that a claim committed after the write read the table
+makes the write's commit conflict (Delta refuses two concurrent commits of one app id's
+transaction): it is tried again, and then refused."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from streamkit.sinks.base import Sink, SinkBatch, last_per_key
+from streamkit.sinks.base import Sink, SinkBatch, SinkFencedError, last_per_key
 
 __all__ = ["DeltaSink"]
 
@@ -34,6 +41,38 @@ class DeltaSink(Sink):
 
     def _app_id(self, writer: str) -> str:
         return f"streamkit/{self.name}/{writer}"
+
+    def _owner_id(self, writer: str) -> str:
+        return f"streamkit/{self.name}/{writer}/owner"
+
+    def claim(self, writer: str, generation: int) -> int:
+        """See :meth:`Sink.claim` and the module docstring (a table not written yet is not
+        fenced: nothing of the writer's is in it)."""
+        import pyarrow as pa
+        from deltalake import DeltaTable, write_deltalake
+        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.transaction import CommitProperties, Transaction
+        from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+        def claim_once() -> int:
+            try:
+                table = DeltaTable(self.uri, storage_options=self.storage_options)
+            except TableNotFoundError:
+                return 0
+            owner = table.transaction_version(self._owner_id(writer))
+            if owner is None or owner < generation:
+                empty = pa.Table.from_pylist([], schema=pa.schema(table.schema().to_arrow()))
+                claimed = CommitProperties(app_transactions=[Transaction(self._owner_id(writer), generation)])
+                write_deltalake(table, empty, mode="append", commit_properties=claimed)
+            return int(table.transaction_version(self._app_id(writer)) or 0)
+
+        again = retry(
+            retry=retry_if_exception_type(CommitFailedError),
+            stop=stop_after_attempt(10),
+            wait=wait_random_exponential(multiplier=0.05, max=2),
+            reraise=True,
+        )
+        return int(again(claim_once)())
 
     def progress(self, writer: str) -> int:
         from deltalake import DeltaTable
@@ -72,6 +111,7 @@ class DeltaSink(Sink):
             table = None
         done = {w: (table.transaction_version(self._app_id(w)) or 0) if table is not None else 0
                 for w in {b.writer for b in batches}}  # fmt: skip
+        owners = self._owners(table, batches)
         rows: list[dict[str, Any]] = []
         reached: dict[str, int] = {}
         for batch in batches:
@@ -85,6 +125,7 @@ class DeltaSink(Sink):
             rows = last_per_key(rows, self.key)
         commit = CommitProperties(
             app_transactions=[Transaction(self._app_id(w), v) for w, v in sorted(reached.items())]
+            + [Transaction(self._owner_id(w), g) for w, g in sorted(owners.items()) if w in reached]
         )
         target = None if table is None else pa.schema(table.schema().to_arrow())
         columns = dict.fromkeys([*(target.names if target else ()), *(c for row in rows for c in row)])
@@ -93,12 +134,30 @@ class DeltaSink(Sink):
             data = data.cast(
                 pa.schema([target.field(c) if c in target.names else data.schema.field(c) for c in columns])
             )
-        if table is None or self.mode == "append":
+        if table is None:
             write_deltalake(
                 self.uri, data, mode="append", storage_options=self.storage_options, commit_properties=commit
             )
+        elif self.mode == "append":  # (the table as read: a claim since makes the commit conflict)
+            write_deltalake(table, data, mode="append", commit_properties=commit)
         else:
             predicate = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
             merger = table.merge(data, predicate, source_alias="s", target_alias="t", commit_properties=commit)
             merger.when_matched_update_all().when_not_matched_insert_all().execute()
         return len(rows)
+
+    def _owners(self, table: Any, batches: Sequence[SinkBatch]) -> dict[str, int]:
+        """Per writer, the generation its batches carry (raises ``SinkFencedError`` when a
+        newer one claimed it: see the module docstring)."""
+        owners: dict[str, int] = {}
+        for batch in batches:
+            if batch.generation < 0:
+                continue
+            claimed = None if table is None else table.transaction_version(self._owner_id(batch.writer))
+            if claimed is not None and batch.generation < claimed:
+                raise SinkFencedError(
+                    f"sink {self.name!r}: writer {batch.writer} was claimed by generation {claimed}: a batch of "
+                    f"generation {batch.generation} refused (its worker was paused through a rebalance)"
+                )
+            owners[batch.writer] = max(owners.get(batch.writer, -1), batch.generation)
+        return owners

@@ -1,4 +1,4 @@
-"""An exactly-once job that writes a sink row (insert; padded with ``SK_PAD`` characters)
+"""An exactly-once job that writes a sink row (insert or append; padded with ``SK_PAD`` characters)
 and sends an output per record, checkpointing every ``SK_COMMIT`` seconds (1), in a
 worker that can be stopped at one chosen instant of a checkpoint, when a file exists:
 
@@ -22,6 +22,7 @@ from typing import Any
 import streamkit
 import streamkit.runtime.checkpointing as checkpointing
 from streamkit.runtime.progress import ProgressLog
+from streamkit.sinks.delta import DeltaSink
 from streamkit.sinks.postgres import PostgresSink
 
 app = streamkit.App(
@@ -30,7 +31,12 @@ app = streamkit.App(
 source = app.topic(os.environ["SK_TEST_TOPIC"])
 out = app.topic(os.environ["SK_OUT"])
 seen = app.table("seen", default=int)
-rows = app.sink("rows", PostgresSink(os.environ["SK_PG"], os.environ["SK_PG_TABLE"]))
+rows = app.sink(  # a Delta table at SK_DELTA, else the PostgreSQL table SK_PG_TABLE
+    "rows",
+    DeltaSink(os.environ["SK_DELTA"])
+    if os.environ.get("SK_DELTA")
+    else PostgresSink(os.environ["SK_PG"], os.environ["SK_PG_TABLE"]),
+)
 PAD = int(os.environ.get("SK_PAD", "0"))
 
 

@@ -3,7 +3,7 @@ check, while another takes its processor over, resumes and writes that checkpoin
 The new owner claimed the processor's writer in the sink before it read the state, so the
 sink refuses them and the zombie drops its checkpoint; before, the zombie's batch took the
 number the new owner gave its own next batch, which the sink then skipped as held: its
-rows were lost."""
+rows were lost. In PostgreSQL and in Delta."""
 
 from __future__ import annotations
 
@@ -14,26 +14,35 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
+from deltalake import DeltaTable
 
 from streamkit.testing import produce_json
 from tests.runtime.jobs import Job, wait_for_log
 
 
+@pytest.mark.parametrize("kind", ["postgres", "delta"])
 def test_a_zombies_sink_rows_are_refused_and_the_new_owners_are_all_written(
-    broker: str, topic_factory: Callable[..., str], tmp_path: Path, postgres: str
+    broker: str, topic_factory: Callable[..., str], tmp_path: Path, postgres: str, kind: str
 ) -> None:
     source, out = topic_factory(1, prefix="zsink-in"), topic_factory(1, prefix="zsink-out")
     run = source.rsplit("-", 1)[-1]
     table, pause, paused = f"zsink_{run}", tmp_path / "pause", tmp_path / "paused"
+    delta = tmp_path / "rows.delta"
     with psycopg.connect(postgres, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (id bigint, k text)")
     env = {"SK_OUT": out, "SK_PG": postgres, "SK_PG_TABLE": table, "SK_PAUSE_FLAG": str(pause),
-           "SK_PAUSED": str(paused)}  # fmt: skip
+           "SK_PAUSED": str(paused), "SK_DELTA": str(delta) if kind == "delta" else ""}  # fmt: skip
     spec = "tests.exactly_once.sink_job_app:app"
     machine_a = Job(broker, f"zsink-{run}", source, tmp_path / "a" / "state", processors=1, app_spec=spec)
     machine_b = Job(broker, f"zsink-{run}", source, tmp_path / "b" / "state", processors=1, app_spec=spec)
 
     def rows() -> tuple[int, int]:
+        if kind == "delta":
+            if not delta.exists():
+                return 0, 0
+            ids = DeltaTable(str(delta)).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+            return len(ids), len(set(ids))
         with psycopg.connect(postgres) as conn:
             found = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
             assert found is not None

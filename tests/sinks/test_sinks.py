@@ -254,3 +254,20 @@ def test_a_postgres_row_with_a_column_the_table_lacks_is_refused_when_the_handle
     assert sink.write([SinkBatch("job/0", 1, [{"k": "b"}, {}])]) == 2
     assert rows_of(sink, postgres) == [(1, "b"), (2, None)]
     sink.close()
+
+
+def test_a_claimed_writer_refuses_the_batches_of_an_older_generation(upsert_sink: tuple[Sink, Any]) -> None:
+    """A zombie (a worker paused through a rebalance) writing after the new owner claimed
+    its processor: refused, so its batch cannot take the number of the new owner's next."""
+    from streamkit.sinks.base import SinkFencedError
+
+    sink, where = upsert_sink
+    assert sink.write([SinkBatch("job/0", 1, [{"key": "a", "total": 1}], generation=1)]) == 1
+    assert sink.claim("job/0", 3) == 1  # the new owner (generation 3) takes the processor
+    with pytest.raises(SinkFencedError, match="writer job/0 was claimed by generation 3: a batch of generation 1"):
+        sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 9}], generation=1)])
+    assert sink.claim("job/0", 2) == 1  # an older claim changes nothing
+    assert sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 2}], generation=3)]) == 1
+    assert sink.write([SinkBatch("job/1", 1, [{"key": "b", "total": 5}])]) == 1  # another writer, unfenced
+    assert rows_of(sink, where) == [("a", 2), ("b", 5)]
+    assert sink.progress("job/0") == 2
