@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from streamkit.runtime.checkpointing import ZombieCheckpointError
 from streamkit.runtime.output import Output
 from streamkit.runtime.processor import ProcessorState
-from streamkit.sinks.base import Sink, SinkFencedError
+from streamkit.sinks.base import Owner, Sink, SinkFencedError
 from streamkit.sinks.outbox import SinkOutbox, checkpoint_due, claim_sinks
 
 __all__ = ["ProcessorSinks"]
@@ -36,17 +36,17 @@ class ProcessorSinks:
     def writer(self, pid: int) -> str:
         return f"{self.app}/{pid}"
 
-    async def claim(self, pid: int, generation: int) -> None:
-        """Claim processor ``pid``'s writer for ``generation`` (before its state is read)."""
-        self._claimed[pid] = await asyncio.to_thread(claim_sinks, self.sinks, self.writer(pid), generation)
+    async def claim(self, pid: int, owner: Owner) -> None:
+        """Claim processor ``pid``'s writer for ``owner`` (before its state is read)."""
+        self._claimed[pid] = await asyncio.to_thread(claim_sinks, self.sinks, self.writer(pid), owner)
 
-    def host(self, proc: ProcessorState, generation: int) -> None:
+    def host(self, proc: ProcessorState, owner: Owner) -> None:
         """``proc``'s outbox, numbered beyond what the sinks hold for its writer."""
         if (floor := self._claimed.pop(proc.id, None)) is None:  # (a processor not taken by ``claim``)
             floor = max(sink.progress(self.writer(proc.id)) for sink in self.sinks.values())
         keys = {name: sink.upsert_key for name, sink in self.sinks.items()}
         keeping = frozenset(name for name, sink in self.sinks.items() if sink.keeps_left_out)
-        proc.sink_outbox = SinkOutbox(self.writer(proc.id), proc.loaded.extra, floor, keys, generation, keeping)
+        proc.sink_outbox = SinkOutbox(self.writer(proc.id), proc.loaded.extra, floor, keys, owner, keeping)
         self.output.sink_outboxes[proc.id] = proc.sink_outbox
 
     def unhost(self, proc: ProcessorState) -> None:

@@ -42,6 +42,7 @@ from streamkit.runtime.services import Services
 from streamkit.runtime.status import Restores
 from streamkit.runtime.taken_store import open_taken
 from streamkit.runtime.task import Task
+from streamkit.sinks.base import Owner
 from streamkit.state.changelog import position_of
 from streamkit.state.restore import ChangelogSource
 
@@ -101,7 +102,7 @@ class TaskManager:
         if (writers := self.services.output.writers) is not None:  # processing="exactly_once"
             proc.attempts = writers.open(proc.id, self.assigned_generation, proc.loaded.extra, self.job_p)
         if self.sinks is not None:
-            self.sinks.host(proc, self.assigned_generation)
+            self.sinks.host(proc, Owner(self.services.jobs.job.incarnation, self.assigned_generation))
         return task
 
     def _unhost(self, task: Task) -> None:
@@ -294,7 +295,7 @@ class TaskManager:
         path = self.app.store_path(pid, settings.state_dir)
         incarnation = services.jobs.job.incarnation
         if self.sinks is not None:  # before the state is read (``processor_sinks``)
-            await self.sinks.claim(pid, generation)
+            await self.sinks.claim(pid, Owner(incarnation, generation))
         if services.standbys is not None:  # a standby here, or a store left here: caught up
             await services.standbys.release(pid)
         changelog = services.changelog

@@ -83,8 +83,6 @@ async def fire(
         outbox = Outbox()
         ctx = TimerContext(outbox, proc.id, now)
         ctx.stream_time = proc.close_bound()  # a window closed by then is late, never booked again
-        if proc.sides is not None and proc.sides.times:  # (two key sets: the one behind may still write)
-            ctx.stream_time = min(ctx.stream_time, *proc.sides.times.values())
         TableBinder(tables, ctx).bind(proc.backends)
         try:
             result = spec.fn(ctx)

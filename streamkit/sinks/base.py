@@ -10,7 +10,7 @@ from typing import Any
 
 from streamkit.errors import StreamkitError
 
-__all__ = ["Sink", "SinkBatch", "SinkFencedError", "last_per_key"]
+__all__ = ["Owner", "Sink", "SinkBatch", "SinkFencedError", "last_per_key"]
 
 
 @dataclass(frozen=True)
@@ -24,9 +24,23 @@ class SinkBatch:
     (it is in the processor's checkpoint), and only a committed checkpoint's batch is
     ever written, so a number the sink holds always stands for the same rows."""
     rows: list[dict[str, Any]]
-    generation: int = -1
-    """The group generation of the worker writing it (-1: not said): a sink that fences
-    (:meth:`Sink.claim`) refuses it when a newer owner of the writer claimed it since."""
+    owner: Owner | None = None
+    """The worker writing it (None: not said): a sink that fences (:meth:`Sink.claim`)
+    refuses it when a newer owner of the writer claimed it since."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who hosts a writer's processor: the job's incarnation and the group generation the
+    worker took it in. Generations are compared within an incarnation only (a job reset
+    starts them again)."""
+
+    incarnation: str
+    generation: int
+
+    def behind(self, claimed: Owner | None) -> bool:
+        """Whether ``claimed`` took the writer over from this owner (a zombie's batch)."""
+        return claimed is not None and claimed.incarnation == self.incarnation and self.generation < claimed.generation
 
 
 class SinkFencedError(StreamkitError):
@@ -69,12 +83,12 @@ class Sink(ABC):
         the handler writes it (``ctx.write``): its record is then a dead letter, rather than
         the row a checkpoint that fails at every try."""
 
-    def claim(self, writer: str, generation: int) -> int:
-        """``writer``'s processor is taken over by a worker of ``generation``, before it
-        reads the processor's state: a sink that can refuses from now on every batch of
-        an older generation (raising :class:`SinkFencedError`), so that a zombie's batch
-        is either refused or already in that state. Returns :meth:`progress`. (This one
-        does not fence.)"""
+    def claim(self, writer: str, owner: Owner) -> int:
+        """``writer``'s processor is taken over by ``owner``, before it reads the
+        processor's state: a sink that can refuses from now on every batch of an owner
+        ``behind`` it (raising :class:`SinkFencedError`), so that a zombie's batch is either
+        refused or already in that state. Returns :meth:`progress`. (This one does not
+        fence.)"""
         return self.progress(writer)
 
     def close(self) -> None:  # noqa: B027 - nothing to let go of, for most

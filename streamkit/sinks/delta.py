@@ -3,9 +3,10 @@ commit that carries, per writer, an application transaction (``txn``: app id
 ``streamkit/<sink>/<writer>``, version = the writer's checkpoint number), Delta's own
 mechanism for idempotent writers.
 
-Zombies are fenced with a second application transaction per writer (app id
-``streamkit/<sink>/<writer>/owner``, version = the generation of the worker that took the
-writer's processor last, ``claim``): a write refuses batches of an older generation, and
+Zombies are fenced with a second application transaction per writer and job incarnation
+(app id ``streamkit/<sink>/<writer>/owner/<incarnation>``, version = the generation of the
+worker that took the writer's processor last, ``claim``): a write refuses batches of an
+older generation of that incarnation, and
 carries the transaction again, so that a claim committed after the write read the table
 makes the write's commit conflict (Delta refuses two concurrent commits of one app id's
 transaction): it is tried again, and then refused."""
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from streamkit.sinks.base import Sink, SinkBatch, SinkFencedError, last_per_key
+from streamkit.sinks.base import Owner, Sink, SinkBatch, SinkFencedError, last_per_key
 
 __all__ = ["DeltaSink"]
 
@@ -42,10 +43,10 @@ class DeltaSink(Sink):
     def _app_id(self, writer: str) -> str:
         return f"streamkit/{self.name}/{writer}"
 
-    def _owner_id(self, writer: str) -> str:
-        return f"streamkit/{self.name}/{writer}/owner"
+    def _owner_id(self, writer: str, incarnation: str) -> str:
+        return f"streamkit/{self.name}/{writer}/owner/{incarnation}"
 
-    def claim(self, writer: str, generation: int) -> int:
+    def claim(self, writer: str, owner: Owner) -> int:
         """See :meth:`Sink.claim` and the module docstring (a table not written yet is not
         fenced: nothing of the writer's is in it)."""
         import pyarrow as pa
@@ -59,11 +60,12 @@ class DeltaSink(Sink):
                 table = DeltaTable(self.uri, storage_options=self.storage_options)
             except TableNotFoundError:
                 return 0
-            owner = table.transaction_version(self._owner_id(writer))
-            if owner is None or owner < generation:
+            owner_id = self._owner_id(writer, owner.incarnation)
+            claimed = table.transaction_version(owner_id)
+            if claimed is None or claimed < owner.generation:
                 empty = pa.Table.from_pylist([], schema=pa.schema(table.schema().to_arrow()))
-                claimed = CommitProperties(app_transactions=[Transaction(self._owner_id(writer), generation)])
-                write_deltalake(table, empty, mode="append", commit_properties=claimed)
+                claim = CommitProperties(app_transactions=[Transaction(owner_id, owner.generation)])
+                write_deltalake(table, empty, mode="append", commit_properties=claim)
             return int(table.transaction_version(self._app_id(writer)) or 0)
 
         again = retry(
@@ -125,7 +127,11 @@ class DeltaSink(Sink):
             rows = last_per_key(rows, self.key)
         commit = CommitProperties(
             app_transactions=[Transaction(self._app_id(w), v) for w, v in sorted(reached.items())]
-            + [Transaction(self._owner_id(w), g) for w, g in sorted(owners.items()) if w in reached]
+            + [
+                Transaction(self._owner_id(w, o.incarnation), o.generation)
+                for w, o in sorted(owners.items())
+                if w in reached
+            ]
         )
         target = None if table is None else pa.schema(table.schema().to_arrow())
         columns = dict.fromkeys([*(target.names if target else ()), *(c for row in rows for c in row)])
@@ -146,18 +152,22 @@ class DeltaSink(Sink):
             merger.when_matched_update_all().when_not_matched_insert_all().execute()
         return len(rows)
 
-    def _owners(self, table: Any, batches: Sequence[SinkBatch]) -> dict[str, int]:
-        """Per writer, the generation its batches carry (raises ``SinkFencedError`` when a
-        newer one claimed it: see the module docstring)."""
-        owners: dict[str, int] = {}
+    def _owners(self, table: Any, batches: Sequence[SinkBatch]) -> dict[str, Owner]:
+        """Per writer, the owner its batches name (raises ``SinkFencedError`` when a newer
+        one claimed it: see the module docstring)."""
+        owners: dict[str, Owner] = {}
         for batch in batches:
-            if batch.generation < 0:
+            if (owner := batch.owner) is None:
                 continue
-            claimed = None if table is None else table.transaction_version(self._owner_id(batch.writer))
-            if claimed is not None and batch.generation < claimed:
+            found = (
+                None if table is None else table.transaction_version(self._owner_id(batch.writer, owner.incarnation))
+            )
+            claimed = None if found is None else Owner(owner.incarnation, int(found))
+            if owner.behind(claimed):
                 raise SinkFencedError(
-                    f"sink {self.name!r}: writer {batch.writer} was claimed by generation {claimed}: a batch of "
-                    f"generation {batch.generation} refused (its worker was paused through a rebalance)"
+                    f"sink {self.name!r}: writer {batch.writer} was claimed by generation {found}: a batch of "
+                    f"generation {owner.generation} refused (its worker was paused through a rebalance)"
                 )
-            owners[batch.writer] = max(owners.get(batch.writer, -1), batch.generation)
+            if batch.writer not in owners or owners[batch.writer].generation < owner.generation:
+                owners[batch.writer] = owner
         return owners

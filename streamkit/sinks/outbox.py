@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from streamkit.errors import StreamkitError
-from streamkit.sinks.base import Sink, SinkBatch
+from streamkit.sinks.base import Owner, Sink, SinkBatch
 
 __all__ = ["ROW_BYTES_PER_CHECKPOINT", "SINK_OUTBOX", "SinkOutbox", "checkpoint_due", "claim_sinks"]
 
@@ -43,15 +43,15 @@ class SinkOutbox:
         extra: Mapping[str, Any],
         floor: int = 0,
         keys: Mapping[str, tuple[str, ...]] | None = None,
-        generation: int = -1,
+        owner: Owner | None = None,
         keeping: frozenset[str] = frozenset(),
     ) -> None:
         """``floor``: the highest number a sink holds for the writer (a store that lost its
         count, rebuilt from the input or seeded from another processor's, goes on beyond
-        it: a sink would skip a number it holds). ``generation``: the hosting worker's,
-        which its batches carry (``SinkBatch.generation``)."""
+        it: a sink would skip a number it holds). ``owner``: the hosting worker, which its
+        batches name (``SinkBatch.owner``)."""
         self.writer = writer
-        self.generation = generation
+        self.owner = owner
         kept = extra.get(SINK_OUTBOX) or {}
         self.seq = max(int(kept.get("seq", 0)) if kept.get("writer", writer) == writer else 0, floor)
         self.pending: list[dict[str, Any]] = list(kept.get("pending", ()))
@@ -123,7 +123,7 @@ class SinkOutbox:
             return
         by_sink: dict[str, list[SinkBatch]] = {}
         for entry in self.pending:
-            batch = SinkBatch(entry["writer"], int(entry["seq"]), entry["rows"], self.generation)
+            batch = SinkBatch(entry["writer"], int(entry["seq"]), entry["rows"], self.owner)
             by_sink.setdefault(entry["sink"], []).append(batch)
         for name, batches in sorted(by_sink.items()):
             sink = sinks.get(name)
@@ -140,7 +140,7 @@ def checkpoint_due(outboxes: Iterable[SinkOutbox], rows: int) -> bool:
     return sum(o.count() for o in held) >= rows or sum(o.size for o in held) >= ROW_BYTES_PER_CHECKPOINT
 
 
-def claim_sinks(sinks: Mapping[str, Sink], writer: str, generation: int) -> int:
-    """``writer`` claimed in every sink by a worker of ``generation`` (``Sink.claim``);
-    the highest number any of them holds for it."""
-    return max((sink.claim(writer, generation) for sink in sinks.values()), default=0)
+def claim_sinks(sinks: Mapping[str, Sink], writer: str, owner: Owner) -> int:
+    """``writer`` claimed in every sink by ``owner`` (``Sink.claim``); the highest number
+    any of them holds for it."""
+    return max((sink.claim(writer, owner) for sink in sinks.values()), default=0)

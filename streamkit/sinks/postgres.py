@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from streamkit.errors import ConfigError
-from streamkit.sinks.base import Sink, SinkBatch, SinkFencedError, last_per_key
+from streamkit.sinks.base import Owner, Sink, SinkBatch, SinkFencedError, last_per_key
 
 __all__ = ["PostgresSink"]
 
@@ -81,11 +81,17 @@ class PostgresSink(Sink):
                 raise ConfigError(f"sink {self.name!r}: table {self.table!r} has no key column {', '.join(missing)}")
             self._conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (sink text, writer text, seq bigint NOT NULL, "
-                "generation bigint NOT NULL DEFAULT -1, PRIMARY KEY (sink, writer))"
+                "generation bigint NOT NULL DEFAULT -1, incarnation text NOT NULL DEFAULT '', "
+                "PRIMARY KEY (sink, writer))"
             )
-            self._conn.execute(  # (a progress table from before the fencing)
-                f"ALTER TABLE {PROGRESS_TABLE} ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT -1"
-            )
+            has = f"SELECT attname FROM pg_attribute WHERE attrelid = '{PROGRESS_TABLE}'::regclass AND attnum > 0"
+            found = {row[0] for row in self._conn.execute(has)}
+            for column, kind in (
+                ("generation", "bigint NOT NULL DEFAULT -1"),
+                ("incarnation", "text NOT NULL DEFAULT ''"),
+            ):
+                if column not in found:  # a progress table from before the fencing (the ALTER needs its
+                    self._conn.execute(f"ALTER TABLE {PROGRESS_TABLE} ADD COLUMN {column} {kind}")  # owner: if missing)
         except psycopg.Error as exc:
             self.close()
             raise ConfigError(f"sink {self.name!r}: {where}: {_first_line(exc)}") from None
@@ -132,16 +138,18 @@ class PostgresSink(Sink):
             done: dict[str, int] = {}
             for writer in sorted({b.writer for b in batches}):
                 cur.execute(
-                    f"SELECT seq, generation FROM {PROGRESS_TABLE} WHERE sink = %s AND writer = %s FOR UPDATE",
+                    f"SELECT seq, generation, incarnation FROM {PROGRESS_TABLE} WHERE sink = %s AND writer = %s "
+                    "FOR UPDATE",
                     (self.name, writer),
                 )
                 found = cur.fetchone()
                 done[writer] = found[0] if found else 0
-                claimed = found[1] if found else -1
-                if stale := [b.generation for b in batches if b.writer == writer and 0 <= b.generation < claimed]:
+                claimed = Owner(found[2], found[1]) if found else None
+                stale = [b.owner for b in batches if b.writer == writer and b.owner and b.owner.behind(claimed)]
+                if stale and claimed is not None:
                     raise SinkFencedError(
-                        f"sink {self.name!r}: writer {writer} was claimed by generation {claimed}: a batch of "
-                        f"generation {max(stale)} refused (its worker was paused through a rebalance)"
+                        f"sink {self.name!r}: writer {writer} was claimed by generation {claimed.generation}: a batch "
+                        f"of generation {stale[0].generation} refused (its worker was paused through a rebalance)"
                     )
             rows: list[dict[str, Any]] = []
             reached: dict[str, int] = {}
@@ -194,16 +202,18 @@ class PostgresSink(Sink):
         if self._columns is not None and (unknown := [c for c in row if c not in self._columns]):
             raise ValueError(f"sink {self.name!r}: table {self.table!r} has no column {', '.join(map(repr, unknown))}")
 
-    def claim(self, writer: str, generation: int) -> int:
-        """See :meth:`Sink.claim`: the generation goes into the writer's progress row, which
-        every write locks and checks its batches against."""
+    def claim(self, writer: str, owner: Owner) -> int:
+        """See :meth:`Sink.claim`: the owner goes into the writer's progress row, which every
+        write locks and checks its batches against (an owner of another incarnation replaces
+        it: generations start again with a job's reset)."""
         if self._conn is None:
             self.open()
         found = self._conn.execute(
-            f"INSERT INTO {PROGRESS_TABLE} (sink, writer, seq, generation) VALUES (%s, %s, 0, %s) "
-            f"ON CONFLICT (sink, writer) DO UPDATE SET generation = GREATEST({PROGRESS_TABLE}.generation, "
-            "EXCLUDED.generation) RETURNING seq",
-            (self.name, writer, generation),
+            f"INSERT INTO {PROGRESS_TABLE} AS p (sink, writer, seq, generation, incarnation) "
+            "VALUES (%s, %s, 0, %s, %s) ON CONFLICT (sink, writer) DO UPDATE SET generation = CASE WHEN "
+            "p.incarnation = EXCLUDED.incarnation THEN GREATEST(p.generation, EXCLUDED.generation) "
+            "ELSE EXCLUDED.generation END, incarnation = EXCLUDED.incarnation RETURNING seq",
+            (self.name, writer, owner.generation, owner.incarnation),
         ).fetchone()
         return int(found[0])
 

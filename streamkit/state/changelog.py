@@ -383,10 +383,11 @@ class ChangelogWriter:
     async def later_owner(self, partition: int, checkpoint: Checkpoint) -> Marker | None:
         """The first marker beyond a store's changelog position (``checkpoint``'s) that a
         later owner of the processor wrote (a newer generation than the store's) for a
-        checkpoint elsewhere in the input than the store (its positions or IC ranges): that
-        owner may have sent the output and sink rows of records the store has not applied,
-        so the store must not be taken as it is (None: no such marker; a zombie's, of an
-        older generation, does not count, nor a later owner's takeover of this very state)."""
+        checkpoint elsewhere in the input than the store (its positions or IC ranges), or
+        with changes (a timer's, a wall-clock close's): that owner may have sent output and
+        sink rows the store knows nothing of, so the store must not be taken as it is (None:
+        no such marker; a zombie's, of an older generation, does not count, nor a later
+        owner's takeover of this very state, an empty batch at the same positions)."""
         base = position_of(checkpoint)
         assert base is not None
         tail, _ = await self.io.read(self.topic, partition, base)
@@ -395,8 +396,9 @@ class ChangelogWriter:
                 continue
             marker = Marker.of(r, self.topic, partition)
             if marker is not None and marker.generation > checkpoint.generation:
-                theirs = marker.checkpoint
-                if theirs.positions != checkpoint.positions or theirs.ic_ranges != checkpoint.ic_ranges:
+                theirs = marker.checkpoint  # (and a batch of changes: a timer's)
+                changed = bool(marker.spans) if marker.spans is not None else marker.start not in (-1, r.offset)
+                if changed or theirs.positions != checkpoint.positions or theirs.ic_ranges != checkpoint.ic_ranges:
                     return marker
         return None
 

@@ -107,11 +107,11 @@ class WindowState(WindowBook):
         assert self.book is not None
         entry = self.book.get((key, BOOK_SLOT)) or {"w": []}
         sessions = entry["w"]
-        near = [  # (an ended session past its retention is gone, whether a checkpoint deleted it yet or not)
-            s
+        near = [  # (a session past its retention is gone, whether a checkpoint deleted it yet or
+            s  # not, and whether its close has fired yet or not: that waits for the batch's end)
             for s in sessions
             if kind.joins(Window(s[0], s[1]), timestamp)
-            and not (s[2] == ENDED and 0 <= kind.expiry_time(Window(s[0], s[1])) <= stream_time)
+            and not 0 <= kind.expiry_time(Window(s[0], s[1])) <= stream_time
         ]
         joined = [
             s for s in near if s[2] == OPEN and (stream_time < 0 or kind.close_time(Window(s[0], s[1])) > stream_time)

@@ -258,16 +258,52 @@ def test_a_postgres_row_with_a_column_the_table_lacks_is_refused_when_the_handle
 
 def test_a_claimed_writer_refuses_the_batches_of_an_older_generation(upsert_sink: tuple[Sink, Any]) -> None:
     """A zombie (a worker paused through a rebalance) writing after the new owner claimed
-    its processor: refused, so its batch cannot take the number of the new owner's next."""
-    from streamkit.sinks.base import SinkFencedError
+    its processor: refused, so its batch cannot take the number of the new owner's next.
+    Generations are compared within a job incarnation only (a reset starts them again)."""
+    from streamkit.sinks.base import Owner, SinkFencedError
 
     sink, where = upsert_sink
-    assert sink.write([SinkBatch("job/0", 1, [{"key": "a", "total": 1}], generation=1)]) == 1
-    assert sink.claim("job/0", 3) == 1  # the new owner (generation 3) takes the processor
+    assert sink.write([SinkBatch("job/0", 1, [{"key": "a", "total": 1}], Owner("i1", 1))]) == 1
+    assert sink.claim("job/0", Owner("i1", 3)) == 1  # the new owner (generation 3) takes the processor
     with pytest.raises(SinkFencedError, match="writer job/0 was claimed by generation 3: a batch of generation 1"):
-        sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 9}], generation=1)])
-    assert sink.claim("job/0", 2) == 1  # an older claim changes nothing
-    assert sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 2}], generation=3)]) == 1
+        sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 9}], Owner("i1", 1))])
+    assert sink.claim("job/0", Owner("i1", 2)) == 1  # an older claim changes nothing
+    with pytest.raises(SinkFencedError):
+        sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 9}], Owner("i1", 2))])
+    assert sink.write([SinkBatch("job/0", 2, [{"key": "a", "total": 2}], Owner("i1", 3))]) == 1
     assert sink.write([SinkBatch("job/1", 1, [{"key": "b", "total": 5}])]) == 1  # another writer, unfenced
-    assert rows_of(sink, where) == [("a", 2), ("b", 5)]
-    assert sink.progress("job/0") == 2
+    assert sink.claim("job/0", Owner("i2", 1)) == 2  # the job reset: its generations start again
+    assert sink.write([SinkBatch("job/0", 3, [{"key": "a", "total": 3}], Owner("i2", 1))]) == 1
+    assert rows_of(sink, where) == [("a", 3), ("b", 5)]
+    assert sink.progress("job/0") == 3
+
+
+def test_a_progress_table_from_before_the_fencing_is_brought_up_to_date_when_opened(postgres: str) -> None:
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA old_progress")
+        conn.execute(
+            "CREATE TABLE old_progress.streamkit_sink_progress (sink text, writer text, seq bigint NOT NULL, "
+            "PRIMARY KEY (sink, writer))"
+        )
+        conn.execute("INSERT INTO old_progress.streamkit_sink_progress VALUES ('old', 'job/0', 4)")
+        conn.execute("CREATE TABLE old_progress.rows (id bigint)")
+    dsn = f"{postgres} options='-c search_path=old_progress'"
+    sink = PostgresSink(dsn, "rows")
+    sink.name = "old"
+    sink.open()
+    assert sink.progress("job/0") == 4
+    from streamkit.sinks.base import Owner
+
+    assert sink.claim("job/0", Owner("i1", 2)) == 4
+    sink.close()
+    with psycopg.connect(postgres, autocommit=True) as conn:  # another app's role, not the table's owner
+        conn.execute("CREATE ROLE old_app LOGIN")
+        conn.execute("GRANT USAGE, CREATE ON SCHEMA old_progress TO old_app")
+        conn.execute(
+            "GRANT SELECT, INSERT, UPDATE ON old_progress.streamkit_sink_progress, old_progress.rows TO old_app"
+        )
+    other = PostgresSink(f"{dsn} user=old_app", "rows")
+    other.name = "old"
+    other.open()  # the columns are there: nothing to alter (an ALTER needs the table's owner)
+    assert other.claim("job/0", Owner("i1", 3)) == 4
+    other.close()

@@ -386,3 +386,24 @@ def test_a_session_past_its_retention_is_gone_whether_a_checkpoint_deleted_it_or
         driver.send("events", "k", 100, timestamp=7)  # within the gap of both
         assert [r.value for r in driver.output("late")] == []
         assert driver.windows("sums")[("k", 7_000)] == 110
+
+
+@pytest.mark.parametrize("closed_first", [False, True])
+def test_a_session_past_its_retention_is_gone_whether_its_close_fired_yet_or_not(closed_first: bool) -> None:
+    """Closes fire at the end of a fetched batch: in one batch with the records that moved
+    stream time past its retention, the session is still open; a rebuild that batches the
+    records otherwise must decide alike."""
+    from streamkit.windows import state
+    from streamkit.windows.kinds import Window
+
+    kind = Session(10, retention=30)
+    data: dict[Any, Any] = {}
+    sessions = state.WindowState("sums", kind, data, {})
+    sessions.place("k", 0, 0)
+    sessions.place("k", 15_000, 15_000)
+    for t in range(24, 100, 9):
+        sessions.place("k", t * 1_000, t * 1_000)
+    if closed_first:  # a batch's end between: the close of [0, 0] fired
+        for key, window in sessions.due(96_000):
+            sessions.closed(key, window)
+    assert sessions.place("k", 7_000, 96_000) == [Window(7_000, 96_000)]
