@@ -247,8 +247,11 @@ def delete_retired_stores(app_dir: Path, hosted: int) -> list[int]:
     returns their ids."""
     gone = []
     for path in sorted(app_dir.glob("processor-*")):
-        m = re.fullmatch(r"processor-(\d+)", path.name)
+        m = re.fullmatch(r"processor-(\d+)(\.behind)?", path.name)
         if m is None or int(m.group(1)) < hosted:
+            continue
+        if m.group(2):  # a store set aside by a restore a crash cut short (``taken_store``)
+            shutil.rmtree(path, ignore_errors=True)
             continue
         try:
             RocksDBStore.open(str(path), create=False).close()

@@ -31,6 +31,9 @@ class PostgresSink(Sink):
     upsert."""
 
     keeps_left_out = True
+    idle_in_write = 30.0
+    """Seconds a write transaction may sit idle before the server ends it (a write runs its
+    statements back to back: only a paused or hung worker's sits)."""
 
     def __init__(
         self, dsn: str, table: str, *, key: Sequence[str] = (), mode: Literal["upsert", "insert"] | None = None
@@ -54,7 +57,7 @@ class PostgresSink(Sink):
 
         where = _where(self.dsn)
         try:
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
+            self._conn = self._connect()
         except psycopg.OperationalError as exc:
             raise ConfigError(
                 f"sink {self.name!r}: cannot connect to PostgreSQL ({where}): {_first_line(exc)}"
@@ -103,7 +106,8 @@ class PostgresSink(Sink):
     def write(self, batches: Sequence[SinkBatch]) -> int:
         """The batches' rows beyond what the sink holds per writer, in one transaction with
         its progress. A connection lost or a transaction the server gave up (a restart, a
-        deadlock) is said in a warning and tried again on a new connection, up to
+        deadlock, a transaction idle too long: ``idle_in_write``) is said in a warning and
+        tried again on a new connection, up to
         ``WRITE_ATTEMPTS`` times: the write is idempotent by the batches' numbers."""
         import psycopg
         from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -115,7 +119,7 @@ class PostgresSink(Sink):
             self.close()
 
         attempts = retry(
-            retry=retry_if_exception_type(psycopg.OperationalError),
+            retry=retry_if_exception_type((psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)),
             stop=stop_after_attempt(WRITE_ATTEMPTS),
             wait=wait_random_exponential(multiplier=0.2, max=5),
             before_sleep=again,
@@ -126,9 +130,7 @@ class PostgresSink(Sink):
     def _write(self, batches: Sequence[SinkBatch]) -> int:
         if self._conn is None:
             if self._opened:  # (checked when opened: a connection again)
-                import psycopg
-
-                self._conn = psycopg.connect(self.dsn, autocommit=True)
+                self._conn = self._connect()
             else:
                 self.open()
         conn: Any = self._conn
@@ -196,6 +198,16 @@ class PostgresSink(Sink):
                 else sql.SQL("NOTHING")
             )
         return statement
+
+    def _connect(self) -> Any:
+        """A connection whose write transactions the server ends when they sit idle
+        (``idle_in_write``): a worker paused in one (a zombie) would else hold its writer's
+        progress row, and the worker taking its processor over would wait for it as long."""
+        import psycopg
+
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        conn.execute(f"SET idle_in_transaction_session_timeout = {int(self.idle_in_write * 1000)}")
+        return conn
 
     def check(self, row: dict[str, Any]) -> None:
         """See :meth:`Sink.check`: a column the table lacks (known once opened)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +308,33 @@ def test_a_progress_table_from_before_the_fencing_is_brought_up_to_date_when_ope
     other.open()  # the columns are there: nothing to alter (an ALTER needs the table's owner)
     assert other.claim("job/0", Owner("i1", 3)) == 4
     other.close()
+
+
+def test_a_write_transaction_left_idle_by_a_paused_worker_does_not_hold_the_claim_back(postgres: str) -> None:
+    """A zombie paused inside its write holds its writer's progress row; the server ends
+    that transaction once idle (``idle_in_write``), so the new owner's claim goes through,
+    and the zombie, resumed, finds its connection gone and its batch refused."""
+    from streamkit.sinks.base import Owner, SinkFencedError
+
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE TABLE idle (id bigint)")
+    zombie, owner = PostgresSink(postgres, "idle"), PostgresSink(postgres, "idle")
+    for sink in (zombie, owner):
+        sink.name, sink.idle_in_write = "idle", 0.5
+        sink.open()
+    assert zombie.claim("job/0", Owner("i", 1)) == 0
+    held = zombie._conn
+    held.execute("BEGIN")
+    held.execute("SELECT seq FROM streamkit_sink_progress WHERE sink = 'idle' AND writer = 'job/0' FOR UPDATE")
+    claimed: list[int] = []  # the zombie's write, paused here; the new owner claims
+    claiming = threading.Thread(target=lambda: claimed.append(owner.claim("job/0", Owner("i", 2))), daemon=True)
+    claiming.start()
+    claiming.join(10)
+    try:
+        assert claimed == [0], "the claim waited for the paused transaction"
+        with pytest.raises(SinkFencedError):  # resumed: a new connection, then refused
+            zombie.write([SinkBatch("job/0", 1, [{"id": 1}], Owner("i", 1))])
+    finally:
+        zombie.close()  # (ends the transaction if the server did not)
+        claiming.join(10)
+        owner.close()
