@@ -33,9 +33,11 @@ CONTROLLER = textwrap.dedent(
 
 WORKER = textwrap.dedent(
     """
-    import signal, sys, time
-    def stopped(*_):
-        open(sys.argv[1], "w").write("SIGTERM")
+    import os, signal, sys, time
+    def stopped(*_):  # (written whole, then named: the test reads it as soon as it is there)
+        with open(sys.argv[1] + ".tmp", "w") as f:
+            f.write("SIGTERM")
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
         sys.exit(0)
     signal.signal(signal.SIGTERM, stopped)
     open(sys.argv[1] + ".up", "w").close()
