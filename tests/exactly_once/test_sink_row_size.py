@@ -15,6 +15,7 @@ import pytest
 from streamkit.errors import StreamkitError
 from streamkit.sinks.outbox import ROW_BYTES_PER_CHECKPOINT, SinkOutbox, checkpoint_due
 from streamkit.testing import produce_json
+from tests.exactly_once.sink_jobs import pg_rows
 from tests.runtime.jobs import Job
 
 
@@ -33,9 +34,7 @@ def test_rows_of_any_size_under_the_limit_reach_the_sink_at_the_default_count(
     try:
         deadline = time.monotonic() + 90
         while True:
-            with psycopg.connect(postgres) as conn:
-                found = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
-            assert found is not None
+            found = pg_rows(postgres, table)
             if found[0] >= n or time.monotonic() > deadline or worker.poll() is not None:
                 break
             time.sleep(0.3)

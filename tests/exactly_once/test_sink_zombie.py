@@ -8,7 +8,6 @@ rows were lost. In PostgreSQL and in Delta."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from streamkit.testing import produce_json
+from tests.exactly_once.sink_jobs import Feed, pg_rows
 from tests.runtime.jobs import Job, wait_for_log
 
 
@@ -43,22 +42,9 @@ def test_a_zombies_sink_rows_are_refused_and_the_new_owners_are_all_written(
                 return 0, 0
             ids = DeltaTable(str(delta)).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
             return len(ids), len(set(ids))
-        with psycopg.connect(postgres) as conn:
-            found = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
-            assert found is not None
-            return int(found[0]), int(found[1])
+        return pg_rows(postgres, table)
 
-    sent = 0
-    stop = threading.Event()
-
-    def feed() -> None:  # about 200 records/s over 13 keys
-        nonlocal sent
-        while not stop.is_set():
-            produce_json(broker, source, [(f"k{(sent + j) % 13}", {"i": sent + j}) for j in range(20)])
-            sent += 20
-            time.sleep(0.1)
-
-    producer = threading.Thread(target=feed, daemon=True)
+    producer = Feed(broker, source)
     try:
         zombie = machine_a.start_worker(**env)
         producer.start()
@@ -75,15 +61,14 @@ def test_a_zombies_sink_rows_are_refused_and_the_new_owners_are_all_written(
         zombie.send_signal(signal.SIGCONT)
         wait_for_log(machine_a, zombie, "refused (its worker was paused through a rebalance)", timeout=60)
         time.sleep(2)
-        stop.set()
-        producer.join()
-        deadline = time.monotonic() + 90
+        producer.stop()
+        sent, deadline = producer.sent, time.monotonic() + 90
         while rows()[1] < sent and time.monotonic() < deadline:
             time.sleep(0.3)
         total, distinct = rows()
         assert (total, distinct) == (sent, sent), f"{total} rows, {distinct} distinct ids, {sent} records sent"
         assert "dropping uncommitted state and rejoining" in machine_a.log(zombie)
     finally:
-        stop.set()
+        producer.stop()
         machine_a.kill_all()
         machine_b.kill_all()

@@ -6,7 +6,6 @@ sent that checkpoint's output and sink rows a second time)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +15,8 @@ import orjson
 import psycopg
 
 from streamkit.exactly_once.reader import CommitGate
-from streamkit.testing import produce_json, read_topic
+from streamkit.testing import read_topic
+from tests.exactly_once.sink_jobs import Feed, pg_rows
 from tests.runtime.jobs import Job
 
 
@@ -34,10 +34,7 @@ def test_a_processor_back_on_a_disk_with_an_older_store_sends_nothing_twice(
     machine_b = Job(broker, f"taken-{run}", source, tmp_path / "b" / "state", processors=1, app_spec=spec)
 
     def rows() -> tuple[int, int]:
-        with psycopg.connect(postgres) as conn:
-            found = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
-            assert found is not None
-            return int(found[0]), int(found[1])
+        return pg_rows(postgres, table)
 
     def wait_rows(n: int, job: Job) -> None:
         deadline = time.monotonic() + 90
@@ -46,17 +43,7 @@ def test_a_processor_back_on_a_disk_with_an_older_store_sends_nothing_twice(
             assert time.monotonic() < deadline and worker.poll() is None, job.log(worker, 3000)
             time.sleep(0.2)
 
-    sent = 0
-    stop = threading.Event()
-
-    def feed() -> None:  # about 200 records/s over 13 keys
-        nonlocal sent
-        while not stop.is_set():
-            produce_json(broker, source, [(f"k{(sent + j) % 13}", {"i": sent + j}) for j in range(20)])
-            sent += 20
-            time.sleep(0.1)
-
-    producer = threading.Thread(target=feed, daemon=True)
+    producer = Feed(broker, source)
     try:
         producer.start()
         first = machine_a.start_worker(**env)
@@ -70,9 +57,8 @@ def test_a_processor_back_on_a_disk_with_an_older_store_sends_nothing_twice(
         assert not flag.exists(), machine_b.log(second, 3000)
         back = machine_a.start_worker(**env)  # machine A again, its older store on its disk
         wait_rows(rows()[0] + 300, machine_a)
-        stop.set()
-        producer.join()
-        deadline = time.monotonic() + 60
+        producer.stop()
+        sent, deadline = producer.sent, time.monotonic() + 60
         while rows()[1] < sent and time.monotonic() < deadline:
             time.sleep(0.3)
         total, distinct = rows()
@@ -83,6 +69,6 @@ def test_a_processor_back_on_a_disk_with_an_older_store_sends_nothing_twice(
         assert sorted(once) == list(range(sent)) and set(once.values()) == {1}
         assert "behind a later owner's checkpoint" in machine_a.log(back)
     finally:
-        stop.set()
+        producer.stop()
         machine_a.kill_all()
         machine_b.kill_all()
