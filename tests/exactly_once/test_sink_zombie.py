@@ -40,10 +40,10 @@ def test_a_zombies_sink_rows_are_refused_and_the_new_owners_are_all_written(
     def rows() -> tuple[int, int]:
         if kind == "delta":
             try:
-                table = DeltaTable(str(delta))
+                written = DeltaTable(str(delta))
             except TableNotFoundError:  # (not written yet, or its first commit under way)
                 return 0, 0
-            ids = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+            ids = written.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
             return len(ids), len(set(ids))
         return pg_rows(postgres, table)
 
